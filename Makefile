@@ -1,0 +1,29 @@
+# The two commands of the README. Both bootstrap .venv on first use (and when setup.cfg changes).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= experiments/deepmimic_denoise.py
+WORKDIR ?= runs/deepmimic_denoise
+
+.PHONY: train test bench lint clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[data,dev]'
+	touch $@
+
+train: $(VENV)/.installed
+	$(PY) scripts/train.py --config $(CONFIG) --workdir $(WORKDIR)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) scripts/bench.py
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check motionjax scripts tests experiments
+
+clean:
+	rm -rf $(VENV) runs results .pytest_cache

@@ -1,0 +1,196 @@
+"""Rotation representations as pure JAX functions over arrays with any leading dims.
+
+Conventions: unit quaternions are ``[..., 4]`` in (w, x, y, z) order with the Hamilton product;
+matrices ``[..., 3, 3]`` act on column vectors; axis-angle (rotation vectors) are ``[..., 3]``
+with the angle as the norm; the 6D representation (Zhou et al., CVPR 2019) is the first two
+matrix columns, ``[..., 6]``.
+
+Why our own and not ``jaxlie``: jaxlie wraps each rotation in a pytree object and has no 6D or
+Euler conversions; motion code needs plain array-in/array-out functions that broadcast over
+``[B, T, J, ...]`` and fuse under jit. The tests check every function against scipy's
+independent ``Rotation`` implementation.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+# Below this angle (rad) the Taylor branches take over; float32 sin/cos lose precision there.
+_SMALL = 1e-4
+
+
+def _safe_norm(v, axis=-1, keepdims=False):
+    """Norm with a finite gradient at zero."""
+    sq = jnp.sum(v * v, axis=axis, keepdims=keepdims)
+    nonzero = sq > 0
+    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+
+
+def identity_quat(shape=(), dtype=jnp.float32):
+    """Identity quaternions ``[*shape, 4]``."""
+    return jnp.zeros((*shape, 4), dtype).at[..., 0].set(1)
+
+
+def quat_normalize(q):
+    return q / jnp.maximum(_safe_norm(q, keepdims=True), 1e-12)
+
+
+def quat_conj(q):
+    return q * jnp.array([1, -1, -1, -1], q.dtype)
+
+
+def quat_mul(a, b):
+    """Hamilton product ``a ⊗ b`` (apply ``b`` first, then ``a``)."""
+    aw, ax, ay, az = jnp.moveaxis(a, -1, 0)
+    bw, bx, by, bz = jnp.moveaxis(b, -1, 0)
+    return jnp.stack([
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    ], axis=-1)
+
+
+def quat_rotate(q, v):
+    """Rotate vectors ``v [..., 3]`` by unit quaternions ``q [..., 4]``."""
+    w, u = q[..., :1], q[..., 1:]
+    t = 2.0 * jnp.cross(u, v)
+    return v + w * t + jnp.cross(u, t)
+
+
+def quat_canonical(q):
+    """Pick the representative with w >= 0 (q and -q are the same rotation)."""
+    return jnp.where(q[..., :1] < 0, -q, q)
+
+
+def axis_angle_to_quat(v):
+    """Exponential map: rotation vector ``[..., 3]`` -> unit quaternion ``[..., 4]``."""
+    theta = _safe_norm(v, keepdims=True)
+    small = theta < _SMALL
+    safe_theta = jnp.where(small, 1.0, theta)
+    # sin(θ/2)/θ with its Taylor expansion near 0 keeps values and gradients finite.
+    k = jnp.where(small, 0.5 - theta**2 / 48.0, jnp.sin(safe_theta / 2) / safe_theta)
+    return jnp.concatenate([jnp.cos(theta / 2), k * v], axis=-1)
+
+
+def quat_to_axis_angle(q):
+    """Logarithm map: unit quaternion -> rotation vector with angle in [0, π]."""
+    q = quat_canonical(q)
+    w, u = q[..., :1], q[..., 1:]
+    s = _safe_norm(u, keepdims=True)
+    small = s < _SMALL
+    safe_s = jnp.where(small, 1.0, s)
+    safe_w = jnp.where(small, w, 1.0)
+    # 2·atan2(s, w)/s, with its series 2/w·(1 − s²/(3w²)) near the identity (w ≈ 1 there).
+    k = jnp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)),
+                  2.0 * jnp.arctan2(s, w) / safe_s)
+    return k * u
+
+
+quat_exp = axis_angle_to_quat
+quat_log = quat_to_axis_angle
+
+
+def quat_to_matrix(q):
+    w, x, y, z = jnp.moveaxis(q, -1, 0)
+    return jnp.stack([
+        jnp.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        jnp.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        jnp.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+    ], axis=-2)
+
+
+def matrix_to_quat(m):
+    """Rotation matrix -> unit quaternion (w >= 0), branch-free and stable for all angles.
+
+    Computes all four candidate solutions (Shepperd's method) and keeps, per element, the one
+    built from the largest diagonal term, so no square root of a tiny number is divided by.
+    """
+    m00, m11, m22 = m[..., 0, 0], m[..., 1, 1], m[..., 2, 2]
+    candidates = jnp.stack([
+        jnp.stack([1 + m00 + m11 + m22, m[..., 2, 1] - m[..., 1, 2],
+                   m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]], -1),
+        jnp.stack([m[..., 2, 1] - m[..., 1, 2], 1 + m00 - m11 - m22,
+                   m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0]], -1),
+        jnp.stack([m[..., 0, 2] - m[..., 2, 0], m[..., 0, 1] + m[..., 1, 0],
+                   1 - m00 + m11 - m22, m[..., 1, 2] + m[..., 2, 1]], -1),
+        jnp.stack([m[..., 1, 0] - m[..., 0, 1], m[..., 0, 2] + m[..., 2, 0],
+                   m[..., 1, 2] + m[..., 2, 1], 1 - m00 - m11 + m22], -1),
+    ], axis=-2)  # [..., 4 candidates, 4]
+    diag = jnp.stack([1 + m00 + m11 + m22, 1 + m00 - m11 - m22,
+                      1 - m00 + m11 - m22, 1 - m00 - m11 + m22], -1)
+    best = jnp.argmax(diag, axis=-1)
+    q = jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+    return quat_canonical(quat_normalize(q))
+
+
+def matrix_to_6d(m):
+    """First two columns, ``[..., 6]`` = (col0, col1)."""
+    return jnp.concatenate([m[..., :, 0], m[..., :, 1]], axis=-1)
+
+
+def sixd_to_matrix(d6):
+    """Gram-Schmidt on the two 3-vectors; any non-degenerate 6D input maps to a rotation."""
+    a, b = d6[..., :3], d6[..., 3:]
+    c0 = a / jnp.maximum(_safe_norm(a, keepdims=True), 1e-8)
+    b = b - jnp.sum(c0 * b, axis=-1, keepdims=True) * c0
+    c1 = b / jnp.maximum(_safe_norm(b, keepdims=True), 1e-8)
+    c2 = jnp.cross(c0, c1)
+    return jnp.stack([c0, c1, c2], axis=-1)
+
+
+def quat_to_6d(q):
+    return matrix_to_6d(quat_to_matrix(q))
+
+
+def sixd_to_quat(d6):
+    return matrix_to_quat(sixd_to_matrix(d6))
+
+
+def _axis_quat(axis: str, angle):
+    """Quaternion of a rotation by ``angle [...]`` about the named principal axis."""
+    half = angle / 2
+    zero = jnp.zeros_like(half)
+    vec = [zero, zero, zero]
+    vec["xyz".index(axis.lower())] = jnp.sin(half)
+    return jnp.stack([jnp.cos(half), *vec], axis=-1)
+
+
+def euler_to_quat(angles, order: str):
+    """Intrinsic Euler angles (rad) ``[..., 3]`` applied in ``order`` (e.g. "ZXY") -> quaternion.
+
+    ``order`` is the BVH channel order: R = R_order[0] · R_order[1] · R_order[2].
+    """
+    q = _axis_quat(order[0], angles[..., 0])
+    for i in (1, 2):
+        q = quat_mul(q, _axis_quat(order[i], angles[..., i]))
+    return q
+
+
+def matrix_to_euler(m, order: str):
+    """Inverse of :func:`euler_to_quat` on matrices, for any of the 6 Tait-Bryan orders.
+
+    For R = R_a(α)·R_b(β)·R_c(γ) with (a, b, c) a permutation of (x, y, z): the middle angle
+    comes from R[a, c] = ±sin β, the outer ones from atan2 of the remaining entries.
+    """
+    i, j, k = ("xyz".index(c) for c in order.lower())
+    sign = 1.0 if (j - i) % 3 == 1 else -1.0  # even permutation of xyz
+    beta = jnp.arcsin(jnp.clip(sign * m[..., i, k], -1.0, 1.0))
+    alpha = jnp.arctan2(-sign * m[..., j, k], m[..., k, k])
+    gamma = jnp.arctan2(-sign * m[..., i, j], m[..., i, i])
+    return jnp.stack([alpha, beta, gamma], axis=-1)
+
+
+def quat_to_euler(q, order: str):
+    return matrix_to_euler(quat_to_matrix(q), order)
+
+
+def quat_slerp(a, b, t):
+    """Spherical interpolation from ``a`` to ``b`` at fraction ``t [...]`` (shortest arc)."""
+    b = jnp.where(jnp.sum(a * b, axis=-1, keepdims=True) < 0, -b, b)
+    delta = quat_to_axis_angle(quat_mul(quat_conj(a), b))
+    return quat_mul(a, axis_angle_to_quat(delta * t[..., None]))
+
+
+def relative_rotation_vector(q_from, q_to):
+    """Rotation vector of ``q_to ⊗ q_from⁻¹`` (the world-frame rotation taking one to the other)."""
+    return quat_to_axis_angle(quat_mul(q_to, quat_conj(q_from)))

@@ -1,0 +1,5 @@
+"""Test-session setup: 8 virtual CPU devices (set before jax is imported) for mesh tests."""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
