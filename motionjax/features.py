@@ -3,11 +3,12 @@
 One frame is ``F = 3 + 6·R`` numbers: the root position (already canonicalised by the data
 pipeline) followed by the 6D rotation of each of the ``R`` joints that can rotate (fixed joints
 carry no information and are left out). Data, model heads, losses and evaluation all go through
-:func:`encode` / :func:`decode` and :func:`standardize` / :func:`destandardize`.
+:func:`encode` / :func:`decode` and :func:`standardize` / :func:`destandardize`. Like
+:mod:`motionjax.rotations`, they return numpy for numpy inputs (the data workers) and jax arrays
+otherwise (model and losses).
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from motionjax import rotations as rot
@@ -26,7 +27,8 @@ def feature_dim(skeleton: Skeleton) -> int:
 def encode(skeleton: Skeleton, root_position, rotations):
     """``root_position [..., T, 3]``, ``rotations [..., T, J, 4]`` -> features ``[..., T, F]``."""
     sixd = rot.quat_to_6d(rotations[..., rotating_joints(skeleton), :])
-    return jnp.concatenate([root_position, sixd.reshape(*sixd.shape[:-2], -1)], axis=-1)
+    xp = rot._xp(root_position, sixd)
+    return xp.concatenate([root_position, sixd.reshape(*sixd.shape[:-2], -1)], axis=-1)
 
 
 def decode(skeleton: Skeleton, features):
@@ -37,8 +39,12 @@ def decode(skeleton: Skeleton, features):
     ids = rotating_joints(skeleton)
     root_position = features[..., :3]
     quats = rot.sixd_to_quat(features[..., 3:].reshape(*features.shape[:-1], len(ids), 6))
-    rotations = rot.identity_quat(features.shape[:-1] + (skeleton.num_joints,), quats.dtype)
-    return root_position, rotations.at[..., ids, :].set(quats)
+    xp = rot._xp(quats)
+    # Scatter by a static gather: fixed joints read the identity appended as slot len(ids).
+    slot = np.full(skeleton.num_joints, len(ids))
+    slot[ids] = np.arange(len(ids))
+    padded = xp.concatenate([quats, rot.identity_quat(quats.shape[:-2] + (1,), quats.dtype, xp)], axis=-2)
+    return root_position, padded[..., slot, :]
 
 
 def standardize(features, mean, std):

@@ -12,37 +12,52 @@ independent ``Rotation`` implementation.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Below this angle (rad) the Taylor branches take over; float32 sin/cos lose precision there.
 _SMALL = 1e-4
 
 
+def _xp(*arrays):
+    """The array module for these inputs: numpy when none is a jax Array (or tracer), else jax.numpy.
+
+    The same functions then serve jitted model code and the numpy-only data workers, which must
+    not pay jax's per-op dispatch on every small window.
+    """
+    return jnp if any(isinstance(a, jax.Array) for a in arrays) else np
+
+
 def _safe_norm(v, axis=-1, keepdims=False):
     """Norm with a finite gradient at zero."""
-    sq = jnp.sum(v * v, axis=axis, keepdims=keepdims)
+    xp = _xp(v)
+    sq = xp.sum(v * v, axis=axis, keepdims=keepdims)
     nonzero = sq > 0
-    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+    return xp.where(nonzero, xp.sqrt(xp.where(nonzero, sq, 1.0)), 0.0)
 
 
-def identity_quat(shape=(), dtype=jnp.float32):
-    """Identity quaternions ``[*shape, 4]``."""
-    return jnp.zeros((*shape, 4), dtype).at[..., 0].set(1)
+def identity_quat(shape=(), dtype=jnp.float32, xp=jnp):
+    """Identity quaternions ``[*shape, 4]`` (``xp``: the array module, jax.numpy or numpy)."""
+    return xp.concatenate([xp.ones((*shape, 1), dtype), xp.zeros((*shape, 3), dtype)], axis=-1)
 
 
 def quat_normalize(q):
-    return q / jnp.maximum(_safe_norm(q, keepdims=True), 1e-12)
+    xp = _xp(q)
+    return q / xp.maximum(_safe_norm(q, keepdims=True), 1e-12)
 
 
 def quat_conj(q):
-    return q * jnp.array([1, -1, -1, -1], q.dtype)
+    xp = _xp(q)
+    return q * xp.array([1, -1, -1, -1], q.dtype)
 
 
 def quat_mul(a, b):
     """Hamilton product ``a ⊗ b`` (apply ``b`` first, then ``a``)."""
-    aw, ax, ay, az = jnp.moveaxis(a, -1, 0)
-    bw, bx, by, bz = jnp.moveaxis(b, -1, 0)
-    return jnp.stack([
+    xp = _xp(a, b)
+    aw, ax, ay, az = xp.moveaxis(a, -1, 0)
+    bw, bx, by, bz = xp.moveaxis(b, -1, 0)
+    return xp.stack([
         aw * bw - ax * bx - ay * by - az * bz,
         aw * bx + ax * bw + ay * bz - az * by,
         aw * by - ax * bz + ay * bw + az * bx,
@@ -52,37 +67,41 @@ def quat_mul(a, b):
 
 def quat_rotate(q, v):
     """Rotate vectors ``v [..., 3]`` by unit quaternions ``q [..., 4]``."""
+    xp = _xp(q, v)
     w, u = q[..., :1], q[..., 1:]
-    t = 2.0 * jnp.cross(u, v)
-    return v + w * t + jnp.cross(u, t)
+    t = 2.0 * xp.cross(u, v)
+    return v + w * t + xp.cross(u, t)
 
 
 def quat_canonical(q):
     """Pick the representative with w >= 0 (q and -q are the same rotation)."""
-    return jnp.where(q[..., :1] < 0, -q, q)
+    xp = _xp(q)
+    return xp.where(q[..., :1] < 0, -q, q)
 
 
 def axis_angle_to_quat(v):
     """Exponential map: rotation vector ``[..., 3]`` -> unit quaternion ``[..., 4]``."""
+    xp = _xp(v)
     theta = _safe_norm(v, keepdims=True)
     small = theta < _SMALL
-    safe_theta = jnp.where(small, 1.0, theta)
+    safe_theta = xp.where(small, 1.0, theta)
     # sin(θ/2)/θ with its Taylor expansion near 0 keeps values and gradients finite.
-    k = jnp.where(small, 0.5 - theta**2 / 48.0, jnp.sin(safe_theta / 2) / safe_theta)
-    return jnp.concatenate([jnp.cos(theta / 2), k * v], axis=-1)
+    k = xp.where(small, 0.5 - theta**2 / 48.0, xp.sin(safe_theta / 2) / safe_theta)
+    return xp.concatenate([xp.cos(theta / 2), k * v], axis=-1)
 
 
 def quat_to_axis_angle(q):
     """Logarithm map: unit quaternion -> rotation vector with angle in [0, π]."""
+    xp = _xp(q)
     q = quat_canonical(q)
     w, u = q[..., :1], q[..., 1:]
     s = _safe_norm(u, keepdims=True)
     small = s < _SMALL
-    safe_s = jnp.where(small, 1.0, s)
-    safe_w = jnp.where(small, w, 1.0)
+    safe_s = xp.where(small, 1.0, s)
+    safe_w = xp.where(small, w, 1.0)
     # 2·atan2(s, w)/s, with its series 2/w·(1 − s²/(3w²)) near the identity (w ≈ 1 there).
-    k = jnp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)),
-                  2.0 * jnp.arctan2(s, w) / safe_s)
+    k = xp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)),
+                 2.0 * xp.arctan2(s, w) / safe_s)
     return k * u
 
 
@@ -91,11 +110,12 @@ quat_log = quat_to_axis_angle
 
 
 def quat_to_matrix(q):
-    w, x, y, z = jnp.moveaxis(q, -1, 0)
-    return jnp.stack([
-        jnp.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
-        jnp.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
-        jnp.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+    xp = _xp(q)
+    w, x, y, z = xp.moveaxis(q, -1, 0)
+    return xp.stack([
+        xp.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        xp.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        xp.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
     ], axis=-2)
 
 
@@ -105,37 +125,40 @@ def matrix_to_quat(m):
     Computes all four candidate solutions (Shepperd's method) and keeps, per element, the one
     built from the largest diagonal term, so no square root of a tiny number is divided by.
     """
+    xp = _xp(m)
     m00, m11, m22 = m[..., 0, 0], m[..., 1, 1], m[..., 2, 2]
-    candidates = jnp.stack([
-        jnp.stack([1 + m00 + m11 + m22, m[..., 2, 1] - m[..., 1, 2],
-                   m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]], -1),
-        jnp.stack([m[..., 2, 1] - m[..., 1, 2], 1 + m00 - m11 - m22,
-                   m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0]], -1),
-        jnp.stack([m[..., 0, 2] - m[..., 2, 0], m[..., 0, 1] + m[..., 1, 0],
-                   1 - m00 + m11 - m22, m[..., 1, 2] + m[..., 2, 1]], -1),
-        jnp.stack([m[..., 1, 0] - m[..., 0, 1], m[..., 0, 2] + m[..., 2, 0],
-                   m[..., 1, 2] + m[..., 2, 1], 1 - m00 - m11 + m22], -1),
+    candidates = xp.stack([
+        xp.stack([1 + m00 + m11 + m22, m[..., 2, 1] - m[..., 1, 2],
+                  m[..., 0, 2] - m[..., 2, 0], m[..., 1, 0] - m[..., 0, 1]], -1),
+        xp.stack([m[..., 2, 1] - m[..., 1, 2], 1 + m00 - m11 - m22,
+                  m[..., 0, 1] + m[..., 1, 0], m[..., 0, 2] + m[..., 2, 0]], -1),
+        xp.stack([m[..., 0, 2] - m[..., 2, 0], m[..., 0, 1] + m[..., 1, 0],
+                  1 - m00 + m11 - m22, m[..., 1, 2] + m[..., 2, 1]], -1),
+        xp.stack([m[..., 1, 0] - m[..., 0, 1], m[..., 0, 2] + m[..., 2, 0],
+                  m[..., 1, 2] + m[..., 2, 1], 1 - m00 - m11 + m22], -1),
     ], axis=-2)  # [..., 4 candidates, 4]
-    diag = jnp.stack([1 + m00 + m11 + m22, 1 + m00 - m11 - m22,
-                      1 - m00 + m11 - m22, 1 - m00 - m11 + m22], -1)
-    best = jnp.argmax(diag, axis=-1)
-    q = jnp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
+    diag = xp.stack([1 + m00 + m11 + m22, 1 + m00 - m11 - m22,
+                     1 - m00 + m11 - m22, 1 - m00 - m11 + m22], -1)
+    best = xp.argmax(diag, axis=-1)
+    q = xp.take_along_axis(candidates, best[..., None, None], axis=-2)[..., 0, :]
     return quat_canonical(quat_normalize(q))
 
 
 def matrix_to_6d(m):
     """First two columns, ``[..., 6]`` = (col0, col1)."""
-    return jnp.concatenate([m[..., :, 0], m[..., :, 1]], axis=-1)
+    xp = _xp(m)
+    return xp.concatenate([m[..., :, 0], m[..., :, 1]], axis=-1)
 
 
 def sixd_to_matrix(d6):
     """Gram-Schmidt on the two 3-vectors; any non-degenerate 6D input maps to a rotation."""
+    xp = _xp(d6)
     a, b = d6[..., :3], d6[..., 3:]
-    c0 = a / jnp.maximum(_safe_norm(a, keepdims=True), 1e-8)
-    b = b - jnp.sum(c0 * b, axis=-1, keepdims=True) * c0
-    c1 = b / jnp.maximum(_safe_norm(b, keepdims=True), 1e-8)
-    c2 = jnp.cross(c0, c1)
-    return jnp.stack([c0, c1, c2], axis=-1)
+    c0 = a / xp.maximum(_safe_norm(a, keepdims=True), 1e-8)
+    b = b - xp.sum(c0 * b, axis=-1, keepdims=True) * c0
+    c1 = b / xp.maximum(_safe_norm(b, keepdims=True), 1e-8)
+    c2 = xp.cross(c0, c1)
+    return xp.stack([c0, c1, c2], axis=-1)
 
 
 def quat_to_6d(q):
@@ -148,11 +171,12 @@ def sixd_to_quat(d6):
 
 def _axis_quat(axis: str, angle):
     """Quaternion of a rotation by ``angle [...]`` about the named principal axis."""
+    xp = _xp(angle)
     half = angle / 2
-    zero = jnp.zeros_like(half)
+    zero = xp.zeros_like(half)
     vec = [zero, zero, zero]
-    vec["xyz".index(axis.lower())] = jnp.sin(half)
-    return jnp.stack([jnp.cos(half), *vec], axis=-1)
+    vec["xyz".index(axis.lower())] = xp.sin(half)
+    return xp.stack([xp.cos(half), *vec], axis=-1)
 
 
 def euler_to_quat(angles, order: str):
@@ -172,12 +196,13 @@ def matrix_to_euler(m, order: str):
     For R = R_a(α)·R_b(β)·R_c(γ) with (a, b, c) a permutation of (x, y, z): the middle angle
     comes from R[a, c] = ±sin β, the outer ones from atan2 of the remaining entries.
     """
+    xp = _xp(m)
     i, j, k = ("xyz".index(c) for c in order.lower())
     sign = 1.0 if (j - i) % 3 == 1 else -1.0  # even permutation of xyz
-    beta = jnp.arcsin(jnp.clip(sign * m[..., i, k], -1.0, 1.0))
-    alpha = jnp.arctan2(-sign * m[..., j, k], m[..., k, k])
-    gamma = jnp.arctan2(-sign * m[..., i, j], m[..., i, i])
-    return jnp.stack([alpha, beta, gamma], axis=-1)
+    beta = xp.arcsin(xp.clip(sign * m[..., i, k], -1.0, 1.0))
+    alpha = xp.arctan2(-sign * m[..., j, k], m[..., k, k])
+    gamma = xp.arctan2(-sign * m[..., i, j], m[..., i, i])
+    return xp.stack([alpha, beta, gamma], axis=-1)
 
 
 def quat_to_euler(q, order: str):
@@ -186,7 +211,8 @@ def quat_to_euler(q, order: str):
 
 def quat_slerp(a, b, t):
     """Spherical interpolation from ``a`` to ``b`` at fraction ``t [...]`` (shortest arc)."""
-    b = jnp.where(jnp.sum(a * b, axis=-1, keepdims=True) < 0, -b, b)
+    xp = _xp(a, b, t)
+    b = xp.where(xp.sum(a * b, axis=-1, keepdims=True) < 0, -b, b)
     delta = quat_to_axis_angle(quat_mul(quat_conj(a), b))
     return quat_mul(a, axis_angle_to_quat(delta * t[..., None]))
 
