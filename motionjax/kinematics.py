@@ -6,7 +6,6 @@ gather of the previous level's results plus one vectorised quaternion product an
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from motionjax import rotations as rot
@@ -39,18 +38,19 @@ def forward_kinematics(skeleton: Skeleton, rotations, root_position, offsets=Non
     Returns:
       ``(positions [..., J, 3], world_rotations [..., J, 4])``.
     """
-    rotations = jnp.asarray(rotations)
-    offsets = jnp.asarray(skeleton.offsets if offsets is None else offsets, rotations.dtype)
-    offsets = jnp.broadcast_to(offsets, rotations.shape[:-1] + (3,))
+    xp = rot._xp(rotations, root_position, offsets)  # numpy in, numpy out (the data workers)
+    rotations = xp.asarray(rotations)
+    offsets = xp.asarray(skeleton.offsets if offsets is None else offsets, rotations.dtype)
+    offsets = xp.broadcast_to(offsets, rotations.shape[:-1] + (3,))
     plan, unpermute = _level_plan(skeleton)
 
     world_rot = [rotations[..., :1, :]]
-    world_pos = [jnp.asarray(root_position, rotations.dtype)[..., None, :]]
+    world_pos = [xp.asarray(root_position, rotations.dtype)[..., None, :]]
     for ids, parent_slot in plan[1:]:
         parent_rot = world_rot[-1][..., parent_slot, :]
         parent_pos = world_pos[-1][..., parent_slot, :]
         world_pos.append(parent_pos + rot.quat_rotate(parent_rot, offsets[..., ids, :]))
         world_rot.append(rot.quat_mul(parent_rot, rotations[..., ids, :]))
-    positions = jnp.concatenate(world_pos, axis=-2)[..., unpermute, :]
-    world_rotations = jnp.concatenate(world_rot, axis=-2)[..., unpermute, :]
+    positions = xp.concatenate(world_pos, axis=-2)[..., unpermute, :]
+    world_rotations = xp.concatenate(world_rot, axis=-2)[..., unpermute, :]
     return positions, world_rotations
