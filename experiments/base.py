@@ -24,12 +24,27 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "transformer"       # "transformer" | "tconv"
+    c.model.dim = 128                  # per-frame embedding width
+    c.model.depth = 1                  # blocks before and after the bottleneck (each)
+    c.model.heads = 4                  # attention heads (transformer)
+    c.model.mlp_ratio = 2              # MLP hidden width / dim (transformer)
+    c.model.halo = 4                   # frames seen from each neighbouring chunk per block (transformer), <= chunk
+    c.model.kernel = 9                 # temporal conv width (tconv); its halo is kernel // 2 frames
+    c.model.stride = 2                 # frames pooled into one latent vector; divides data.chunk
+    c.model.latent_dim = 32            # latent width per `stride` frames: latent_dim / stride numbers per frame
+    c.model.residual = False           # True: predict a correction to the input (bypasses the bottleneck)
+    c.model.dropout = 0.0
+    c.model.dtype = "bfloat16"         # activation/compute dtype
+    c.model.param_dtype = "float32"    # parameter (and optimizer state) dtype
 
     c.loss = ml_collections.ConfigDict()
     c.loss.jacobian = "blocked"        # "blocked" | "jvp" | "dense"
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (("data", -1), ("time", 1))  # -1 fills with the remaining devices
+    c.mesh.across_hosts = "data"       # with several processes this axis spans them (hybrid mesh)
+    c.mesh.fsdp = False                # split each parameter's largest dim over 'data' instead of replicating
+    c.mesh.grad_reduce_dtype = "float32"  # dtype of the gradient all-reduce over 'data' ("bfloat16" halves bytes)
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000

@@ -1,0 +1,92 @@
+"""Mesh construction, the logical-axis rule table, and per-host batch assembly (8 CPU devices)."""
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+from motionjax import parallel
+
+
+def _mesh_config(shape):
+    return ml_collections.ConfigDict(dict(shape=shape, across_hosts="data"))
+
+
+@pytest.mark.parametrize(
+    "shape, n, expected",
+    [
+        ((("data", -1), ("time", 1)), 8, {"data": 8, "time": 1}),
+        ((("data", -1), ("time", 2)), 8, {"data": 4, "time": 2}),
+        ((("data", 2), ("time", -1)), 8, {"data": 2, "time": 4}),
+        ((("data", 2), ("time", 4)), 8, {"data": 2, "time": 4}),
+        ((("data", -1),), 1, {"data": 1}),
+    ],
+)
+def test_mesh_shape_fills(shape, n, expected):
+    assert parallel.mesh_shape(shape, n) == expected
+
+
+@pytest.mark.parametrize(
+    "shape, match",
+    [
+        ((("data", -1), ("time", 3)), "does not divide"),
+        ((("data", 2), ("time", 2)), "uses 4 of 8"),
+        ((("data", -1), ("time", -1)), "at most one -1"),
+        ((("data", 0), ("time", -1)), "positive"),
+        ((("data", -1), ("data", 1)), "repeated"),
+    ],
+)
+def test_mesh_shape_rejects_impossible(shape, match):
+    with pytest.raises(ValueError, match=match):
+        parallel.mesh_shape(shape, 8)
+
+
+def test_make_mesh_axes_devices_and_types():
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 2))))
+    assert dict(mesh.shape) == {"data": 4, "time": 2}
+    assert mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
+    one = parallel.make_mesh(_mesh_config((("data", -1), ("time", 1))), devices=jax.devices()[:1])
+    assert dict(one.shape) == {"data": 1, "time": 1}
+
+
+def test_logical_rules():
+    assert parallel.logical_to_mesh(("batch", "chunk", "frame", "feature")) == P("data", "time", None, None)
+    assert parallel.logical_to_mesh(("batch", "time", "joint", None)) == P("data", "time", None, None)
+    assert parallel.logical_to_mesh(("embed", "mlp")) == P(None, None)
+    # A mesh axis is used at most once per array.
+    assert parallel.logical_to_mesh(("chunk", "time")) == P("time", None)
+    with pytest.raises(KeyError, match="unknown logical axes"):
+        parallel.logical_to_mesh(("batch", "chunks"))
+
+
+def test_param_sharding_fsdp():
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 2))))
+    assert parallel.param_sharding(mesh, (256, 96)).spec == P()
+    assert parallel.param_sharding(mesh, (256, 96), fsdp=True).spec == P("data", None)
+    assert parallel.param_sharding(mesh, (6, 1024), fsdp=True).spec == P(None, "data")
+    assert parallel.param_sharding(mesh, (96,), fsdp=True).spec == P()  # too small to be worth it
+    assert parallel.param_sharding(mesh, (4099, 3), fsdp=True).spec == P()  # no dim divisible by 4
+
+
+def test_global_batch_layout():
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 2))))
+    windows = np.arange(8 * 4 * 2 * 3, dtype=np.float32).reshape(8, 4, 2, 3)  # [B, N, C, F]
+    batch = parallel.global_batch({"x": windows, "w": np.arange(8.0), "stats": np.ones((8, 5))}, mesh)
+    assert batch["x"].sharding.spec == P("data", "time", None, None)
+    assert batch["w"].sharding.spec == P("data")
+    assert batch["stats"].sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(batch["x"]), windows)
+    # Each device holds its data row's windows and its time column's chunks.
+    for shard in batch["x"].addressable_shards:
+        np.testing.assert_array_equal(shard.data, windows[shard.index])
+        assert shard.data.shape == (2, 2, 2, 3)
+
+
+def test_initialize_is_noop_for_one_process(monkeypatch):
+    for var in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    parallel.initialize()
+    assert not jax.distributed.is_initialized()
+    assert jax.process_count() == 1 and parallel.is_main_process()
