@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from motionjax import rotations as rot
@@ -176,14 +175,9 @@ def _skeleton(joints: list[_Joint], scale: float) -> Skeleton:
                     np.stack([j.offset for j in joints]) * scale, kinds, axes, None)
 
 
-def _split_sections(path, text: str):
-    """Lines of the HIERARCHY, the 0-based index of the MOTION line, and all lines."""
-    lines = text.splitlines()
-    for n, line in enumerate(lines):
-        if line.split()[:1] == ["MOTION"]:
-            return lines[:n], n, lines
-    raise MotionFormatError(path, "no MOTION section: expected a line 'MOTION' after the HIERARCHY",
-                            line=len(lines))
+def _motion_line(lines: list[str]) -> int:
+    """0-based index of the ``MOTION`` line (``len(lines)`` when there is none)."""
+    return next((n for n, line in enumerate(lines) if line.split()[:1] == ["MOTION"]), len(lines))
 
 
 def _read_text(path: Path) -> str:
@@ -196,10 +190,8 @@ def _read_text(path: Path) -> str:
 def read_bvh_skeleton(path, scale: float = 1.0) -> Skeleton:
     """The skeleton of a BVH file's HIERARCHY; offsets times ``scale`` (e.g. 0.01 for cm → m)."""
     path = Path(path)
-    text = _read_text(path)
-    lines = text.splitlines()
-    head = next((n for n, line in enumerate(lines) if line.split()[:1] == ["MOTION"]), len(lines))
-    return _skeleton(_parse_hierarchy(path, lines[:head]), scale)
+    lines = _read_text(path).splitlines()
+    return _skeleton(_parse_hierarchy(path, lines[:_motion_line(lines)]), scale)
 
 
 def _header_value(path, lines, n: int, label: str, kind):
@@ -256,15 +248,18 @@ def _euler_to_quat(angles_deg: np.ndarray, order: str) -> np.ndarray:
     """``[..., k]`` angles (degrees) for the first ``k <= 3`` axes of ``order`` -> ``[..., 4]``."""
     full = order + "".join(a for a in "XYZ" if a not in order)  # missing axes rotate by 0
     pad = np.zeros(angles_deg.shape[:-1] + (3 - angles_deg.shape[-1],))
-    with jax.enable_x64(True):  # file I/O at float64: exact round trips
-        return np.asarray(rot.euler_to_quat(np.radians(np.concatenate([angles_deg, pad], -1)), full))
+    return rot.euler_to_quat(np.radians(np.concatenate([angles_deg, pad], -1)), full)  # numpy float64
 
 
 def read_bvh(path, scale: float = 1.0) -> Motion:
     """Read a BVH file into a :class:`Motion`; lengths are multiplied by ``scale``."""
     path = Path(path)
-    hierarchy, motion_line, lines = _split_sections(path, _read_text(path))
-    joints = _parse_hierarchy(path, hierarchy)
+    lines = _read_text(path).splitlines()
+    motion_line = _motion_line(lines)
+    joints = _parse_hierarchy(path, lines[:motion_line])  # a truncated HIERARCHY is reported first
+    if motion_line == len(lines):
+        raise MotionFormatError(path, "no MOTION section: expected a line 'MOTION' after the HIERARCHY",
+                                line=len(lines))
     skeleton = _skeleton(joints, scale)
     num_frames = _header_value(path, lines, motion_line + 1, "Frames:", int)
     if num_frames < 1:
@@ -369,8 +364,7 @@ def write_bvh(path, motion: Motion, order: str = "ZXY", scale: float = 1.0) -> N
 
 def _quat_to_euler_deg(q: np.ndarray, order: str, axis: np.ndarray) -> np.ndarray:
     """``[T, 4]`` -> ``[T, len(order)]`` degrees; one letter means a hinge about ``axis``."""
-    with jax.enable_x64(True):
-        if len(order) == 1:  # signed angle about the hinge axis
-            angles = np.asarray(rot.quat_to_axis_angle(np.asarray(q, np.float64))) @ axis
-            return np.degrees(angles)[:, None]
-        return np.degrees(np.asarray(rot.quat_to_euler(np.asarray(q, np.float64), order)))
+    q = np.asarray(q, np.float64)  # numpy in → the float64 numpy path of the rotation functions
+    if len(order) == 1:  # signed angle about the hinge axis
+        return np.degrees(rot.quat_to_axis_angle(q) @ axis)[:, None]
+    return np.degrees(rot.quat_to_euler(q, order))
