@@ -193,15 +193,17 @@ def euler_to_quat(angles, order: str):
 def matrix_to_euler(m, order: str):
     """Inverse of :func:`euler_to_quat` on matrices, for any of the 6 Tait-Bryan orders.
 
-    For R = R_a(α)·R_b(β)·R_c(γ) with (a, b, c) a permutation of (x, y, z): the middle angle
-    comes from R[a, c] = ±sin β, the outer ones from atan2 of the remaining entries.
+    For R = R_a(α)·R_b(β)·R_c(γ) with (a, b, c) a permutation of (x, y, z): R[a, c] = ±sin β,
+    α comes from atan2 of R[b, c] and R[c, c], and γ from row b of R_a(α)ᵀ·R = R_b(β)·R_c(γ), so
+    the angles reproduce R even at gimbal lock (cos β = 0), where only α ± γ is determined.
     """
     xp = _xp(m)
     i, j, k = ("xyz".index(c) for c in order.lower())
     sign = 1.0 if (j - i) % 3 == 1 else -1.0  # even permutation of xyz
-    beta = xp.arcsin(xp.clip(sign * m[..., i, k], -1.0, 1.0))
+    beta = xp.arctan2(sign * m[..., i, k], xp.hypot(m[..., i, i], m[..., i, j]))
     alpha = xp.arctan2(-sign * m[..., j, k], m[..., k, k])
-    gamma = xp.arctan2(-sign * m[..., i, j], m[..., i, i])
+    s, c = xp.sin(alpha), xp.cos(alpha)
+    gamma = xp.arctan2(sign * c * m[..., j, i] + s * m[..., k, i], c * m[..., j, j] + sign * s * m[..., k, j])
     return xp.stack([alpha, beta, gamma], axis=-1)
 
 
