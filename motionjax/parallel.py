@@ -12,7 +12,10 @@ annotations in the model.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import re
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -177,3 +180,73 @@ def initialize(
 def is_main_process() -> bool:
     """Logs, progress bars, plots and summaries come from process 0 only."""
     return jax.process_index() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Communication accounting: what a compiled step sends
+# --------------------------------------------------------------------------------------------
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<type>\([^=]*?\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\("
+)
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+_BITS = {"pred": 8, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32, "u32": 32,
+         "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program, as seen by one device."""
+
+    op: str                 # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    dtype: str              # element type of the (first) buffer, e.g. "f32"
+    result_bytes: int       # bytes of the op's result on one device
+    axes: tuple[str, ...]   # mesh axes its device groups span
+    group_size: int         # devices per group (2 for a permute pair)
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one device sends, with bandwidth-optimal (ring) algorithms."""
+        n, s = self.group_size, self.result_bytes
+        if n <= 1:
+            return 0.0
+        ring = (n - 1) / n
+        return {"all-reduce": 2 * ring * s, "all-gather": ring * s, "reduce-scatter": (n - 1) * s,
+                "all-to-all": ring * s, "collective-permute": s}[self.op]
+
+
+def _groups(line: str) -> list[list[int]]:
+    """Device groups of a collective: explicit ``{{0,2},{1,3}}``, iota ``[2,2]<=[2,2]T(1,0)``, or pairs."""
+    if m := re.search(r"source_target_pairs=\{(\{[\d,{}]*\})\}", line):
+        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+    if m := re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line):
+        shape, dims = [int(v) for v in m.group(1).split(",")], [int(v) for v in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
+        return ids.reshape(-1, shape[-1]).tolist()
+    if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
+        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+    return []  # replica_groups={}: one group of every device
+
+
+def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
+    """The collectives of compiled HLO text (``jitted.lower(...).compile().as_text()``) on ``mesh``.
+
+    Device ids in the HLO are positions in the mesh's flattened device order, which locates each
+    group on the mesh axes. Reads the synchronous collectives the CPU compiler emits; each is
+    counted once, so one inside a loop body would count once, not once per iteration.
+    """
+    coords = np.stack(np.unravel_index(np.arange(mesh.size), mesh.devices.shape), axis=1)  # [D, axes]
+    found = []
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if m is None:
+            continue
+        arrays = _ARRAY.findall(m.group("type"))
+        nbytes = sum(_BITS[t] // 8 * math.prod(int(d) for d in dims.split(",") if d) for t, dims in arrays)
+        groups = _groups(line) or [list(range(mesh.size))]
+        spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
+        axes = tuple(mesh.axis_names[i] for i in sorted(spans))
+        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups)))
+    return found

@@ -90,3 +90,37 @@ def test_initialize_is_noop_for_one_process(monkeypatch):
     parallel.initialize()
     assert not jax.distributed.is_initialized()
     assert jax.process_count() == 1 and parallel.is_main_process()
+
+
+def test_collectives_read_from_compiled_hlo():
+    """Explicit psum / all_gather / ppermute / psum_scatter come back with their mesh axes and sizes."""
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 2))))
+
+    def body(x):  # local x [2, 8] f32 = 64 bytes
+        summed = jax.lax.psum(x, "data")
+        gathered = jax.lax.all_gather(x, "time", tiled=True)  # [4, 8]
+        shifted = jax.lax.ppermute(x, "time", [(0, 1), (1, 0)])
+        scattered = jax.lax.psum_scatter(x * 3.0, ("data", "time"), scatter_dimension=1, tiled=True)  # [2, 1]
+        return summed.sum() + gathered.sum() + shifted.sum() + scattered.sum()
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data", "time"), out_specs=P(), check_vma=False))
+    found = parallel.collectives(f.lower(np.ones((8, 16), np.float32)).compile().as_text(), mesh)
+    by_op = {}
+    for c in found:
+        by_op.setdefault(c.op, []).append(c)
+    (gather,) = by_op["all-gather"]
+    assert (gather.axes, gather.group_size, gather.result_bytes, gather.wire_bytes) == (("time",), 2, 128, 64)
+    (permute,) = by_op["collective-permute"]
+    assert (permute.axes, permute.group_size, permute.result_bytes) == (("time",), 2, 64)
+    psums = [c for c in by_op["all-reduce"] if c.result_bytes == 64]
+    assert [(c.axes, c.group_size) for c in psums] == [(("data",), 4)]
+    assert psums[0].wire_bytes == 2 * 3 / 4 * 64
+    (scatter,) = by_op["reduce-scatter"]
+    assert (scatter.axes, scatter.group_size, scatter.result_bytes) == (("data", "time"), 8, 8)
+
+
+def test_iota_replica_groups():
+    line = "x = f32[4]{0} all-reduce(y), replica_groups=[2,4]<=[4,2]T(1,0), to_apply=add"
+    assert parallel._groups(line) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    line = "x = f32[4]{0} all-reduce(y), replica_groups=[4,2]<=[8]"
+    assert parallel._groups(line) == [[0, 1], [2, 3], [4, 5], [6, 7]]
