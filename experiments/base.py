@@ -49,3 +49,25 @@ def get_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000
     return c
+    c.loss.rotation = 1.0              # weight of the rotation term, mean (1 - cos angle) per joint
+    c.loss.position = 10.0             # weight of the FK position term, mean joint error (m)
+    c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
+    c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
+    c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)
+    c.train.learning_rate = 1e-3       # peak adamw learning rate
+    c.train.warmup_steps = 50          # linear warmup (optimizer updates), then cosine decay
+    c.train.final_lr_fraction = 0.05   # cosine ends at this fraction of the peak
+    c.train.b1 = 0.9
+    c.train.b2 = 0.99
+    c.train.weight_decay = 1e-4
+    c.train.grad_clip = 1.0            # global-norm clipping
+    c.train.grad_accum_steps = 1       # >1: optax.MultiSteps averages this many micro-batches per update
+    c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
+    c.train.log_every = 10             # steps between train-metric logs
+    c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)
+    c.train.checkpoint_every = 100     # steps between checkpoints
+    c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
+    c.train.eval_splits = ("heldout_clips", "heldout_tail")  # unseen clips; last 20% of training clips
+    c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
+    c.train.pca_batches = 8            # training batches the per-frame PCA reference is fitted on
+    c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss

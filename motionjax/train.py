@@ -1,0 +1,440 @@
+"""The trainer: denoising reconstruction of motion windows, jit-sharded over a ``(data, time)`` mesh.
+
+One jitted step (in/out shardings from :mod:`motionjax.parallel`, the train state donated) runs
+the model on the loader's noised/masked window, the loss of :mod:`motionjax.losses` against the
+clean window, and an optax update (adamw, warmup + cosine, global-norm clipping, optional
+``optax.MultiSteps`` accumulation). A step whose loss or gradients are not finite leaves the state
+untouched and is counted; after ``train.max_nonfinite_steps`` such steps in a row the model and
+optimizer come back from the last checkpoint (the data stream keeps moving, past the bad batches).
+
+Checkpoints (orbax, async) hold the train state, the Grain iterator state and the metric history,
+so a restarted run continues bit for bit. The last ``train.keep_checkpoints`` are kept plus the best
+by held-out MPJPE. SIGTERM/SIGINT save a checkpoint and return cleanly.
+
+Process 0 writes the run directory: TensorBoard events, ``summary.json``, learning curves, a
+held-out clip's skeleton (noisy / reconstructed / truth) and BVH exports of it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from motionjax import data, losses, models, parallel
+from motionjax import eval as evaluation
+from motionjax.features import feature_dim
+
+BEST_METRIC = "heldout_tail/mpjpe"  # held-out MPJPE (cm) that picks the best checkpoint
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer, loss and step
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """adamw with linear warmup + cosine decay and global-norm clipping; ``cfg`` = ``config.train``.
+
+    With ``grad_accum_steps = k > 1`` every optimizer update averages ``k`` micro-batches
+    (``optax.MultiSteps``); ``steps`` counts micro-batches, so the schedule has ``steps // k``.
+    """
+    updates = max(cfg.steps // cfg.grad_accum_steps, 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, min(cfg.warmup_steps, updates - 1), updates,
+        end_value=cfg.learning_rate * cfg.final_lr_fraction)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    return optax.MultiSteps(tx, cfg.grad_accum_steps) if cfg.grad_accum_steps > 1 else tx
+
+
+def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
+    """``(pred, clean [B, N, C, F]) -> (loss, terms)``, one ``shard_map`` over the whole mesh: each
+    device decodes and runs FK on its own frames; time derivatives exchange halo frames only."""
+    loss = functools.partial(losses.reconstruction_loss, config.loss, info.skeleton, float(info.fps),
+                             mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
+                             time_axis_name="time", batch_axis_name="data")
+    sharded = jax.shard_map(loss, mesh=mesh, in_specs=(P("data", "time"), P("data", "time")),
+                            out_specs=P(), check_vma=False)
+
+    def loss_fn(pred, clean):
+        b, n, c, f = clean.shape
+        return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f))
+
+    return loss_fn
+
+
+def _all_finite(tree):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
+    """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`."""
+
+    def step(state, batch):
+        def compute(params):
+            model = nnx.merge(graphdef, params, state["rest"])
+            loss, terms = loss_fn(model(batch["noisy"]), batch["clean"])
+            return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
+
+        (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "rest": rest}
+        finite = jnp.isfinite(loss) & _all_finite(grads)
+        # A non-finite step keeps every leaf of the old state, optimizer moments included.
+        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new,
+                           {k: state[k] for k in ("params", "opt_state", "rest")})
+        new["nonfinite_total"] = state["nonfinite_total"] + (~finite).astype(jnp.int32)
+        new["nonfinite_run"] = jnp.where(finite, 0, state["nonfinite_run"] + 1)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **terms,
+                   "nonfinite_total": new["nonfinite_total"], "nonfinite_run": new["nonfinite_run"]}
+        return new, metrics
+
+    return step
+
+
+def init_state(config: ml_collections.ConfigDict, info, mesh):
+    """Model graph definitions (train and eval mode), the train state and its shardings."""
+    model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
+                              nnx.Rngs(config.seed), mesh=mesh)
+    model.eval()
+    eval_graphdef = nnx.graphdef(model)
+    model.train()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(config.train)
+    state = {"params": params, "rest": rest, "opt_state": tx.init(params),
+             "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
+    shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
+    return (graphdef, eval_graphdef, model), tx, jax.device_put(state, shardings), shardings
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation on held-out windows
+
+
+def _global(x, sharding):
+    """A host numpy array (identical on every process) -> a global array with ``sharding``."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def make_predict(eval_graphdef, mesh, state_shardings):
+    """``predict(state, x [B, N, C, F] numpy) -> numpy`` in eval mode; pads B to the data axis."""
+    window = parallel.window_sharding(mesh)
+
+    @functools.partial(jax.jit, in_shardings=(state_shardings["params"], state_shardings["rest"], window),
+                       out_shardings=parallel.replicated(mesh))
+    def apply(params, rest, x):
+        return nnx.merge(eval_graphdef, params, rest)(x)
+
+    def predict(state, x):
+        b, pad = x.shape[0], -x.shape[0] % mesh.shape["data"]
+        x = np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x
+        return np.asarray(apply(state["params"], state["rest"], _global(x, window)))[:b]
+
+    return predict
+
+
+def _eval_sets(config, info):
+    """``{(split, "clean"|"noisy"): [batches]}`` held-out windows, built once per run."""
+    sets = {}
+    for split in config.train.eval_splits:
+        for condition, level in (("clean", 0.0), ("noisy", config.train.eval_noise_level)):
+            sets[split, condition] = list(data.make_eval_batches(config.data, info, split, level,
+                                                                 seed=config.seed))
+    return sets
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def make_checkpoint_manager(workdir: Path, cfg: ml_collections.ConfigDict) -> ocp.CheckpointManager:
+    """Async manager keeping the last ``cfg.keep_checkpoints`` steps and the best by held-out MPJPE."""
+    policy = ocp.checkpoint_managers
+    keep = policy.AnyPreservationPolicy([
+        policy.LatestN(cfg.keep_checkpoints),
+        # Sorted descending by MPJPE, BestN keeps the tail: the lowest error.
+        policy.BestN(get_metric_fn=lambda m: m[BEST_METRIC], reverse=True, n=1,
+                     keep_checkpoints_without_metrics=False),
+    ])
+    options = ocp.CheckpointManagerOptions(preservation_policy=keep, enable_async_checkpointing=True,
+                                           cleanup_tmp_directories=True)
+    return ocp.CheckpointManager((workdir / "checkpoints").absolute(), options=options)
+
+
+def _save(mngr, step, state, iterator, history, metrics=None):
+    mngr.save(step, metrics=metrics, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(iterator),
+        history=ocp.args.JsonSave(history)))
+
+
+def _restore_state(mngr, step, state):
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Yields a dict whose ``"signal"`` is set by SIGTERM/SIGINT (checked between steps)."""
+    stop = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    handler = lambda signum, _: stop.update(signal=signal.Signals(signum).name)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+    """Train ``config`` in ``workdir`` (resuming from its checkpoints), evaluate, write artefacts.
+
+    Safe under several processes: every process runs the same steps and saves its checkpoint
+    shards; process 0 alone logs, plots and writes ``summary.json``. Returns the summary dict.
+    """
+    workdir = Path(workdir)
+    main = parallel.is_main_process()
+    cfg = config.train
+    mesh = parallel.make_mesh(config.mesh)
+    info = data.load_info(config.data.dir)
+    (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
+    window = parallel.window_sharding(mesh)
+    train_step = jax.jit(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)),
+                         in_shardings=(shardings, window), out_shardings=(shardings, None), donate_argnums=0)
+    predict = make_predict(eval_graphdef, mesh, shardings)
+    iterator = data.make_train_iterator(config.data, info, sharding=window, seed=config.seed)
+    eval_sets = _eval_sets(config, info)
+
+    mngr = make_checkpoint_manager(workdir, cfg)
+    history: dict[str, list] = {}
+    start = mngr.latest_step()
+    if start is None:
+        start = 0
+        _save(mngr, 0, state, iterator, history)  # the first "last good" state for the NaN guard
+    else:
+        restored = mngr.restore(start, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)),
+            data=grain.checkpoint.CheckpointRestore(iterator), history=ocp.args.JsonRestore()))
+        state, history = restored["state"], restored["history"]
+
+    writer = None
+    if main:
+        from tensorboardX import SummaryWriter
+        workdir.mkdir(parents=True, exist_ok=True)
+        writer = SummaryWriter(str(workdir / "tensorboard"))
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+    def log(step, values, prefix):
+        for k, v in values.items():
+            history.setdefault(f"{prefix}/{k}", []).append((step, float(v)))
+            if writer:
+                writer.add_scalar(f"{prefix}/{k}", float(v), step)
+
+    def run_eval(step, full=False):
+        conditions = ("clean", "noisy") if full else ("clean",)
+        out = {}
+        for (split, condition), batches in eval_sets.items():
+            if condition in conditions:
+                m = evaluation.evaluate(functools.partial(predict, state), batches, info.skeleton,
+                                        float(info.fps), info.mean, info.std, config.loss.contact_speed)
+                out.update({f"{split}/{k}" if condition == "clean" else f"{split}/{condition}/{k}": v
+                            for k, v in m.items()})
+        log(step, {k: v for k, v in out.items() if "/noisy/" not in k}, "eval")
+        return out
+
+    frames_per_step = config.data.batch_size * config.data.window
+    timing = {"data_wait": 0.0, "steps": 0, "compile": None}
+    restores, pending, step, t0 = 0, None, start, time.perf_counter()
+    bar = None
+    if main:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc=workdir.name, dynamic_ncols=True, smoothing=0.1)
+
+    def drain(metrics):
+        """Read one step's metrics (one step late, so the device always has a step queued)."""
+        nonlocal state, restores
+        done_step, m = metrics
+        m = jax.device_get(m)
+        if done_step % cfg.log_every == 0 or done_step == cfg.steps:
+            log(done_step, {k: v for k, v in m.items() if k != "nonfinite_run"}, "train")
+        if bar:
+            elapsed = time.perf_counter() - t0
+            bar.set_postfix(loss=f"{float(m['loss']):.4f}",
+                            fps=f"{timing['steps'] * frames_per_step / max(elapsed, 1e-9):.0f}",
+                            wait=f"{100 * timing['data_wait'] / max(elapsed, 1e-9):.0f}%",
+                            skipped=int(m["nonfinite_total"]), refresh=False)
+        if int(m["nonfinite_run"]) >= cfg.max_nonfinite_steps:
+            last_good = mngr.latest_step()
+            mngr.wait_until_finished()
+            state = _restore_state(mngr, last_good, state)
+            state["nonfinite_total"] = jnp.int32(m["nonfinite_total"])
+            restores += 1
+            if main:
+                print(f"step {done_step}: {int(m['nonfinite_run'])} non-finite steps in a row; "
+                      f"restored the model and optimizer of step {last_good}", flush=True)
+
+    with _stop_on_signals() as stop:
+        while step < cfg.steps and stop["signal"] is None:
+            t_data = time.perf_counter()
+            batch = next(iterator)
+            batch = {k: batch[k] for k in ("noisy", "clean")}
+            timing["data_wait"] += time.perf_counter() - t_data
+            if timing["compile"] is None:
+                t_compile = time.perf_counter()
+                state, metrics = train_step(state, batch)
+                jax.block_until_ready(metrics)
+                timing["compile"] = time.perf_counter() - t_compile
+                t0 = time.perf_counter()  # throughput excludes the first (compiling) step
+                timing["data_wait"] = 0.0
+            else:
+                state, metrics = train_step(state, batch)
+                timing["steps"] += 1
+            step += 1
+            if pending is not None:
+                drain(pending)
+            pending = (step, metrics)
+            if bar:
+                bar.update(1)
+            eval_now = step % cfg.eval_every == 0 or step == cfg.steps
+            if eval_now or step % cfg.checkpoint_every == 0:
+                drain(pending)
+                pending = None
+                metrics_for_best = run_eval(step) if eval_now else None
+                _save(mngr, step, state, iterator, history,
+                      {BEST_METRIC: metrics_for_best[BEST_METRIC]} if metrics_for_best else None)
+        if pending is not None:
+            drain(pending)
+        elapsed = time.perf_counter() - t0
+        interrupted = stop["signal"]
+        if interrupted and mngr.latest_step() != step:
+            _save(mngr, step, state, iterator, history)
+    mngr.wait_until_finished()
+    if bar:
+        bar.close()
+
+    summary = {
+        "workdir": str(workdir), "steps": step,
+        "status": f"stopped by {interrupted}" if interrupted else "done",
+        "compile_s": timing["compile"], "train_s": elapsed,
+        "steps_per_s": timing["steps"] / max(elapsed, 1e-9),
+        "frames_per_s": timing["steps"] * frames_per_step / max(elapsed, 1e-9),
+        "data_wait_fraction": timing["data_wait"] / max(elapsed, 1e-9),
+        "nonfinite_steps": int(jax.device_get(state["nonfinite_total"])), "nonfinite_restores": restores,
+        "params": int(sum(x.size for x in jax.tree.leaves(state["params"]))),
+    }
+    if not interrupted:
+        summary["results"] = final_evaluation(config, info, state, predict, eval_sets, iterator, workdir,
+                                              main)
+        summary["best_step"] = mngr.best_step()
+    summary["history"] = history
+    mngr.close()
+    if main:
+        evaluation.plot_learning_curves(
+            {k: v for k, v in history.items() if k in ("train/loss", "train/position") or
+             (k.startswith("eval/") and k.endswith("/mpjpe"))}, workdir / "learning_curves.png")
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        writer.close()
+    return summary
+
+
+def final_evaluation(config, info, state, predict, eval_sets, iterator, workdir: Path, main: bool) -> dict:
+    """Held-out metrics of the model and of the per-frame PCA reference with the model's latent size,
+    on every split from clean and noised input; plus the skeleton figure and BVH exports."""
+    args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
+    # The PCA reference sees the same training windows the model did, as frames.
+    frames = np.concatenate([np.asarray(next(iterator)["clean"]).reshape(-1, info.mean.shape[-1])
+                             for _ in range(config.train.pca_batches)])
+    latent = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
+                               nnx.Rngs(0)).latent_per_frame
+    pca = evaluation.PCA(frames, max(int(round(latent)), 1))
+    results = {}
+    for (split, condition), batches in eval_sets.items():
+        row = {"model": evaluation.evaluate(functools.partial(predict, state), batches, *args),
+               "pca": evaluation.evaluate(pca, batches, *args)}
+        row["input_mpjpe"] = row["model"].pop("input_mpjpe")
+        row["pca"].pop("input_mpjpe")
+        results.setdefault(split, {})[condition] = row
+    results["pca_latent_per_frame"] = pca.basis.shape[1]
+    if main:
+        split = config.train.eval_splits[-1]
+        batch = eval_sets[split, "noisy"][0]
+        b = batch["clean"].shape[0]
+        pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
+        clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(predict(state, batch["noisy"][:b])),
+                "truth": pick(batch["clean"])}
+        evaluation.plot_skeletons(
+            info.skeleton, {k: evaluation.feature_positions(info.skeleton, v, info.mean, info.std)
+                            for k, v in clip.items()},
+            workdir / "heldout_clip.png", title=f"{split}, noise level {config.train.eval_noise_level}")
+        for name, features in clip.items():
+            evaluation.export_bvh(workdir / f"heldout_{name}.bvh", info.skeleton, float(info.fps), features,
+                                  info.mean, info.std, name=name)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment: the model plus its references, side by side
+
+
+def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
+    """:func:`train_and_evaluate`, then (``train.references``) the same model without the dynamics
+    loss in ``workdir/no_dynamics``; prints and saves the comparison table in ``summary.json``."""
+    workdir = Path(workdir)
+    summary = train_and_evaluate(config, workdir)
+    if "results" not in summary:
+        return summary
+    if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        ablation = copy.deepcopy(config)
+        with ablation.unlocked():
+            ablation.loss.dynamics_weight = 0.0
+            ablation.train.references = ()
+        ref = train_and_evaluate(ablation, workdir / "no_dynamics")
+        for split, rows in ref.get("results", {}).items():
+            if isinstance(rows, dict):
+                for condition, row in rows.items():
+                    summary["results"][split][condition]["no_dynamics"] = row["model"]
+    table = results_table(summary["results"])
+    summary["table"] = table
+    if parallel.is_main_process():
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print("\n".join(table), flush=True)
+    return summary
+
+
+def results_table(results: dict) -> list[str]:
+    """Text table: one line per split x input x method."""
+    lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'PA-MPJPE':>9s} "
+             f"{'accel m/s2':>10s} {'skate cm/s':>10s}"]
+    for split, rows in results.items():
+        if not isinstance(rows, dict):
+            continue
+        for condition, row in rows.items():
+            lines.append(f"{split:14s} {condition:6s} {'input':12s} {row['input_mpjpe']:9.2f}")
+            for method in ("model", "no_dynamics", "pca"):
+                if method in row:
+                    m = row[method]
+                    lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
+                                 f"{m['pa_mpjpe']:9.2f} {m['accel']:10.2f} {m['foot_skate']:10.2f}")
+    return lines
