@@ -12,15 +12,32 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
-    c.data.source = "deepmimic"        # "deepmimic" (pybullet clips), "synthetic", or a directory of BVH/DeepMimic files
-    c.data.dir = "data_cache/deepmimic"  # prepared ArrayRecord shards + index.json + stats
+    c.data.source = "deepmimic"        # "deepmimic" (pybullet), "synthetic", or a dir/glob of motion files
+    c.data.dir = "data_cache/deepmimic"  # prepared shards + index.json + stats (made on first use)
+    c.data.loader = "grain"            # "grain" (data.pipeline) | "naive" (baseline: numpy, main thread)
     c.data.fps = 30.0                  # every clip is resampled to this rate
-    c.data.window = 64                 # frames per training window (T)
-    c.data.chunk = 16                  # frames per time chunk (C); T = N * C
-    c.data.batch_size = 32             # global batch (windows)
-    c.data.worker_count = 0            # grain mp_prefetch workers; 0 is fastest on 2 cores
-    c.data.prefetch = 2                # batches prefetched onto the devices
-    c.data.dynamics_weight = 0.5       # window sampling: mix of dynamics-score weighting and uniform
+    c.data.window = 32                 # frames per window (T); 64 exceeds most DeepMimic train segments
+    c.data.chunk = 8                   # frames per time chunk (C); T = N*C, N divisible by the 'time' axis
+    c.data.batch_size = 32             # global batch (windows), split evenly over processes
+    c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
+    c.data.worker_buffer = 2           # batches each worker keeps ready
+    c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
+    c.data.dynamics_weight = 0.5       # window sampling: weight of the accel/jerk score vs uniform
+    c.data.strict = False              # True: a bad file/record raises instead of being skipped+counted
+    # Clips never trained on (each has a sibling in training); see motionjax.data.prepare.
+    c.data.heldout_clips = ("humanoid3d_dance_b", "humanoid3d_getup_faceup", "humanoid3d_spinkick")
+    c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
+    c.data.floor_align = True          # lowest joint of each window at height 0
+    c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
+    c.data.rot_noise = 0.05            # tangent-space rotation noise std per axis (rad) on the noisy input
+    c.data.pos_noise = 0.02            # root position noise std per axis (m)
+    c.data.joint_mask_prob = 0.05      # chance a (frame, joint) rotation is masked in the noisy input
+    c.data.frame_mask_prob = 0.05      # chance a whole frame is masked (batch["mask"] = 1 there)
+    c.data.time_warp = 1.5             # max time-warp jitter shift (frames) of the noisy input
+    c.data.mirror_prob = 0.5           # chance a window is mirrored left/right (clean and noisy alike)
+    c.data.synthetic_clips = 128_000   # source="synthetic": corpus size (generated on the fly, never stored)
+    c.data.synthetic_frames = 240      # frames per synthetic clip
+    c.data.synthetic_seed = 0          # synthetic clip i is a function of (synthetic_seed, i)
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "transformer"       # "transformer" | "tconv"

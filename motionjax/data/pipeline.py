@@ -1,0 +1,260 @@
+"""The Grain input pipeline: clip records -> windows -> normalized, noised, chunked batches on the mesh.
+
+Training graph (:func:`train_dataset`)::
+
+  slots (one per ~window of each training segment; ints, pickle in bytes)
+    -> [process_index::process_count]        per-process shard, disjoint and complete
+    -> shuffle(seed) -> repeat()             reshuffled every epoch
+    -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic), check
+                                             it (bad ones: skipped, counted, warned; strict raises),
+                                             draw a start by dynamics score, draw the noise
+    -> batch(B / process_count)
+    -> map(MakeExample)                      canonicalize, mirror, noise, standardize, mask, chunk:
+                                             vectorized over the batch (transforms.make_example)
+    -> mp_prefetch(worker_count)             0 workers = in the main process
+    -> thread prefetch -> to global jax Arrays (make_array_from_process_local_data) -> prefetch
+
+Every random choice is drawn in ``SampleWindow`` from Grain's per-element generator, so batches
+depend only on ``seed`` (and the worker count), and the iterator state Grain checkpoints
+(``get_state``/``set_state``, ``grain.checkpoint.CheckpointSave``) restores the exact stream. The
+prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the
+consumer took, not those waiting in the buffers.
+
+Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "mask": [B, N, C, 1]
+(1 = frame masked out of ``noisy``), "valid": [B, N, C, 1] (0 = padding, eval only)}``.
+"""
+from __future__ import annotations
+
+import functools
+
+import grain
+import jax
+import numpy as np
+from grain.experimental import ThreadPrefetchIterDataset
+
+from motionjax.data import prepare as prep
+from motionjax.data import records, synthetic, transforms
+from motionjax.data.prepare import DatasetInfo
+
+
+def dataset_info(cfg) -> DatasetInfo:
+    """The dataset ``cfg`` (``config.data``) names, preparing the shards first if needed (idempotent)."""
+    if cfg.source == "synthetic":
+        return synthetic.synthetic_info(cfg.synthetic_clips, window=cfg.window, frames=cfg.synthetic_frames,
+                                        fps=cfg.fps, seed=cfg.synthetic_seed)
+    return prep.prepare(cfg.source, cfg.dir, fps=cfg.fps, window=cfg.window, strict=cfg.strict,
+                        heldout=tuple(cfg.heldout_clips), progress=False)
+
+
+def _check(cfg, info: DatasetInfo) -> None:
+    if abs(cfg.fps - info.fps) > 1e-6 or cfg.window != info.window:
+        raise ValueError(f"{info.data_dir or 'synthetic corpus'} was prepared at fps={info.fps}, "
+                         f"window={info.window}; config asks fps={cfg.fps}, window={cfg.window}: re-run "
+                         "scripts/prepare_data.py with matching --fps/--window")
+    if cfg.window % cfg.chunk:
+        raise ValueError(f"config.data.window={cfg.window} is not a multiple of chunk={cfg.chunk}")
+
+
+class ClipSource:
+    """Random access to clip records: the ArrayRecord shards, or the synthetic generator.
+
+    Pickles as paths (the reader opens lazily in each worker).
+    """
+
+    def __init__(self, info: DatasetInfo):
+        self.paths = info.shard_paths()
+        self.synthetic = info.synthetic and dict(info.synthetic, fps=info.fps, skeleton=info.skeleton)
+        self._reader = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, _reader=None)
+
+    def __len__(self) -> int:
+        return len(self._open())
+
+    def _open(self):
+        if self._reader is None:
+            if self.synthetic:
+                s = self.synthetic
+                self._reader = synthetic.SyntheticClips(s["num_clips"], frames=s["frames"], fps=s["fps"],
+                                                        seed=s["seed"], skeleton=s["skeleton"])
+            else:
+                self._reader = grain.sources.ArrayRecordDataSource(self.paths)
+        return self._reader
+
+    def __getitem__(self, index: int) -> dict:
+        item = self._open()[int(index)]
+        return item if isinstance(item, dict) else records.decode_record(item)
+
+
+MIN_SLOTS = 4096  # grain's index shuffle costs ~40 ms / table size per element: keep tables large
+
+
+def train_slots(info: DatasetInfo, window: int) -> np.ndarray:
+    """``[S, 3]`` (clip, begin, end): each training segment ``round(length / window)`` times (>= 1),
+    so an epoch visits every clip in proportion to its length; a small table is tiled up to
+    :data:`MIN_SLOTS` rows (one "epoch" is then several passes). Segments shorter than a window
+    are left out of training."""
+    slots = [seg for seg in info.splits["train"] if seg[2] - seg[1] >= window
+             for _ in range(max(1, round((seg[2] - seg[1]) / window)))]
+    if not slots:
+        raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
+                         f"holds {window} frames")
+    return np.tile(np.asarray(slots, np.int64), (-(-MIN_SLOTS // len(slots)), 1))
+
+
+class SampleWindow:
+    """``(slot, rng) -> window + noise draws`` (or None for a bad record), one training example.
+
+    The start is drawn from :func:`transforms.start_probabilities` (``dynamics_weight`` mixes
+    score-weighted and uniform); the noise from :meth:`transforms.Noise.sample`.
+    """
+
+    def __init__(self, source: ClipSource, info: DatasetInfo, cfg, noise: transforms.Noise):
+        self.source, self.skeleton, self.noise = source, info.skeleton, noise
+        self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
+        self.bad = records.BadRecordCounter(cfg.strict)
+
+    def __call__(self, slot, rng: np.random.Generator):
+        clip_id, begin, end = (int(v) for v in slot)
+        try:
+            clip = self.source[clip_id]
+            records.check_clip(clip, self.skeleton)
+        except records.BadRecordError as e:
+            self.bad.skip(e, f"#{clip_id}")
+            return None
+        p = transforms.start_probabilities(clip["score"][begin:end], self.window, self.dynamics_weight)
+        start = begin + int(rng.choice(p.size, p=p))
+        stop = start + self.window
+        return {"root_position": clip["root_position"][start:stop],
+                "rotations": clip["rotations"][start:stop], "valid": np.ones(self.window, np.float32),
+                **self.noise.sample(rng, self.window, self.skeleton)}
+
+
+def _is_window(x) -> bool:
+    return x is not None
+
+
+class MakeExample:
+    """Batch of windows and draws -> the batch dict (:func:`transforms.make_example`)."""
+
+    def __init__(self, info: DatasetInfo, cfg):
+        self.skeleton, self.mean, self.std = info.skeleton, info.mean, info.std
+        self.chunk, self.floor = cfg.chunk, cfg.floor_align
+        self.scale = (cfg.canonical_height / transforms.rest_height(info.skeleton)
+                      if cfg.canonical_height else 1.0)
+
+    def __call__(self, w: dict) -> dict:
+        out = transforms.make_example(self.skeleton, w["root_position"], w["rotations"], w, self.mean,
+                                      self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale)
+        out["valid"] = transforms.chunk(w["valid"][..., None], self.chunk)
+        return out
+
+
+def _local_batch(cfg, process_count: int) -> int:
+    if cfg.batch_size % process_count:
+        raise ValueError(f"batch_size={cfg.batch_size} does not split over {process_count} processes")
+    return cfg.batch_size // process_count
+
+
+def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
+                  process_count: int | None = None) -> grain.IterDataset:
+    """The host-side training stream of this process (numpy batches of ``batch_size / processes``)."""
+    _check(cfg, info)
+    pi = jax.process_index() if process_index is None else process_index
+    pc = jax.process_count() if process_count is None else process_count
+    slots = grain.MapDataset.source(train_slots(info, cfg.window))[pi::pc]
+    ds = slots.shuffle(seed=seed).repeat()
+    sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
+    ds = ds.random_map(sample, seed=seed)
+    # Records are small and local: reader threads only contend for the GIL (and busy-wait).
+    ds = ds.filter(_is_window).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    ds = ds.batch(_local_batch(cfg, pc), drop_remainder=True).map(MakeExample(info, cfg))
+    if cfg.worker_count > 0:
+        from absl import flags
+        if not flags.FLAGS.is_parsed():  # grain's multiprocessing reads absl flags
+            flags.FLAGS.mark_as_parsed()
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count,
+                                                         per_worker_buffer_size=cfg.worker_buffer))
+    return ds
+
+
+def _to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
+    # Every leaf is [B, N, C, ...]; the spec shards B over 'data' and N over 'time'.
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def device_prefetch(ds: grain.IterDataset, sharding, depth: int) -> grain.IterDataset:
+    """Host batches -> global jax Arrays, ``depth`` batches ahead on both sides of the transfer."""
+    if depth > 0:
+        ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
+    if sharding is not None:
+        ds = ds.map(functools.partial(_to_global, sharding))
+        if depth > 0:
+            ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
+    return ds
+
+
+def make_train_iterator(cfg, info: DatasetInfo, *, sharding=None, seed: int = 0, process_index=None,
+                        process_count=None) -> grain.DatasetIterator:
+    """The training iterator (a Grain ``DatasetIterator``: checkpoint it with
+    ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``sharding`` (a NamedSharding of
+    ``[B, N, C, F]``), batches are global jax Arrays; without, numpy. Call ``.close()`` when done."""
+    ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count)
+    return iter(device_prefetch(ds, sharding, cfg.prefetch))
+
+
+def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
+    """The baseline loader: same windows, noise and transforms, one window at a time in numpy on
+    the main thread, no Grain, no workers, no prefetch (how a plain training script does it)."""
+    _check(cfg, info)
+    slots = train_slots(info, cfg.window)
+    sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
+    make = MakeExample(info, cfg)
+    rng = np.random.default_rng(seed)
+    while True:
+        examples = []
+        while len(examples) < cfg.batch_size:
+            w = sample(slots[rng.integers(len(slots))], rng)
+            if w is not None:
+                examples.append(make(w))
+        yield {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0.0,
+                      seed: int = 0) -> list[dict]:
+    """Deterministic batches of sliding windows (stride ``cfg.eval_stride``) covering ``split``.
+
+    ``noise_level`` scales the training noise std (``rot_noise`` rad, ``pos_noise`` m): 0 = clean
+    input, 1 = the training corruption; no masking, time warp or mirroring. A segment shorter than a
+    window is edge-padded and the padding has ``valid = 0``; the last batch is filled up with
+    ``valid = 0`` windows, so every batch has ``batch_size`` rows (one compiled shape).
+    """
+    _check(cfg, info)
+    if split not in info.splits:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(info.splits)}")
+    t, source = cfg.window, ClipSource(info)
+    noise = transforms.Noise(rot_std=cfg.rot_noise * noise_level, pos_std=cfg.pos_noise * noise_level)
+    windows = []
+    for clip_id, begin, end in info.splits[split]:
+        clip = source[clip_id]
+        records.check_clip(clip, info.skeleton)
+        starts = list(range(begin, max(end - t, begin) + 1, cfg.eval_stride))
+        if starts[-1] + t < end:
+            starts.append(end - t)  # the last frames are covered too
+        for s in starts:
+            idx = np.minimum(np.arange(s, s + t), end - 1)  # edge padding past the segment end
+            rng = np.random.default_rng([seed, clip_id, s])
+            windows.append({"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
+                            "valid": (np.arange(s, s + t) < end).astype(np.float32),
+                            **noise.sample(rng, t, info.skeleton)})
+    if not windows:
+        return []
+    pad = (-len(windows)) % cfg.batch_size
+    windows += [dict(windows[0], valid=np.zeros(t, np.float32)) for _ in range(pad)]
+    make = MakeExample(info, cfg)
+    batches = []
+    for i in range(0, len(windows), cfg.batch_size):
+        group = windows[i:i + cfg.batch_size]
+        batches.append(make({k: np.stack([w[k] for w in group]) for k in group[0]}))
+    return batches

@@ -1,0 +1,282 @@
+"""Streaming window transforms (numpy, run in the loader workers) and their model-side inverse.
+
+Every function takes arrays with any leading dims, so one call transforms one window
+``[T, ...]`` or a whole batch ``[B, T, ...]`` (the pipeline batches first and transforms once:
+numpy's per-call overhead dominates on windows this small). Rotation math comes from
+:mod:`motionjax.rotations` / :mod:`motionjax.kinematics`, which return numpy for numpy inputs.
+
+Forward, per window (:func:`make_example`):
+  mirror (augmentation, both targets) -> canonicalize (root-relative, heading removed at the
+  window start, floor at 0, optional uniform retarget) -> clean features -> noisy copy: time-warp
+  jitter, tangent-space rotation noise, root position noise -> standardize -> joint/frame masking
+  -> chunk ``[T, F] -> [T/C, C, F]``.
+Inverse (model side, jax or numpy): :func:`denormalize` (unchunk, destandardize, decode) and
+:func:`uncanonicalize` (back to the clip's world frame).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from motionjax import features
+from motionjax import rotations as rot
+from motionjax.kinematics import forward_kinematics
+from motionjax.skeleton import BALL, HINGE, Skeleton
+
+# --------------------------------------------------------------------------------------------
+# Clip-level (prepare time)
+
+
+def resample(root_position, rotations, src_fps: float, dst_fps: float):
+    """Resample a clip ``[T, 3]``, ``[T, J, 4]`` to ``dst_fps``: lerp the root, slerp rotations.
+
+    The output covers the same duration, ``floor((T-1)·dst/src) + 1`` frames.
+    """
+    t = root_position.shape[0]
+    n = int(np.floor((t - 1) * dst_fps / src_fps + 1e-6)) + 1
+    u = np.arange(n) * (src_fps / dst_fps)
+    i0 = np.minimum(np.floor(u).astype(int), max(t - 2, 0))
+    i1 = np.minimum(i0 + 1, t - 1)
+    frac = (u - i0)[:, None].astype(root_position.dtype)
+    root = root_position[i0] * (1 - frac) + root_position[i1] * frac
+    quats = rot.quat_slerp(rotations[i0], rotations[i1], np.broadcast_to(frac, rotations[i0].shape[:-1]))
+    return root, rot.quat_normalize(quats).astype(rotations.dtype)
+
+
+def dynamics_score(skeleton: Skeleton, root_position, rotations, fps: float):
+    """``[T]`` per-frame abruptness: mean joint |acceleration| + |jerk|·dt (both m/s²).
+
+    Central differences of FK positions; edge frames repeat their neighbour's value.
+    """
+    pos, _ = forward_kinematics(skeleton, rotations, root_position)
+    t = pos.shape[0]
+    score = np.zeros(t, np.float32)
+    if t >= 4:
+        acc = np.linalg.norm(np.diff(pos, 2, axis=0), axis=-1).mean(-1) * fps**2  # [T-2]
+        jerk = np.linalg.norm(np.diff(pos, 3, axis=0), axis=-1).mean(-1) * fps**2  # |jerk|·dt
+        score[1:-1] = acc
+        score[1:-2] += jerk
+        score[0], score[-1] = score[1], score[-2]
+    return score
+
+
+def start_probabilities(score, length: int, dynamics_weight: float):
+    """Sampling distribution over window starts of a segment with per-frame ``score [S]``.
+
+    ``(1 - w)·uniform + w·(window mean score / total)``: ``w = 0`` is uniform, ``w = 1`` draws
+    windows in proportion to their dynamics (abrupt segments stay hot).
+    """
+    csum = np.concatenate([[0.0], np.cumsum(score, dtype=np.float64)])
+    window = (csum[length:] - csum[:-length]) / length  # [S - length + 1]
+    uniform = np.full(window.shape, 1.0 / window.size)
+    if window.sum() <= 0:
+        return uniform
+    return (1 - dynamics_weight) * uniform + dynamics_weight * window / window.sum()
+
+
+# --------------------------------------------------------------------------------------------
+# Window normalization
+
+
+def rest_height(skeleton: Skeleton) -> float:
+    """Height of the root above the lowest joint in the rest pose (m)."""
+    rest = rot.identity_quat((skeleton.num_joints,), np.float64, np)
+    pos, _ = forward_kinematics(skeleton, rest, np.zeros(3))
+    return float(-pos[:, skeleton.up_axis].min())
+
+
+def heading(skeleton: Skeleton, root_rotation):
+    """Yaw part (twist about the up axis) of root rotations ``[..., 4]`` -> ``[..., 4]``."""
+    yaw = np.zeros_like(root_rotation)
+    yaw[..., 0] = root_rotation[..., 0]
+    yaw[..., 1 + skeleton.up_axis] = root_rotation[..., 1 + skeleton.up_axis]
+    norm = np.linalg.norm(yaw, axis=-1, keepdims=True)
+    # A root upside down about a horizontal axis has no defined yaw: keep identity there.
+    identity = rot.identity_quat(yaw.shape[:-1], yaw.dtype, np)
+    return np.where(norm > 1e-6, yaw / np.maximum(norm, 1e-6), identity)
+
+
+def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0):
+    """Express windows ``[..., T, 3]``, ``[..., T, J, 4]`` in their own start frame.
+
+    Root-relative: the root's ground position at frame 0 goes to the origin. Heading: the root's
+    yaw at frame 0 is removed (the window starts facing the same way). Floor: the lowest joint over
+    the window touches height 0. Retarget: positions scale by ``scale`` (uniform bone-length
+    retargeting to a canonical body size; bone offsets scale alike, rotations are unchanged).
+
+    Returns ``(root_position, rotations, yaw [..., 4], origin [..., 3])``; :func:`uncanonicalize`
+    with ``yaw``/``origin`` undoes it exactly.
+    """
+    up = skeleton.up_axis
+    yaw = heading(skeleton, rotations[..., 0, 0, :])
+    inv = rot.quat_conj(yaw)[..., None, :]
+    origin = root_position[..., 0, :].copy()
+    origin[..., up] = 0
+    root = rot.quat_rotate(inv, root_position - origin[..., None, :]) * scale
+    rotations = np.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
+                                rotations[..., :, 1:, :]], axis=-2)
+    if floor:
+        pos, _ = forward_kinematics(skeleton, rotations, root, skeleton.offsets * scale)
+        lowest = pos[..., up].min(axis=(-1, -2))  # [...]
+        root[..., up] -= lowest[..., None]
+        origin[..., up] += lowest / scale
+    return root, rotations, yaw, origin
+
+
+def uncanonicalize(root_position, rotations, yaw, origin, *, scale: float = 1.0):
+    """Inverse of :func:`canonicalize` (numpy or jax): back to the clip's world frame."""
+    root = rot.quat_rotate(yaw[..., None, :], root_position / scale) + origin[..., None, :]
+    xp = rot._xp(rotations, yaw)
+    root_rot = rot.quat_mul(yaw[..., None, :], rotations[..., :, 0, :])
+    return root, xp.concatenate([root_rot[..., :, None, :], rotations[..., :, 1:, :]], axis=-2)
+
+
+def mirror(skeleton: Skeleton, root_position, rotations):
+    """Reflect windows across the body's sagittal plane and swap left/right joints.
+
+    With ``M`` the reflection of ``skeleton.lateral_axis``, every rotation becomes ``M R M``
+    (quaternion: keep w and the lateral component, negate the other two) and joint ``j`` takes
+    its twin's rotation. FK of the result is FK of the input reflected, provided the rest offsets
+    are mirror-symmetric (true for the DeepMimic and SMPL-like bodies).
+    """
+    a = skeleton.lateral_axis
+    flip = np.ones(3, root_position.dtype)
+    flip[a] = -1
+    sign = -np.ones(4, rotations.dtype)
+    sign[0] = sign[1 + a] = 1
+    return root_position * flip, (rotations * sign)[..., skeleton.symmetry, :]
+
+
+def normalize(skeleton: Skeleton, root_position, rotations, mean, std, *, floor=True, scale=1.0):
+    """Windows -> standardized features ``[..., T, F]`` plus the ``(yaw, origin)`` frame."""
+    root, rots, yaw, origin = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale)
+    x = features.standardize(features.encode(skeleton, root, rots), mean, std)
+    return x.astype(np.float32), yaw, origin
+
+
+def denormalize(skeleton: Skeleton, x, mean, std):
+    """Model side: standardized features ``[..., T, F]`` (chunked ones go through :func:`unchunk`
+    first) -> canonical ``(root_position [..., T, 3], rotations [..., T, J, 4])``, jax or numpy."""
+    return features.decode(skeleton, features.destandardize(x, mean, std))
+
+
+def chunk(x, size: int):
+    """``[..., T, F] -> [..., T/size, size, F]`` (time chunks for the model and the mesh)."""
+    t = x.shape[-2]
+    if t % size:
+        raise ValueError(f"window of {t} frames does not split into chunks of {size}")
+    return x.reshape(*x.shape[:-2], t // size, size, x.shape[-1])
+
+
+def unchunk(x):
+    """``[..., N, C, F] -> [..., N·C, F]``."""
+    return x.reshape(*x.shape[:-3], x.shape[-3] * x.shape[-2], x.shape[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Noise injection
+
+
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """Corruption of the ``noisy`` input (units in the field names); ``mirror_prob`` augments both.
+
+    rot_std: per-axis std (rad) of the tangent-space rotation noise on every rotating joint (hinges
+      get only the component along their axis, so they stay hinges).
+    pos_std: per-axis std (m) of the root position noise.
+    joint_mask_prob / frame_mask_prob: chance a (frame, joint) rotation / a whole frame is masked
+      (its standardized features set to 0, the dataset mean).
+    time_warp: max shift (frames) of the smooth warp ``u = t + δ·sin(πt/(T-1))``, ``δ ~ U(±time_warp)``
+      (end frames fixed; monotone while ``time_warp < (T-1)/π``).
+    mirror_prob: chance a window is mirrored (clean and noisy alike).
+    """
+
+    rot_std: float = 0.0
+    pos_std: float = 0.0
+    joint_mask_prob: float = 0.0
+    frame_mask_prob: float = 0.0
+    time_warp: float = 0.0
+    mirror_prob: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg, level: float = 1.0) -> Noise:
+        return cls(cfg.rot_noise * level, cfg.pos_noise * level, cfg.joint_mask_prob,
+                   cfg.frame_mask_prob, cfg.time_warp, cfg.mirror_prob)
+
+    def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton) -> dict:
+        """One window's random draws (the transform itself is deterministic given these)."""
+        r = len(features.rotating_joints(skeleton))
+        return {
+            "rot": (rng.standard_normal((frames, skeleton.num_joints, 3)) * self.rot_std).astype(np.float32),
+            "pos": (rng.standard_normal((frames, 3)) * self.pos_std).astype(np.float32),
+            "joint_mask": rng.random((frames, r)) < self.joint_mask_prob,
+            "frame_mask": rng.random(frames) < self.frame_mask_prob,
+            "warp": np.float32(rng.uniform(-self.time_warp, self.time_warp)),
+            "mirror": rng.random() < self.mirror_prob,
+        }
+
+
+def _tangent_projection(skeleton: Skeleton):
+    """``[J, 3, 3]``: identity for ball joints, ``a aᵀ`` for hinges, zero for fixed joints."""
+    proj = np.zeros((skeleton.num_joints, 3, 3), np.float32)
+    for j, kind in enumerate(skeleton.kinds):
+        if kind == BALL:
+            proj[j] = np.eye(3)
+        elif kind == HINGE:
+            proj[j] = np.outer(skeleton.axes[j], skeleton.axes[j])
+    return proj
+
+
+def rotation_noise(skeleton: Skeleton, rotations, eps):
+    """``q ⊗ exp(P_j ε)``: perturb ``rotations [..., J, 4]`` by rotation vectors ``eps [..., J, 3]``
+    in each joint's local tangent space (``P_j`` keeps hinges on their axis)."""
+    eps = np.einsum("jab,...jb->...ja", _tangent_projection(skeleton), eps)
+    return rot.quat_mul(rotations, rot.axis_angle_to_quat(eps))
+
+
+def time_warp(root_position, rotations, delta):
+    """Resample windows at ``u = t + δ·sin(πt/(T-1))`` (``delta [...]`` frames): lerp / slerp."""
+    lead, t = root_position.shape[:-2], root_position.shape[-2]
+    base = np.arange(t, dtype=np.float32)
+    shift = np.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1))
+    u = np.clip(base + shift, 0, t - 1).reshape(-1, t)  # [L, T]
+    i0 = np.minimum(np.floor(u).astype(int), t - 2)
+    frac = (u - i0).astype(root_position.dtype)
+    rows = np.arange(u.shape[0])[:, None]
+    root, rots = root_position.reshape(-1, t, 3), rotations.reshape(-1, *rotations.shape[-3:])
+    root = root[rows, i0] * (1 - frac[..., None]) + root[rows, i0 + 1] * frac[..., None]
+    frac_j = np.broadcast_to(frac[..., None], i0.shape + (rots.shape[-2],))
+    quats = rot.quat_slerp(rots[rows, i0], rots[rows, i0 + 1], frac_j)
+    return root.reshape(*lead, t, 3), quats.reshape(rotations.shape)
+
+
+def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
+    """Zero standardized features ``[..., T, F]`` of masked joints ``[..., T, R]`` and frames ``[..., T]``."""
+    root = np.ones(joint_mask.shape[:-1] + (3,), bool)
+    keep = np.concatenate([root, ~np.repeat(joint_mask, 6, axis=-1)], -1)
+    keep &= ~frame_mask[..., None]
+    return np.where(keep, x, np.float32(0))
+
+
+def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean, std, *,
+                 chunk_size: int, floor: bool = True, scale: float = 1.0) -> dict:
+    """Windows ``[..., T, 3]``, ``[..., T, J, 4]`` and their noise ``draws`` -> the training example.
+
+    Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
+    masked-out frames).
+    """
+    m = np.asarray(draws["mirror"])
+    if m.any():
+        mr, mq = mirror(skeleton, root_position, rotations)
+        root_position = np.where(m[..., None, None], mr, root_position)
+        rotations = np.where(m[..., None, None, None], mq, rotations)
+    root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale)
+    clean = features.standardize(features.encode(skeleton, root, rots), mean, std)
+    nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
+    nrots = rotation_noise(skeleton, nrots, draws["rot"])
+    noisy = features.standardize(features.encode(skeleton, nroot + draws["pos"], nrots), mean, std)
+    noisy = mask_features(skeleton, noisy, draws["joint_mask"], draws["frame_mask"])
+    mask = draws["frame_mask"][..., None].astype(np.float32)
+    return {"noisy": chunk(noisy.astype(np.float32), chunk_size),
+            "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}
