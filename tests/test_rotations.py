@@ -15,8 +15,7 @@ from scipy.spatial.transform import Rotation, Slerp
 from motionjax import rotations as rot
 
 ORDERS = ("XYZ", "XZY", "YXZ", "YZX", "ZXY", "ZYX")
-settings.register_profile("motionjax", max_examples=40, deadline=None)
-settings.load_profile("motionjax")
+examples = settings(max_examples=40, deadline=None)  # per test: a global profile would leak
 
 
 def _unit(v):
@@ -43,6 +42,7 @@ def _same_rotation(a, b, atol=1e-9):
     np.testing.assert_allclose(np.abs(np.sum(a * b, axis=-1)), 1.0, atol=atol)
 
 
+@examples
 @given(quats, quats)
 def test_products_and_matrices_match_scipy(q, p):
     np.testing.assert_allclose(rot.quat_to_matrix(q), _scipy(q).as_matrix(), atol=1e-12)
@@ -53,6 +53,7 @@ def test_products_and_matrices_match_scipy(q, p):
     _same_rotation(rot.quat_mul(q, rot.quat_conj(q)), rot.identity_quat((6,), xp=np))
 
 
+@examples
 @given(rotvecs)
 def test_exp_log_match_scipy_and_invert(v):
     q = rot.axis_angle_to_quat(v)
@@ -61,6 +62,7 @@ def test_exp_log_match_scipy_and_invert(v):
     np.testing.assert_allclose(rot.quat_exp(rot.quat_log(-q)), rot.quat_canonical(q), atol=1e-9)
 
 
+@examples
 @given(quats)
 def test_six_d_round_trip(q):
     _same_rotation(rot.sixd_to_quat(rot.quat_to_6d(q)), q)
@@ -68,6 +70,7 @@ def test_six_d_round_trip(q):
                                rot.quat_to_matrix(q), atol=1e-12)
 
 
+@examples
 @given(hnp.arrays(np.float64, (6, 6), elements=st.floats(-5, 5)))
 def test_any_non_degenerate_6d_is_a_rotation(d6):
     a, b = d6[:, :3], d6[:, 3:]
@@ -78,6 +81,7 @@ def test_any_non_degenerate_6d_is_a_rotation(d6):
 
 
 @pytest.mark.parametrize("order", ORDERS)
+@examples
 @given(angles=hnp.arrays(np.float64, (6, 3), elements=st.floats(-3.1, 3.1)))
 def test_euler_matches_scipy_and_round_trips(order, angles):
     angles[:, 1] = np.clip(angles[:, 1], -1.5, 1.5)  # middle angle within (-π/2, π/2): unique angles
@@ -93,6 +97,7 @@ def test_euler_at_gimbal_lock_still_reproduces_the_rotation(order):
     _same_rotation(rot.euler_to_quat(rot.quat_to_euler(q, order), order), q, atol=1e-7)
 
 
+@examples
 @given(quats, quats, st.floats(0, 1))
 def test_slerp_matches_scipy(a, b, t):
     _same_rotation(rot.quat_slerp(a, b, np.zeros(6)), a)
