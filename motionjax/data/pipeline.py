@@ -91,7 +91,7 @@ MIN_SLOTS = 4096  # grain's index shuffle costs ~40 ms / table size per element:
 
 
 def train_slots(info: DatasetInfo, window: int) -> np.ndarray:
-    """``[S, 3]`` (clip, begin, end): each training segment ``round(length / window)`` times (>= 1),
+    """``[S, 4]`` (slot id, clip, begin, end): each training segment ``round(length / window)`` times (>= 1),
     so an epoch visits every clip in proportion to its length; a small table is tiled up to
     :data:`MIN_SLOTS` rows (one "epoch" is then several passes). Segments shorter than a window
     are left out of training."""
@@ -100,7 +100,15 @@ def train_slots(info: DatasetInfo, window: int) -> np.ndarray:
     if not slots:
         raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
                          f"holds {window} frames")
-    return np.tile(np.asarray(slots, np.int64), (-(-MIN_SLOTS // len(slots)), 1))
+    slots = np.tile(np.asarray(slots, np.int64), (-(-MIN_SLOTS // len(slots)), 1))
+    return np.concatenate([np.arange(len(slots))[:, None], slots], axis=1)
+
+
+def slot_dataset(info: DatasetInfo, window: int, *, seed: int, process_index: int,
+                 process_count: int) -> grain.MapDataset:
+    """This process's share of the slots (every ``process_count``-th), shuffled, repeated forever."""
+    slots = grain.MapDataset.source(train_slots(info, window))[process_index::process_count]
+    return slots.shuffle(seed=seed).repeat()
 
 
 class SampleWindow:
@@ -116,7 +124,7 @@ class SampleWindow:
         self.bad = records.BadRecordCounter(cfg.strict)
 
     def __call__(self, slot, rng: np.random.Generator):
-        clip_id, begin, end = (int(v) for v in slot)
+        _, clip_id, begin, end = (int(v) for v in slot)
         try:
             clip = self.source[clip_id]
             records.check_clip(clip, self.skeleton)
@@ -163,8 +171,7 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    slots = grain.MapDataset.source(train_slots(info, cfg.window))[pi::pc]
-    ds = slots.shuffle(seed=seed).repeat()
+    ds = slot_dataset(info, cfg.window, seed=seed, process_index=pi, process_count=pc)
     sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
     ds = ds.random_map(sample, seed=seed)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).

@@ -1,6 +1,6 @@
 """A procedural motion corpus of any size, deterministic from ``(seed, index)``, never stored.
 
-Each clip: every rotating joint follows a sum of three random sinusoids (0.3-2.5 Hz) per degree
+Each clip: every rotating joint follows a sum of three random sinusoids (0.2-1.5 Hz) per degree
 of freedom, kept inside joint limits (ball joints ±``BALL_LIMIT`` rad per axis; knees flex
 backwards, elbows forwards, other hinges ±1 rad); the root walks: its yaw rate and forward speed
 are smooth random signals, the position is integrated from the velocity, and the height bobs
@@ -23,7 +23,7 @@ BALL_LIMIT = 0.5  # rad per axis
 HINGE_LIMITS = {"knee": (-2.0, 0.0), "elbow": (0.0, 2.0)}  # DeepMimic sign conventions
 
 
-def _smooth(rng, shape, t, fmin=0.3, fmax=2.5):
+def _smooth(rng, shape, t, fmin=0.2, fmax=1.5):
     """``[T, *shape]``: per channel a sum of 3 sinusoids whose amplitudes sum to 1 (range ±1)."""
     freq = rng.uniform(fmin, fmax, (*shape, 3))
     phase = rng.uniform(0, 2 * np.pi, (*shape, 3))

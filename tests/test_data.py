@@ -1,0 +1,279 @@
+"""Data preparation, synthetic corpus and window transforms, checked against independent references:
+forward kinematics (rigid motions, mirror images), direct numpy statistics, exact interpolation."""
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from motionjax import features
+from motionjax import rotations as rot
+from motionjax.data import prepare, records, synthetic, transforms
+from motionjax.formats import deepmimic_clip_paths, read_deepmimic
+from motionjax.kinematics import forward_kinematics
+from motionjax.skeleton import deepmimic_humanoid, smpl_like
+
+WINDOW = 32
+
+
+@pytest.fixture(scope="module")
+def clip():
+    """The cartwheel at 30 fps (root flips through every orientation: a hard case)."""
+    m = read_deepmimic(deepmimic_clip_paths()[1])
+    root, rots = transforms.resample(m.root_position, m.rotations, m.fps, 30.0)
+    return m.skeleton, root, rots
+
+
+def _windows(root, rots, starts, t=WINDOW):
+    idx = np.asarray(starts)[:, None] + np.arange(t)
+    return root[idx], rots[idx]
+
+
+def _same_rotation(a, b):
+    return np.abs(np.abs(np.sum(a * b, axis=-1)) - 1)  # 0 iff a = ±b
+
+
+def test_resample_keeps_samples_and_interpolates_exactly():
+    m = read_deepmimic(deepmimic_clip_paths()[1])  # ~60 fps (frame time 0.0166667 s): call it 60
+    root, rots = transforms.resample(m.root_position, m.rotations, 60.0, 30.0)
+    assert root.shape[0] == (m.num_frames - 1) // 2 + 1
+    np.testing.assert_allclose(root, m.root_position[::2], atol=1e-12)  # every other frame, exactly
+    assert _same_rotation(rots, m.rotations[::2]).max() < 1e-9
+    # Halfway between two frames, the root is their mean and the rotation their slerp midpoint.
+    up, _ = transforms.resample(m.root_position[:2], m.rotations[:2], 1.0, 2.0)
+    np.testing.assert_allclose(up[1], m.root_position[:2].mean(0))
+
+
+def test_denormalize_inverts_normalize(clip):
+    skel, root, rots = clip
+    r, q = _windows(root, rots, [0, 17, 40])
+    f = features.feature_dim(skel)
+    mean, std = np.linspace(-1, 1, f), np.linspace(0.5, 2, f)
+    x, yaw, origin = transforms.normalize(skel, r, q, mean, std)
+    chunked = transforms.chunk(x, 8)
+    assert chunked.shape == (3, 4, 8, features.feature_dim(skel))
+    cr, cq = transforms.denormalize(skel, transforms.unchunk(chunked), mean, std)
+    wr, wq = transforms.uncanonicalize(cr, cq, yaw, origin)
+    np.testing.assert_allclose(wr, r, atol=1e-5)
+    assert _same_rotation(wq, q).max() < 1e-5
+
+
+def test_heading_canonicalization_moves_fk_by_a_rigid_yaw(clip):
+    skel, root, rots = clip
+    up = skel.up_axis
+    r, q = _windows(root, rots, [5, 30])
+    cr, cq, _, _ = transforms.canonicalize(skel, r, q)
+    fk_before, fk_after = forward_kinematics(skel, q, r)[0], forward_kinematics(skel, cq, cr)[0]
+    for before, after, crot in zip(fk_before, fk_after, cq, strict=True):
+        # Vertical: one constant shift. Horizontal: one proper 2D rotation + translation (Kabsch).
+        dy = after[..., up] - before[..., up]
+        np.testing.assert_allclose(dy, dy.flat[0], atol=1e-5)
+        h = [a for a in range(3) if a != up]
+        p, p2 = before[..., h].reshape(-1, 2), after[..., h].reshape(-1, 2)
+        p, p2 = p - p.mean(0), p2 - p2.mean(0)
+        u, _, vt = np.linalg.svd(p.T @ p2)
+        rmat = (u @ vt).T
+        assert np.linalg.det(rmat) > 0
+        np.testing.assert_allclose(p @ rmat.T, p2, atol=1e-5)
+        # The window starts at the ground origin, facing the reference heading, on the floor.
+        np.testing.assert_allclose(np.delete(after[0, 0], up), 0, atol=1e-6)
+        assert _same_rotation(transforms.heading(skel, crot[0, 0]), np.array([1.0, 0, 0, 0])) < 1e-6
+        assert abs(after[..., up].min()) < 1e-6
+
+
+def test_mirror_is_a_reflection_of_fk_and_an_involution(clip):
+    skel, root, rots = clip
+    r, q = _windows(root, rots, [3])
+    mr, mq = transforms.mirror(skel, r, q)
+    flip = np.ones(3)
+    flip[skel.lateral_axis] = -1
+    pos = forward_kinematics(skel, q, r)[0]
+    expected = (pos * flip)[..., skel.symmetry, :]
+    np.testing.assert_allclose(forward_kinematics(skel, mq, mr)[0], expected, atol=1e-6)
+    r2, q2 = transforms.mirror(skel, mr, mq)
+    np.testing.assert_array_equal(r2, r)
+    np.testing.assert_array_equal(q2, q)
+    # SMPL-like body: the same identities on a 24-joint tree with another lateral axis.
+    smpl = smpl_like()
+    sq = rot.axis_angle_to_quat(np.random.default_rng(0).normal(0, 0.4, (6, 24, 3)))
+    sr = np.random.default_rng(1).normal(size=(6, 3))
+    flip = np.ones(3)
+    flip[smpl.lateral_axis] = -1
+    mr, mq = transforms.mirror(smpl, sr, sq)
+    np.testing.assert_allclose(forward_kinematics(smpl, mq, mr)[0],
+                               (forward_kinematics(smpl, sq, sr)[0] * flip)[..., smpl.symmetry, :], atol=1e-6)
+
+
+def test_noise_statistics_match_the_config(clip):
+    skel, root, rots = clip
+    noise = transforms.Noise(rot_std=0.1, pos_std=0.03, joint_mask_prob=0.2, frame_mask_prob=0.1)
+    starts = np.arange(0, root.shape[0] - WINDOW, 2)
+    r, q = _windows(root, rots, starts)
+    rng = np.random.default_rng(0)
+    draws = [noise.sample(rng, WINDOW, skel) for _ in starts]
+    draws = {k: np.stack([d[k] for d in draws]) for k in draws[0]}
+    f = features.feature_dim(skel)
+    ex = transforms.make_example(skel, r, q, draws, np.zeros(f), np.ones(f), chunk_size=8)
+    clean, noisy = transforms.unchunk(ex["clean"]), transforms.unchunk(ex["noisy"])
+    frame_mask = ex["mask"].reshape(len(starts), WINDOW) > 0
+    assert abs(frame_mask.mean() - 0.1) < 0.02
+    np.testing.assert_array_equal(noisy[frame_mask], 0)
+    kept = noisy[~frame_mask]
+    ids = features.rotating_joints(skel)
+    joint_zero = np.all(kept[:, 3:].reshape(len(kept), len(ids), 6) == 0, axis=-1)
+    assert abs(joint_zero.mean() - 0.2) < 0.02
+    # Root position noise: the difference is N(0, 0.03²) per axis.
+    d = (kept[:, :3] - clean[~frame_mask][:, :3])
+    np.testing.assert_allclose(d.std(0), 0.03, rtol=0.06)
+    # Rotation noise: log(q⁻¹ q_noisy) is N(0, 0.1²) per axis on ball joints, on-axis for hinges.
+    _, qc = features.decode(skel, clean[~frame_mask])
+    _, qn = features.decode(skel, kept)
+    eps = rot.quat_to_axis_angle(rot.quat_mul(rot.quat_conj(qc), qn))[:, ids]  # [n, R, 3]
+    kinds = np.array([skel.kinds[j] for j in ids])
+    ball = eps[~joint_zero & (kinds == "ball") & (ids > 0)]
+    np.testing.assert_allclose(ball.std(0), 0.1, rtol=0.05)
+    axes = skel.axes[ids][None].repeat(len(eps), 0)
+    hinge_sel = ~joint_zero & (kinds == "hinge")
+    hinge, axis = eps[hinge_sel], axes[hinge_sel]
+    assert np.abs(hinge - np.sum(hinge * axis, -1, keepdims=True) * axis).max() < 1e-4  # on-axis only
+
+
+def test_time_warp_fixes_ends_and_interpolates_exactly():
+    t = 16
+    root = np.stack([np.arange(t), np.zeros(t), 2.0 * np.arange(t)], -1)[None].astype(np.float64)  # linear
+    angle = 0.05 * np.arange(t)
+    rots = rot.axis_angle_to_quat(angle[None, :, None, None] * np.array([0.0, 1, 0]))  # [1, T, 1, 4]
+    wr, wq = transforms.time_warp(root, rots, np.array([2.0]))
+    u = np.arange(t) + 2.0 * np.sin(np.pi * np.arange(t) / (t - 1))
+    np.testing.assert_allclose(wr[0, :, 0], u, atol=1e-5)  # lerp of a linear path is exact
+    np.testing.assert_allclose(wr[0, :, 2], 2 * u, atol=1e-5)
+    np.testing.assert_allclose(rot.quat_to_axis_angle(wq)[0, :, 0, 1], 0.05 * u, atol=1e-5)  # slerp too
+    same_r, same_q = transforms.time_warp(root, rots, np.array([0.0]))
+    np.testing.assert_allclose(same_r, root, atol=1e-6)
+
+
+def test_dynamics_score_and_start_probabilities():
+    skel = deepmimic_humanoid()
+    t = 40
+    rots = np.tile(rot.identity_quat((1, skel.num_joints), np.float64, np), (t, 1, 1))
+    root = np.zeros((t, 3))
+    root[:, 0] = 0.5 * (np.arange(t) / 30.0) ** 2  # constant acceleration 1 m/s² of the whole body
+    np.testing.assert_allclose(transforms.dynamics_score(skel, root, rots, 30.0), 1.0, atol=1e-9)
+    score = np.r_[np.zeros(20), np.ones(10), np.zeros(10)]
+    p = transforms.start_probabilities(score, 10, 0.0)
+    np.testing.assert_allclose(p, 1 / 31)
+    p = transforms.start_probabilities(score, 10, 1.0)
+    assert p.argmax() == 20 and p[:11].sum() == 0 and abs(p.sum() - 1) < 1e-12
+
+
+def test_moments_match_numpy():
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3, 2, (n, 5)) for n in (1, 7, 100, 3)]
+    m = prepare.Moments(5)
+    for c in chunks:
+        m.update(c)
+    x = np.concatenate(chunks)
+    np.testing.assert_allclose(m.mean, x.mean(0))
+    np.testing.assert_allclose(m.std(), x.std(0, ddof=1))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return prepare.prepare(out_dir=tmp_path_factory.mktemp("dm"), window=WINDOW, progress=False)
+
+
+def test_prepare_deepmimic_splits_and_stats(prepared):
+    info = prepared
+    assert len(info.names) == 15 and info.fps == 30.0
+    held = {info.names[c] for c, _, _ in info.splits["heldout_clips"]}
+    assert held == set(prepare.HELDOUT_CLIPS)
+    train = {info.names[c] for c, _, _ in info.splits["train"]}
+    assert not train & held and len(train) == 12
+    for (c, b, e), (c2, b2, e2) in zip(info.splits["train"], info.splits["heldout_tail"], strict=True):
+        assert c == c2 and b == 0 and e == b2 == round(0.8 * info.frames[c]) and e2 == info.frames[c]
+    # Stats = direct mean/std over every canonicalized training window (stride window/4).
+    from motionjax.data.pipeline import ClipSource
+    src = ClipSource(info)
+    feats = np.concatenate([prepare.window_features(info.skeleton, src[c]["root_position"][b:e],
+                                                    src[c]["rotations"][b:e], WINDOW, WINDOW // 4)
+                            for c, b, e in info.splits["train"]])
+    np.testing.assert_allclose(info.mean, feats.mean(0), atol=1e-5)
+    std = feats.std(0, ddof=1)
+    np.testing.assert_allclose(info.std, np.where(std < prepare.MIN_STD, 1, std), rtol=1e-4, atol=1e-6)
+    # Records hold the resampled clip.
+    m = read_deepmimic(deepmimic_clip_paths()[0])
+    r, q = transforms.resample(m.root_position, m.rotations, m.fps, 30.0)
+    np.testing.assert_allclose(src[0]["root_position"], r, atol=1e-6)
+
+
+def test_prepare_is_idempotent_and_skips_bad_files(tmp_path, prepared):
+    src = tmp_path / "src"
+    src.mkdir()
+    good = deepmimic_clip_paths()[9]  # punch, 30 fps
+    (src / good.name).write_text(good.read_text())
+    (src / "broken.txt").write_text('{"Frames": [[0.03, 1, 2]]}')
+    doc = json.loads(good.read_text())
+    doc["Frames"][3][5] = float("nan")
+    (src / "nan_clip.txt").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    info = prepare.prepare(src, out, window=WINDOW, progress=False)
+    assert info.names == ("humanoid3d_punch",)
+    assert sorted(s["path"].rsplit("/", 1)[-1] for s in info.skipped) == ["broken.txt", "nan_clip.txt"]
+    assert all(s["reason"] for s in info.skipped)
+    stamp = (out / prepare.INDEX).stat().st_mtime_ns
+    prepare.prepare(src, out, window=WINDOW, progress=False)
+    assert (out / prepare.INDEX).stat().st_mtime_ns == stamp  # nothing rewritten
+    with pytest.raises(Exception, match="broken.txt"):
+        prepare.prepare(src, tmp_path / "strict", window=WINDOW, strict=True, progress=False)
+
+
+def test_bad_records_are_detected_counted_and_strict_raises(caplog):
+    skel = deepmimic_humanoid()
+    good = {"name": "ok", "root_position": np.zeros((4, 3)), "rotations": np.tile([1.0, 0, 0, 0], (4, 15, 1)),
+            "score": np.zeros(4)}
+    records.check_clip(good, skel)
+    nan = dict(good, name="has_nan", root_position=np.full((4, 3), np.nan))
+    joints = dict(good, name="joints", rotations=np.tile([1.0, 0, 0, 0], (4, 14, 1)))
+    empty = dict(good, name="empty", rotations=np.zeros((0, 15, 4)))
+    counter = records.BadRecordCounter(strict=False)
+    with caplog.at_level(logging.WARNING):
+        for bad in (nan, joints, empty, nan):
+            with pytest.raises(records.BadRecordError, match=bad["name"]) as e:
+                records.check_clip(bad, skel)
+            counter.skip(e.value, bad["name"])
+    assert counter.counts == {"has_nan": 2, "joints": 1, "empty": 1} and counter.total == 4
+    assert "has_nan" in caplog.text and caplog.text.count("has_nan") == 1  # warned once per clip
+    with pytest.raises(records.BadRecordError):
+        records.BadRecordCounter(strict=True).skip(records.BadRecordError("x"), "x")
+    # A record whose bytes do not match its header is caught at decode.
+    data = records.encode_record("short", np.zeros((4, 3)), np.zeros((4, 15, 4)), np.zeros(4))
+    with pytest.raises(records.BadRecordError, match="short"):
+        records.decode_record(data[:-8])
+
+
+def test_synthetic_corpus_is_deterministic_smooth_and_within_limits(tmp_path):
+    skel = deepmimic_humanoid()
+    a = synthetic.synthetic_clip(skel, 7, seed=3, frames=120)
+    b = synthetic.synthetic_clip(skel, 7, seed=3, frames=120)
+    c = synthetic.synthetic_clip(skel, 8, seed=3, frames=120)
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.array_equal(a[1], c[1])
+    root, rots = a
+    aa = rot.quat_to_axis_angle(rots.astype(np.float64))
+    for j, kind in enumerate(skel.kinds):
+        if kind == "ball" and j > 0:
+            assert np.abs(aa[:, j]).max() <= synthetic.BALL_LIMIT + 1e-4
+        if kind == "hinge":
+            lo, hi = next(v for k, v in synthetic.HINGE_LIMITS.items() if k in skel.names[j])
+            angle = aa[:, j] @ skel.axes[j]
+            assert lo - 1e-4 <= angle.min() and angle.max() <= hi + 1e-4
+    pos = forward_kinematics(skel, rots, root)[0]
+    # Joint accelerations stay below the DeepMimic clips' peaks (110-300 m/s²): smooth, no jumps.
+    assert np.linalg.norm(np.diff(pos, 2, axis=0), axis=-1).max() * 30**2 < 110
+    # Written to shards, records read back equal to the generator's.
+    info = prepare.write_dataset(synthetic.synthetic_motions(5, frames=64), tmp_path, fps=30.0, window=WINDOW,
+                                 records_per_shard=2, progress=False)
+    assert len(info.shards) == 3
+    from motionjax.data.pipeline import ClipSource
+    expected = synthetic.SyntheticClips(5, frames=64)[4]["rotations"]
+    np.testing.assert_allclose(ClipSource(info)[4]["rotations"], expected, atol=1e-6)
