@@ -158,6 +158,9 @@ def test_bvh_hand_written_structure(tmp_path):
     np.testing.assert_allclose(motion.positions(), read_bvh(tmp_path / "clip.bvh").positions() * 0.01,
                                atol=1e-12)
     assert read_bvh_skeleton(tmp_path / "clip.bvh", scale=0.01) == sk
+    with_bom = tmp_path / "bom.bvh"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "clip.bvh").read_bytes())
+    np.testing.assert_array_equal(read_bvh(with_bom, scale=0.01).positions(), motion.positions())
 
 
 @pytest.mark.parametrize("order", ORDERS)

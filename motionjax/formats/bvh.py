@@ -182,7 +182,7 @@ def _motion_line(lines: list[str]) -> int:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8-sig")  # tolerates a byte-order mark
     except (OSError, UnicodeDecodeError) as e:
         raise MotionFormatError(path, f"cannot read file: {e}") from e
 
