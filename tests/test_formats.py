@@ -229,6 +229,8 @@ BAD_BVH = {
     "zero_frames": (HAND_BVH[:HAND_BVH.index("Frames: 3")] + "Frames: 0\nFrame Time: 0.04\n",
                     "expected at least one frame", "Frames: 0"),
     "frame_time": (_break("Frame Time: 0.04", "Frame Time: -1"), "positive number of seconds", "Frame Time"),
+    "duplicate_name": (_break("JOINT LeftKnee", "JOINT Head"), "joint name 'Head' appears twice",
+                       "JOINT Head\n    {"),
     "no_root": (_break("ROOT Hips", "JOINT Hips"), "expected 'ROOT'", "JOINT Hips"),
     "extra_frames": (HAND_BVH + "4 92 -1  0 0 0   0 10 1  0 0 0   0 0 0   0 0 0   0\n",
                      "more frame lines", "4 92 -1"),

@@ -155,10 +155,11 @@ def _parse_hierarchy(path, lines: list[str]) -> list[_Joint]:
     _parse_joint(tokens, joints, -1, line, tokens.rest_of_line())
     if tokens.peek() is not None:
         raise tokens.error(f"expected MOTION after the root joint's closing '}}', found {tokens.peek()!r}")
-    names = [j.name for j in joints]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise MotionFormatError(path, f"joint name {dup!r} appears twice")
+    seen = set()
+    for joint in joints:
+        if joint.name in seen:
+            raise MotionFormatError(path, f"joint name {joint.name!r} appears twice", line=joint.line)
+        seen.add(joint.name)
     return joints
 
 
