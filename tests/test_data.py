@@ -152,7 +152,7 @@ def test_time_warp_fixes_ends_and_interpolates_exactly():
     np.testing.assert_allclose(same_r, root, atol=1e-6)
 
 
-def test_dynamics_score_and_start_probabilities():
+def test_dynamics_score_and_window_weights():
     skel = deepmimic_humanoid()
     t = 40
     rots = np.tile(rot.identity_quat((1, skel.num_joints), np.float64, np), (t, 1, 1))
@@ -160,10 +160,12 @@ def test_dynamics_score_and_start_probabilities():
     root[:, 0] = 0.5 * (np.arange(t) / 30.0) ** 2  # constant acceleration 1 m/s² of the whole body
     np.testing.assert_allclose(transforms.dynamics_score(skel, root, rots, 30.0), 1.0, atol=1e-9)
     score = np.r_[np.zeros(20), np.ones(10), np.zeros(10)]
-    p = transforms.start_probabilities(score, 10, 0.0)
-    np.testing.assert_allclose(p, 1 / 31)
-    p = transforms.start_probabilities(score, 10, 1.0)
+    ws = transforms.window_scores(score, 10)
+    np.testing.assert_allclose(ws, [np.mean(score[s:s + 10]) for s in range(31)])
+    np.testing.assert_allclose(transforms.window_weights(ws, 0.0, 31, ws.sum()), 1 / 31)
+    p = transforms.window_weights(ws, 1.0, 31, ws.sum())
     assert p.argmax() == 20 and p[:11].sum() == 0 and abs(p.sum() - 1) < 1e-12
+    np.testing.assert_allclose(transforms.window_weights(ws, 0.5, 31, ws.sum()).sum(), 1)
 
 
 def test_moments_match_numpy():

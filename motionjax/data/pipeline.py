@@ -87,40 +87,53 @@ class ClipSource:
         return item if isinstance(item, dict) else records.decode_record(item)
 
 
-MIN_SLOTS = 4096  # grain's index shuffle costs ~40 ms / table size per element: keep tables large
+SLOTS = 4096  # slot table size for small corpora (grain's index shuffle costs ~40 ms / size per element)
 
 
-def train_slots(info: DatasetInfo, window: int) -> np.ndarray:
-    """``[S, 4]`` (slot id, clip, begin, end): each training segment ``round(length / window)`` times (>= 1),
-    so an epoch visits every clip in proportion to its length; a small table is tiled up to
-    :data:`MIN_SLOTS` rows (one "epoch" is then several passes). Segments shorter than a window
-    are left out of training."""
-    slots = [seg for seg in info.splits["train"] if seg[2] - seg[1] >= window
-             for _ in range(max(1, round((seg[2] - seg[1]) / window)))]
-    if not slots:
+def _window_totals(info: DatasetInfo) -> tuple[int, float]:
+    """Number of training windows and the sum of their dynamics scores."""
+    return sum(n for n, _ in info.train_windows), sum(s for _, s in info.train_windows)
+
+
+def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.ndarray:
+    """``[S, 4]`` (slot id, clip, begin, end): one epoch of training draws.
+
+    Segment ``c`` fills ``max(1, round(SLOTS·p(c)))`` slots with ``p(c)`` its share of the window
+    distribution (:func:`transforms.window_weights`); :class:`SampleWindow` then draws the start
+    from ``p(start | c)``, so windows follow the global uniform/dynamics mixture. Segments shorter
+    than a window are left out of training."""
+    num, total = _window_totals(info)
+    if num == 0:
         raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
                          f"holds {window} frames")
-    slots = np.tile(np.asarray(slots, np.int64), (-(-MIN_SLOTS // len(slots)), 1))
-    return np.concatenate([np.arange(len(slots))[:, None], slots], axis=1)
+    slots = []
+    for seg, (n, score_sum) in zip(info.splits["train"], info.train_windows, strict=True):
+        if n:
+            hot = score_sum / total if total > 0 else n / num
+            share = (1 - dynamics_weight) * n / num + dynamics_weight * hot
+            slots += [seg] * max(1, round(SLOTS * share))
+    return np.concatenate([np.arange(len(slots))[:, None], np.asarray(slots, np.int64)], axis=1)
 
 
-def slot_dataset(info: DatasetInfo, window: int, *, seed: int, process_index: int,
+def slot_dataset(info: DatasetInfo, cfg, *, seed: int, process_index: int,
                  process_count: int) -> grain.MapDataset:
     """This process's share of the slots (every ``process_count``-th), shuffled, repeated forever."""
-    slots = grain.MapDataset.source(train_slots(info, window))[process_index::process_count]
+    slots = grain.MapDataset.source(train_slots(info, cfg.window, cfg.dynamics_weight))
+    slots = slots[process_index::process_count]
     return slots.shuffle(seed=seed).repeat()
 
 
 class SampleWindow:
     """``(slot, rng) -> window + noise draws`` (or None for a bad record), one training example.
 
-    The start is drawn from :func:`transforms.start_probabilities` (``dynamics_weight`` mixes
-    score-weighted and uniform); the noise from :meth:`transforms.Noise.sample`.
+    The start is drawn from :func:`transforms.window_weights` restricted to the slot's segment
+    (``dynamics_weight`` mixes score-weighted and uniform); the noise from :meth:`transforms.Noise.sample`.
     """
 
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg, noise: transforms.Noise):
         self.source, self.skeleton, self.noise = source, info.skeleton, noise
         self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
+        self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
 
     def __call__(self, slot, rng: np.random.Generator):
@@ -131,8 +144,9 @@ class SampleWindow:
         except records.BadRecordError as e:
             self.bad.skip(e, f"#{clip_id}")
             return None
-        p = transforms.start_probabilities(clip["score"][begin:end], self.window, self.dynamics_weight)
-        start = begin + int(rng.choice(p.size, p=p))
+        p = transforms.window_weights(transforms.window_scores(clip["score"][begin:end], self.window),
+                                      self.dynamics_weight, self.num_windows, self.total_score)
+        start = begin + int(rng.choice(p.size, p=p / p.sum()))
         stop = start + self.window
         return {"root_position": clip["root_position"][start:stop],
                 "rotations": clip["rotations"][start:stop], "valid": np.ones(self.window, np.float32),
@@ -171,7 +185,7 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    ds = slot_dataset(info, cfg.window, seed=seed, process_index=pi, process_count=pc)
+    ds = slot_dataset(info, cfg, seed=seed, process_index=pi, process_count=pc)
     sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
     ds = ds.random_map(sample, seed=seed)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
@@ -215,7 +229,7 @@ def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
     """The baseline loader: same windows, noise and transforms, one window at a time in numpy on
     the main thread, no Grain, no workers, no prefetch (how a plain training script does it)."""
     _check(cfg, info)
-    slots = train_slots(info, cfg.window)
+    slots = train_slots(info, cfg.window, cfg.dynamics_weight)
     sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
     make = MakeExample(info, cfg)
     rng = np.random.default_rng(seed)
@@ -228,6 +242,20 @@ def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
         yield {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
 
+def eval_windows(info: DatasetInfo, split: str, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """``(clip, start, segment end)`` of the sliding windows over ``split``; the last window of a
+    segment ends at the segment end, so every frame is covered."""
+    if split not in info.splits:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(info.splits)}")
+    out = []
+    for clip_id, begin, end in info.splits[split]:
+        starts = list(range(begin, max(end - window, begin) + 1, stride))
+        if starts[-1] + window < end:
+            starts.append(end - window)
+        out += [(clip_id, s, end) for s in starts]
+    return out
+
+
 def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0.0,
                       seed: int = 0) -> list[dict]:
     """Deterministic batches of sliding windows (stride ``cfg.eval_stride``) covering ``split``.
@@ -238,23 +266,17 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     ``valid = 0`` windows, so every batch has ``batch_size`` rows (one compiled shape).
     """
     _check(cfg, info)
-    if split not in info.splits:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(info.splits)}")
     t, source = cfg.window, ClipSource(info)
     noise = transforms.Noise(rot_std=cfg.rot_noise * noise_level, pos_std=cfg.pos_noise * noise_level)
     windows = []
-    for clip_id, begin, end in info.splits[split]:
+    for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
         clip = source[clip_id]
         records.check_clip(clip, info.skeleton)
-        starts = list(range(begin, max(end - t, begin) + 1, cfg.eval_stride))
-        if starts[-1] + t < end:
-            starts.append(end - t)  # the last frames are covered too
-        for s in starts:
-            idx = np.minimum(np.arange(s, s + t), end - 1)  # edge padding past the segment end
-            rng = np.random.default_rng([seed, clip_id, s])
-            windows.append({"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
-                            "valid": (np.arange(s, s + t) < end).astype(np.float32),
-                            **noise.sample(rng, t, info.skeleton)})
+        idx = np.minimum(np.arange(start, start + t), end - 1)  # edge padding past the segment end
+        rng = np.random.default_rng([seed, clip_id, start])
+        windows.append({"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
+                        "valid": (np.arange(start, start + t) < end).astype(np.float32),
+                        **noise.sample(rng, t, info.skeleton)})
     if not windows:
         return []
     pad = (-len(windows)) % cfg.batch_size

@@ -39,7 +39,7 @@ HELDOUT_CLIPS = ("humanoid3d_dance_b", "humanoid3d_getup_faceup", "humanoid3d_sp
 TRAIN_FRACTION = 0.8
 SPLITS = ("train", "heldout_tail", "heldout_clips")
 INDEX = "index.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MIN_STD = 1e-3  # features constant in the data (e.g. hinge 6D components) standardize with std 1
 
 
@@ -71,6 +71,8 @@ class DatasetInfo:
       splits: split name -> list of ``(clip, begin, end)`` segments.
       window: window length the stats were computed with (must equal ``config.data.window``).
       shards: ArrayRecord file names, relative to ``data_dir``.
+      train_windows: per ``splits["train"]`` segment, ``(number of windows, sum of their mean
+        dynamics scores)`` for ``window``: the normalizers of dynamics-weighted sampling.
       skipped: ``[{"path", "reason"}]`` files that did not convert.
       synthetic: ``{"num_clips", "frames", "seed"}`` for the generated corpus, else None.
     """
@@ -84,6 +86,7 @@ class DatasetInfo:
     frames: tuple[int, ...]
     splits: dict
     window: int
+    train_windows: tuple = ()
     shards: tuple[str, ...] = ()
     skipped: tuple = ()
     synthetic: dict | None = None
@@ -114,6 +117,7 @@ def load_info(data_dir) -> DatasetInfo:
         mean=np.array(doc["stats"]["mean"], np.float32), std=np.array(doc["stats"]["std"], np.float32),
         names=tuple(c["name"] for c in doc["clips"]), frames=tuple(c["frames"] for c in doc["clips"]),
         splits={k: [tuple(s) for s in v] for k, v in doc["splits"].items()}, window=doc["stats"]["window"],
+        train_windows=tuple(tuple(w) for w in doc["train_windows"]),
         shards=tuple(doc["shards"]), skipped=tuple(doc["skipped"]))
 
 
@@ -219,7 +223,7 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, fps: float, window: int
     for old in out.glob("clips-*.array_record"):
         old.unlink()
     skipped = [] if skipped is None else skipped
-    skeleton, moments, clips, names = None, None, [], set()
+    skeleton, moments, clips, names, train_windows = None, None, [], set(), []
     shard_files, writer = [], None
     for motion in tqdm(motions, total=total, desc="clips", unit="clip", disable=not progress):
         try:
@@ -254,6 +258,8 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, fps: float, window: int
         if motion.name not in heldout:
             cut = int(round(root.shape[0] * TRAIN_FRACTION))
             moments.update(window_features(skeleton, root[:cut], rots[:cut], window, max(window // 4, 1)))
+            scores = transforms.window_scores(clip["score"][:cut], window) if cut >= window else np.zeros(0)
+            train_windows.append([int(scores.size), float(scores.sum())])
     if writer is not None:
         writer.close()
     if not clips:
@@ -268,7 +274,7 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, fps: float, window: int
     doc = {"version": FORMAT_VERSION, "fingerprint": fingerprint, "fps": fps,
            "skeleton": skeleton_to_dict(skeleton), "clips": clips, "shards": final,
            "heldout_clips": list(heldout), "train_fraction": TRAIN_FRACTION,
-           "splits": {k: [list(s) for s in v] for k, v in splits.items()},
+           "splits": {k: [list(s) for s in v] for k, v in splits.items()}, "train_windows": train_windows,
            "stats": {"window": window, "frames": moments.count, "mean": moments.mean.tolist(),
                      "std": moments.std().tolist()},
            "skipped": skipped}

@@ -102,14 +102,19 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
     source = SyntheticClips(num_clips, frames=frames, fps=fps, seed=seed, skeleton=skeleton)
     moments = prepare.Moments(transforms.features.feature_dim(source.skeleton))
     cut = int(round(frames * prepare.TRAIN_FRACTION))
+    score_sums = []
     for i in range(min(stats_clips, num_clips)):
         clip = source[i]
         records.check_clip(clip, source.skeleton)
         moments.update(prepare.window_features(source.skeleton, clip["root_position"][:cut],
                                                clip["rotations"][:cut], window, max(window // 4, 1)))
+        score_sums.append(transforms.window_scores(clip["score"][:cut], window).sum())
+    # Clips are alike by construction: every segment gets the sampled mean (uniform over clips).
+    train_windows = ((max(cut - window + 1, 0), float(np.mean(score_sums))),) * num_clips
     names = [f"synthetic_{seed}_{i:07d}" for i in range(num_clips)]
     return prepare.DatasetInfo(
         data_dir="", skeleton=source.skeleton, fps=fps, mean=moments.mean.astype(np.float32),
         std=moments.std().astype(np.float32), names=tuple(names), frames=(frames,) * num_clips,
         splits=prepare.split_segments(names, [frames] * num_clips, heldout=()), window=window,
+        train_windows=train_windows,
         synthetic={"num_clips": num_clips, "frames": frames, "seed": seed})

@@ -61,18 +61,22 @@ def dynamics_score(skeleton: Skeleton, root_position, rotations, fps: float):
     return score
 
 
-def start_probabilities(score, length: int, dynamics_weight: float):
-    """Sampling distribution over window starts of a segment with per-frame ``score [S]``.
-
-    ``(1 - w)·uniform + w·(window mean score / total)``: ``w = 0`` is uniform, ``w = 1`` draws
-    windows in proportion to their dynamics (abrupt segments stay hot).
-    """
+def window_scores(score, length: int):
+    """``[S - length + 1]``: mean per-frame ``score [S]`` of every window of ``length`` frames."""
     csum = np.concatenate([[0.0], np.cumsum(score, dtype=np.float64)])
-    window = (csum[length:] - csum[:-length]) / length  # [S - length + 1]
-    uniform = np.full(window.shape, 1.0 / window.size)
-    if window.sum() <= 0:
-        return uniform
-    return (1 - dynamics_weight) * uniform + dynamics_weight * window / window.sum()
+    return (csum[length:] - csum[:-length]) / length
+
+
+def window_weights(scores, dynamics_weight: float, num_windows: int, total_score: float):
+    """Probability of each window with score ``scores [n]`` among all ``num_windows`` training
+    windows (scores summing to ``total_score``): ``(1 - w)/N + w·score/S``.
+
+    ``w = 0`` is uniform over windows; ``w = 1`` draws windows in proportion to their dynamics, so
+    abrupt segments (flips, kicks, landings) stay hot.
+    """
+    if total_score <= 0:
+        return np.full(np.shape(scores), 1.0 / num_windows)
+    return (1 - dynamics_weight) / num_windows + dynamics_weight * np.asarray(scores) / total_score
 
 
 # --------------------------------------------------------------------------------------------

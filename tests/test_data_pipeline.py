@@ -1,0 +1,207 @@
+"""The Grain pipeline: determinism, exact resume (state and orbax), per-process shards, global
+sharded batches, workers, eval coverage, bad records in the stream, dynamics-weighted sampling."""
+import logging
+
+import grain
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from experiments.base import get_config
+from motionjax.data import pipeline, prepare, records, transforms
+from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    c = get_config().data
+    c.dir = str(tmp_path_factory.mktemp("dm"))
+    c.batch_size = 8
+    return c
+
+
+@pytest.fixture(scope="module")
+def info(cfg):
+    return pipeline.dataset_info(cfg)
+
+
+def _take(it, n):
+    return [jax.tree.map(np.asarray, next(it)) for _ in range(n)]
+
+
+def _equal(a, b):
+    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
+    its = [pipeline.make_train_iterator(cfg, info, seed=s) for s in (0, 0, 1)]
+    try:
+        a, b, c = (_take(it, 3) for it in its)
+    finally:
+        for it in its:
+            it.close()
+    n, f = cfg.window // cfg.chunk, info.feature_dim
+    assert {k: v.shape for k, v in a[0].items()} == {
+        "noisy": (8, n, cfg.chunk, f), "clean": (8, n, cfg.chunk, f), "mask": (8, n, cfg.chunk, 1),
+        "valid": (8, n, cfg.chunk, 1)}
+    assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in a[0].values())
+    assert _equal(a, b) and not _equal(a, c)
+    # Clean features are standardized with the stored stats: roughly zero mean, unit scale.
+    clean = np.concatenate([x["clean"] for x in a]).reshape(-1, f)
+    assert abs(clean.mean()) < 0.2 and 0.5 < clean.std() < 1.5
+
+
+def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
+    it = pipeline.make_train_iterator(cfg, info, seed=3)
+    _take(it, 3)  # the prefetch buffers now hold batches 4, 5, ... that were not consumed
+    state = it.get_state()
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+        mngr.wait_until_finished()
+        expected = _take(it, 2)
+        it.close()
+        fresh = pipeline.make_train_iterator(cfg, info, seed=3)
+        fresh.set_state(state)
+        assert _equal(_take(fresh, 2), expected)
+        fresh.close()
+        restored = pipeline.make_train_iterator(cfg, info, seed=3)
+        mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
+        assert _equal(_take(restored, 2), expected)
+        restored.close()
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_process_shards_are_disjoint_and_complete(info, cfg, count):
+    total = len(pipeline.train_slots(info, cfg.window, cfg.dynamics_weight))
+    seen = []
+    for index in range(count):
+        ds = pipeline.slot_dataset(info, cfg, seed=0, process_index=index, process_count=count)
+        epoch = len(range(index, total, count))
+        seen.append({int(ds[i][0]) for i in range(epoch)})  # one shuffled epoch of this shard
+        assert len(seen[-1]) == epoch
+    assert sum(len(s) for s in seen) == total and set().union(*seen) == set(range(total))
+    local = pipeline.train_dataset(cfg, info, seed=0, process_index=1, process_count=2)
+    batch = next(iter(local))
+    assert batch["noisy"].shape[0] == cfg.batch_size // 2
+
+
+def test_device_prefetch_builds_global_sharded_batches(cfg, info):
+    mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    sharding = NamedSharding(mesh, PartitionSpec("data", "time"))
+    host = pipeline.make_train_iterator(cfg, info, seed=5)
+    dev = pipeline.make_train_iterator(cfg, info, seed=5, sharding=sharding)
+    try:
+        expected = _take(host, 3)
+        for want in expected:
+            got = next(dev)
+            assert isinstance(got["noisy"], jax.Array) and got["noisy"].sharding == sharding
+            assert len(got["noisy"].addressable_shards) == 8
+            assert _equal([jax.tree.map(np.asarray, got)], [want])
+        state = dev.get_state()
+        after = _take(dev, 1)
+    finally:
+        host.close()
+        dev.close()
+    again = pipeline.make_train_iterator(cfg, info, seed=5, sharding=sharding)
+    again.set_state(state)
+    assert _equal(_take(again, 1), after)
+    again.close()
+
+
+def test_one_worker_process_yields_the_in_process_stream(cfg, info):
+    c = cfg.copy_and_resolve_references()
+    c.prefetch = 0
+    local = pipeline.make_train_iterator(c, info, seed=2)
+    c.worker_count = 1
+    worker = pipeline.make_train_iterator(c, info, seed=2)
+    try:
+        assert _equal(_take(worker, 2), _take(local, 2))
+    finally:
+        local.close()
+        worker.close()
+
+
+def test_eval_batches_cover_the_split_deterministically(cfg, info):
+    for split in prepare.SPLITS:
+        wins = pipeline.eval_windows(info, split, cfg.window, cfg.eval_stride)
+        covered = {(c, s + k) for c, s, e in wins for k in range(cfg.window) if s + k < e}
+        assert covered == {(c, t) for c, b, e in info.splits[split] for t in range(b, e)}
+        batches = pipeline.make_eval_batches(cfg, info, split)
+        assert len(batches) == -(-len(wins) // cfg.batch_size)
+        valid = sum(float(b["valid"].sum()) for b in batches)
+        assert valid == sum(min(cfg.window, e - s) for _, s, e in wins)
+        for b in batches:
+            np.testing.assert_array_equal(b["noisy"], b["clean"])  # noise level 0: clean input
+            assert b["mask"].sum() == 0
+    noisy = pipeline.make_eval_batches(cfg, info, "heldout_clips", noise_level=1.0)
+    assert _equal(noisy, pipeline.make_eval_batches(cfg, info, "heldout_clips", noise_level=1.0))
+    assert not np.array_equal(noisy[0]["noisy"], noisy[0]["clean"])
+
+
+def test_naive_loader_has_the_same_batch_layout(cfg, info):
+    naive = next(pipeline.make_naive_train_iterator(cfg, info, seed=0))
+    it = pipeline.make_train_iterator(cfg, info, seed=0)
+    grain_batch = next(it)
+    it.close()
+    assert {k: v.shape for k, v in naive.items()} == {k: v.shape for k, v in grain_batch.items()}
+
+
+def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
+    """Sampled windows' mean dynamics score matches its expectation under (1-w)/N + w·score/S."""
+    source = pipeline.ClipSource(info)
+    train = info.splits["train"]
+    scores = [transforms.window_scores(source[c]["score"][b:e], cfg.window) for c, b, e in train]
+    all_scores = np.concatenate(scores)
+    got = {}
+    for w in (0.0, 1.0):
+        c = cfg.copy_and_resolve_references()
+        c.dynamics_weight = w
+        sample = pipeline.SampleWindow(source, info, c, transforms.Noise())
+        rng = np.random.default_rng(0)
+        drawn = []
+        for _, clip, begin, end in pipeline.train_slots(info, c.window, w):  # one epoch
+            win = sample((0, clip, begin, end), rng)
+            start = int(np.flatnonzero((source[clip]["root_position"] == win["root_position"][0]).all(1))[0])
+            drawn.append(scores[[seg[0] for seg in train].index(clip)][start - begin])
+        got[w] = np.mean(drawn)
+    expected = {0.0: all_scores.mean(), 1.0: (all_scores**2).sum() / all_scores.sum()}
+    np.testing.assert_allclose(got[0.0], expected[0.0], rtol=0.05)
+    np.testing.assert_allclose(got[1.0], expected[1.0], rtol=0.05)
+    assert expected[1.0] > 1.3 * expected[0.0]  # abrupt windows are drawn markedly more often
+
+
+def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog):
+    from array_record.python.array_record_module import ArrayRecordWriter
+    motions = [read_deepmimic(p) for p in deepmimic_clip_paths()[:2]]
+    motions.append(Motion(motions[0].skeleton, 30.0, motions[0].root_position, motions[0].rotations,
+                          name="humanoid3d_spinkick"))  # a held-out name keeps it out of the stats
+    info = prepare.write_dataset(motions, tmp_path, fps=cfg.fps, window=cfg.window, progress=False)
+    # Corrupt clip 1 on disk after preparation (bit rot, a buggy writer): NaNs in its root.
+    src = pipeline.ClipSource(info)
+    clips = [src[i] for i in range(3)]
+    writer = ArrayRecordWriter(info.shard_paths()[0], "group_size:1")
+    for i, c in enumerate(clips):
+        root = np.full_like(c["root_position"], np.nan) if i == 1 else c["root_position"]
+        writer.write(records.encode_record(c["name"], root, c["rotations"], c["score"]))
+    writer.close()
+    it = pipeline.make_train_iterator(cfg, info, seed=0)
+    with caplog.at_level(logging.WARNING):
+        batches = _take(it, 4)
+    it.close()
+    assert all(np.isfinite(b["noisy"]).all() for b in batches)
+    assert "humanoid3d_cartwheel" in caplog.text and "NaN" in caplog.text
+    strict = cfg.copy_and_resolve_references()
+    strict.strict = True
+    it = pipeline.make_train_iterator(strict, info, seed=0)
+    with pytest.raises(records.BadRecordError, match="humanoid3d_cartwheel"):
+        _take(it, 4)
+    it.close()
+
+
+def test_config_mismatch_is_a_clear_error(cfg, info):
+    c = cfg.copy_and_resolve_references()
+    c.window = 48
+    with pytest.raises(ValueError, match="window=32"):
+        pipeline.make_train_iterator(c, info, seed=0)
