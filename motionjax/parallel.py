@@ -186,7 +186,7 @@ def is_main_process() -> bool:
 # Communication accounting: what a compiled step sends
 # --------------------------------------------------------------------------------------------
 _COLLECTIVE = re.compile(
-    r"=\s*(?P<type>\([^=]*?\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
+    r"=\s*(?P<type>\([^)]*\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
     r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\("
 )
 _ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
@@ -216,7 +216,8 @@ class Collective:
 
 
 def _groups(line: str) -> list[list[int]]:
-    """Device groups of a collective: explicit ``{{0,2},{1,3}}``, iota ``[2,2]<=[2,2]T(1,0)``, or pairs."""
+    """Device groups of a collective: pairs, iota ``[2,2]<=[2,2]T(1,0)``, named ``mesh[...] {axes}``, or
+    explicit ``{{0,2},{1,3}}``."""
     if m := re.search(r"source_target_pairs=\{(\{[\d,{}]*\})\}", line):
         return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
     if m := re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line):
@@ -225,6 +226,15 @@ def _groups(line: str) -> list[list[int]]:
         if m.group(3):
             ids = ids.transpose([int(v) for v in m.group(3).split(",")])
         return ids.reshape(-1, shape[-1]).tolist()
+    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):
+        # Named form: the groups run along the listed axes of an iota device mesh.
+        if ":(" in m.group(2):
+            raise ValueError(f"sub-axis replica groups are not supported: {m.group(0)}")
+        names, sizes = zip(*[(n, int(v)) for n, v in re.findall(r"'(\w+)'=(\d+)", m.group(1))], strict=True)
+        along = [names.index(n) for n in re.findall(r"'(\w+)'", m.group(2))]
+        across = [i for i in range(len(names)) if i not in along]
+        ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(across + along)
+        return ids.reshape(-1, math.prod(sizes[i] for i in along)).tolist()
     if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
         return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
     return []  # replica_groups={}: one group of every device
