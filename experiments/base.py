@@ -56,6 +56,14 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.loss = ml_collections.ConfigDict()
     c.loss.jacobian = "blocked"        # "blocked" | "jvp" | "dense"
+    c.loss.rotation = 1.0              # weight of the rotation term, mean (1 - cos angle) per joint
+    c.loss.position = 10.0             # weight of the FK position term, mean joint error (m)
+    c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
+    c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
+    c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)
+    # dynamics_loss term weights; magnitudes on the DeepMimic windows (noisy vs clean input):
+    # velocity ~0.09 (m/s)^2, force ~400 (N/kg)^2, jerk ~7e6 (m/s^3)^2 (~3e5 on clean motion).
+    c.loss.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 1e-3, "jerk": 1e-7})
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (("data", -1), ("time", 1))  # -1 fills with the remaining devices
@@ -65,12 +73,6 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000
-    return c
-    c.loss.rotation = 1.0              # weight of the rotation term, mean (1 - cos angle) per joint
-    c.loss.position = 10.0             # weight of the FK position term, mean joint error (m)
-    c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
-    c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
-    c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)
     c.train.learning_rate = 1e-3       # peak adamw learning rate
     c.train.warmup_steps = 50          # linear warmup (optimizer updates), then cosine decay
     c.train.final_lr_fraction = 0.05   # cosine ends at this fraction of the peak
@@ -86,5 +88,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
     c.train.eval_splits = ("heldout_clips", "heldout_tail")  # unseen clips; last 20% of training clips
     c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
-    c.train.pca_batches = 8            # training batches the per-frame PCA reference is fitted on
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
+    return c

@@ -41,19 +41,32 @@ def procrustes_align(pred, true):
 
 
 @functools.partial(jax.jit, static_argnames=("skeleton", "fps", "contact_speed"))
-def motion_metrics(skeleton: Skeleton, fps: float, pred, true, contact_speed: float):
-    """``pred, true [B, T, J, 3]`` (m) -> dict of the :data:`METRICS` (scalars)."""
-    err = lambda a, b: jnp.linalg.norm(a - b, axis=-1).mean()
+def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed: float):
+    """``pred, true [B, T, J, 3]`` (m), ``valid [B, T]`` (0 = padding frame) -> ``{metric: (sum,
+    count)}`` for the :data:`METRICS`, so batches combine exactly; a time-difference metric only
+    counts frames whose whole stencil is valid."""
+    valid = valid.astype(bool)
+    inner = jnp.pad(valid[:, 2:] & valid[:, 1:-1] & valid[:, :-2], ((0, 0), (1, 1)))  # [B, T]
+    total = lambda x, where: (jnp.sum(jnp.where(where, x, 0.0)), jnp.sum(jnp.broadcast_to(where, x.shape)))
+    dist = lambda a, b: jnp.linalg.norm(a - b, axis=-1)
     accel = lambda p: (p[:, 2:] - 2 * p[:, 1:-1] + p[:, :-2]) * fps**2
     p_feet, _ = losses.velocity(pred[..., losses.foot_joints(skeleton), :], fps)
     _, planted = losses.foot_contacts(true, skeleton, fps, contact_speed)
-    horizontal = jnp.delete(p_feet, skeleton.up_axis, axis=-1)
+    skate = jnp.linalg.norm(jnp.delete(p_feet, skeleton.up_axis, axis=-1), axis=-1)  # horizontal speed
+    cm = lambda sc: (100 * sc[0], sc[1])
     return {
-        "mpjpe": 100 * err(pred, true),
-        "pa_mpjpe": 100 * err(procrustes_align(pred, true), true),
-        "accel": err(accel(pred), accel(true)),
-        "foot_skate": 100 * losses.masked_mean(jnp.linalg.norm(horizontal, axis=-1), planted),
+        "mpjpe": cm(total(dist(pred, true), valid[..., None])),
+        "pa_mpjpe": cm(total(dist(procrustes_align(pred, true), true), valid[..., None])),
+        "accel": total(dist(accel(pred), accel(true)), inner[:, 1:-1, None]),
+        "foot_skate": cm(total(skate, planted & inner[..., None])),
     }
+
+
+def motion_metrics(skeleton: Skeleton, fps: float, pred, true, valid=None, contact_speed: float = 0.3):
+    """The :data:`METRICS` of one batch ``pred, true [B, T, J, 3]`` (m) as floats."""
+    valid = jnp.ones(pred.shape[:2]) if valid is None else valid
+    sums = metric_sums(skeleton, float(fps), pred, true, valid, contact_speed)
+    return {k: float(s) / max(float(c), 1.0) for k, (s, c) in sums.items()}
 
 
 def feature_positions(skeleton: Skeleton, features, mean, std):
@@ -64,23 +77,23 @@ def feature_positions(skeleton: Skeleton, features, mean, std):
 
 def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float):
     """Metrics of ``predict`` (``[B, N, C, F] -> [B, N, C, F]``) over eval ``batches`` (dicts with
-    ``noisy`` and ``clean``), averaged over windows; ``input_mpjpe`` is the noisy input's own error.
-    """
-    totals, count = {}, 0
+    ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``), over all valid frames; ``input_mpjpe`` is
+    the noisy input's own error."""
+    sums = {}
     for batch in batches:
         b = batch["clean"].shape[0]
         flat = lambda x, b=b: np.asarray(x).reshape(b, -1, x.shape[-1])  # [B, N, C, F] -> [B, T, F]
         true = feature_positions(skeleton, flat(batch["clean"]), mean, std)
-        pred = feature_positions(skeleton, flat(predict(batch["noisy"])), mean, std)
-        noisy = feature_positions(skeleton, flat(batch["noisy"]), mean, std)
-        m = motion_metrics(skeleton, fps, pred, true, contact_speed)
-        m["input_mpjpe"] = motion_metrics(skeleton, fps, noisy, true, contact_speed)["mpjpe"]
-        for k, v in m.items():
-            totals[k] = totals.get(k, 0.0) + float(v) * b
-        count += b
-    if not count:
-        raise ValueError("evaluate: no eval batches (is the held-out split empty?)")
-    return {k: v / count for k, v in totals.items()}
+        valid = flat(batch["valid"])[..., 0]
+        for name, x in (("", predict(batch["noisy"])), ("input_", batch["noisy"])):
+            pos = feature_positions(skeleton, flat(x), mean, std)
+            m = metric_sums(skeleton, float(fps), pos, true, valid, contact_speed)
+            for k in METRICS if not name else ("mpjpe",):
+                s, c = sums.get(name + k, (0.0, 0.0))
+                sums[name + k] = (s + float(m[k][0]), c + float(m[k][1]))
+    if not sums or sums["mpjpe"][1] == 0:
+        raise ValueError("evaluate: no valid frames in the eval batches (is the held-out split empty?)")
+    return {k: s / max(c, 1.0) for k, (s, c) in sums.items()}
 
 
 class PCA:
@@ -88,7 +101,8 @@ class PCA:
     directions of the training frames and back (the best linear ``k``-dim per-frame code)."""
 
     def __init__(self, frames, k: int):
-        frames = np.asarray(frames, np.float64).reshape(-1, np.shape(frames)[-1])
+        """``frames [N, F]`` standardized training frames; ``k`` the latent size."""
+        frames = np.asarray(frames, np.float64)
         if not 0 < k <= frames.shape[-1]:
             raise ValueError(f"PCA latent size {k} must be in [1, {frames.shape[-1]}]")
         self.mean = frames.mean(0)

@@ -35,8 +35,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from motionjax import data, losses, models, parallel
 from motionjax import eval as evaluation
+from motionjax import losses, models, parallel
+from motionjax.data import pipeline as data
 from motionjax.features import feature_dim
 
 BEST_METRIC = "heldout_tail/mpjpe"  # held-out MPJPE (cm) that picks the best checkpoint
@@ -176,15 +177,38 @@ def make_checkpoint_manager(workdir: Path, cfg: ml_collections.ConfigDict) -> oc
     return ocp.CheckpointManager((workdir / "checkpoints").absolute(), options=options)
 
 
-def _save(mngr, step, state, iterator, history, metrics=None):
-    mngr.save(step, metrics=metrics, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(iterator),
-        history=ocp.args.JsonSave(history)))
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def _restore_state(mngr, step, state):
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+def save_checkpoint(mngr, step: int, state, iterator, history: dict, metrics=None):
+    """Train state, Grain iterator position (the naive baseline loader has none) and history."""
+    items = {"state": ocp.args.StandardSave(state), "history": ocp.args.JsonSave(history)}
+    if isinstance(iterator, grain.DatasetIterator):
+        items["data"] = grain.checkpoint.CheckpointSave(iterator)
+    mngr.save(step, metrics=metrics, force=True, args=ocp.args.Composite(**items))
+
+
+def restore_checkpoint(mngr, step: int, state, iterator=None):
+    """``(state, history)`` of ``step``, with ``state``'s shardings; moves ``iterator`` (when given)
+    to the saved position."""
+    items = {"state": ocp.args.StandardRestore(_abstract(state)), "history": ocp.args.JsonRestore()}
+    if isinstance(iterator, grain.DatasetIterator):
+        items["data"] = grain.checkpoint.CheckpointRestore(iterator)
+    restored = mngr.restore(step, args=ocp.args.Composite(**items))
+    return restored["state"], restored["history"]
+
+
+def make_iterator(config: ml_collections.ConfigDict, info, mesh):
+    """Training batches as global arrays on ``mesh``: the Grain pipeline, or (``data.loader =
+    "naive"``, the baseline) numpy batches from the main thread placed on the mesh per step."""
+    if config.data.loader == "grain":
+        return data.make_train_iterator(config.data, info, sharding=parallel.window_sharding(mesh),
+                                        seed=config.seed)
+    if config.data.loader == "naive":
+        return (parallel.global_batch(b, mesh) for b in data.make_naive_train_iterator(config.data, info,
+                                                                                        seed=config.seed))
+    raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
 
 
 @contextlib.contextmanager
@@ -217,13 +241,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     main = parallel.is_main_process()
     cfg = config.train
     mesh = parallel.make_mesh(config.mesh)
-    info = data.load_info(config.data.dir)
+    info = data.dataset_info(config.data)  # prepares the dataset on first use
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
     window = parallel.window_sharding(mesh)
     train_step = jax.jit(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)),
                          in_shardings=(shardings, window), out_shardings=(shardings, None), donate_argnums=0)
     predict = make_predict(eval_graphdef, mesh, shardings)
-    iterator = data.make_train_iterator(config.data, info, sharding=window, seed=config.seed)
+    iterator = make_iterator(config, info, mesh)
     eval_sets = _eval_sets(config, info)
 
     mngr = make_checkpoint_manager(workdir, cfg)
@@ -231,13 +255,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     start = mngr.latest_step()
     if start is None:
         start = 0
-        _save(mngr, 0, state, iterator, history)  # the first "last good" state for the NaN guard
+        save_checkpoint(mngr, 0, state, iterator, history)  # the first "last good" state for the NaN guard
     else:
-        restored = mngr.restore(start, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)),
-            data=grain.checkpoint.CheckpointRestore(iterator), history=ocp.args.JsonRestore()))
-        state, history = restored["state"], restored["history"]
+        state, history = restore_checkpoint(mngr, start, state, iterator)
 
     writer = None
     if main:
@@ -252,20 +272,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
             if writer:
                 writer.add_scalar(f"{prefix}/{k}", float(v), step)
 
-    def run_eval(step, full=False):
-        conditions = ("clean", "noisy") if full else ("clean",)
+    def run_eval(step):
+        """Held-out metrics from clean input (the learning curves and the best checkpoint)."""
         out = {}
         for (split, condition), batches in eval_sets.items():
-            if condition in conditions:
+            if condition == "clean":
                 m = evaluation.evaluate(functools.partial(predict, state), batches, info.skeleton,
                                         float(info.fps), info.mean, info.std, config.loss.contact_speed)
-                out.update({f"{split}/{k}" if condition == "clean" else f"{split}/{condition}/{k}": v
-                            for k, v in m.items()})
-        log(step, {k: v for k, v in out.items() if "/noisy/" not in k}, "eval")
+                out.update({f"{split}/{k}": v for k, v in m.items() if k != "input_mpjpe"})
+        log(step, out, "eval")
         return out
 
     frames_per_step = config.data.batch_size * config.data.window
-    timing = {"data_wait": 0.0, "steps": 0, "compile": None}
+    # Throughput counts steps after the first (compiling) one and leaves out eval/checkpoint time.
+    timing = {"data_wait": 0.0, "paused": 0.0, "steps": 0, "compile": None}
+    train_time = lambda: max(time.perf_counter() - t0 - timing["paused"], 1e-9)
     restores, pending, step, t0 = 0, None, start, time.perf_counter()
     bar = None
     if main:
@@ -280,15 +301,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
         if done_step % cfg.log_every == 0 or done_step == cfg.steps:
             log(done_step, {k: v for k, v in m.items() if k != "nonfinite_run"}, "train")
         if bar:
-            elapsed = time.perf_counter() - t0
             bar.set_postfix(loss=f"{float(m['loss']):.4f}",
-                            fps=f"{timing['steps'] * frames_per_step / max(elapsed, 1e-9):.0f}",
-                            wait=f"{100 * timing['data_wait'] / max(elapsed, 1e-9):.0f}%",
+                            fps=f"{timing['steps'] * frames_per_step / train_time():.0f}",
+                            wait=f"{100 * timing['data_wait'] / train_time():.0f}%",
                             skipped=int(m["nonfinite_total"]), refresh=False)
         if int(m["nonfinite_run"]) >= cfg.max_nonfinite_steps:
             last_good = mngr.latest_step()
             mngr.wait_until_finished()
-            state = _restore_state(mngr, last_good, state)
+            state, _ = restore_checkpoint(mngr, last_good, state)  # the data stream moves on
             state["nonfinite_total"] = jnp.int32(m["nonfinite_total"])
             restores += 1
             if main:
@@ -306,8 +326,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
                 state, metrics = train_step(state, batch)
                 jax.block_until_ready(metrics)
                 timing["compile"] = time.perf_counter() - t_compile
-                t0 = time.perf_counter()  # throughput excludes the first (compiling) step
-                timing["data_wait"] = 0.0
+                t0, timing["data_wait"] = time.perf_counter(), 0.0
             else:
                 state, metrics = train_step(state, batch)
                 timing["steps"] += 1
@@ -320,17 +339,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
             eval_now = step % cfg.eval_every == 0 or step == cfg.steps
             if eval_now or step % cfg.checkpoint_every == 0:
                 drain(pending)
-                pending = None
-                metrics_for_best = run_eval(step) if eval_now else None
-                _save(mngr, step, state, iterator, history,
-                      {BEST_METRIC: metrics_for_best[BEST_METRIC]} if metrics_for_best else None)
+                pending, t_pause = None, time.perf_counter()
+                held_out = run_eval(step) if eval_now else None
+                save_checkpoint(mngr, step, state, iterator, history,
+                                {BEST_METRIC: held_out[BEST_METRIC]} if held_out else None)
+                timing["paused"] += time.perf_counter() - t_pause
         if pending is not None:
             drain(pending)
-        elapsed = time.perf_counter() - t0
-        interrupted = stop["signal"]
+        elapsed, interrupted = train_time(), stop["signal"]
         if interrupted and mngr.latest_step() != step:
-            _save(mngr, step, state, iterator, history)
+            save_checkpoint(mngr, step, state, iterator, history)
     mngr.wait_until_finished()
+    if hasattr(iterator, "close"):
+        iterator.close()
     if bar:
         bar.close()
 
@@ -338,15 +359,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
         "workdir": str(workdir), "steps": step,
         "status": f"stopped by {interrupted}" if interrupted else "done",
         "compile_s": timing["compile"], "train_s": elapsed,
-        "steps_per_s": timing["steps"] / max(elapsed, 1e-9),
-        "frames_per_s": timing["steps"] * frames_per_step / max(elapsed, 1e-9),
-        "data_wait_fraction": timing["data_wait"] / max(elapsed, 1e-9),
+        "steps_per_s": timing["steps"] / elapsed, "frames_per_s": timing["steps"] * frames_per_step / elapsed,
+        "data_wait_fraction": timing["data_wait"] / elapsed,
         "nonfinite_steps": int(jax.device_get(state["nonfinite_total"])), "nonfinite_restores": restores,
         "params": int(sum(x.size for x in jax.tree.leaves(state["params"]))),
     }
     if not interrupted:
-        summary["results"] = final_evaluation(config, info, state, predict, eval_sets, iterator, workdir,
-                                              main)
+        summary["results"] = final_evaluation(config, info, state, predict, eval_sets, workdir, main)
         summary["best_step"] = mngr.best_step()
     summary["history"] = history
     mngr.close()
@@ -359,13 +378,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     return summary
 
 
-def final_evaluation(config, info, state, predict, eval_sets, iterator, workdir: Path, main: bool) -> dict:
+def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, main: bool) -> dict:
     """Held-out metrics of the model and of the per-frame PCA reference with the model's latent size,
     on every split from clean and noised input; plus the skeleton figure and BVH exports."""
     args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
-    # The PCA reference sees the same training windows the model did, as frames.
-    frames = np.concatenate([np.asarray(next(iterator)["clean"]).reshape(-1, info.mean.shape[-1])
-                             for _ in range(config.train.pca_batches)])
+    # The PCA reference is fitted on every frame of the training split.
+    f = info.feature_dim
+    frames = np.concatenate([b["clean"].reshape(-1, f)[b["valid"].reshape(-1) > 0]
+                             for b in data.make_eval_batches(config.data, info, "train")])
     latent = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
                                nnx.Rngs(0)).latent_per_frame
     pca = evaluation.PCA(frames, max(int(round(latent)), 1))
