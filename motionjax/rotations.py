@@ -29,6 +29,13 @@ def _xp(*arrays):
     return jnp if any(isinstance(a, jax.Array) for a in arrays) else np
 
 
+def _cross(a, b, xp):
+    """``a × b`` over the last axis, written out: numpy's ``cross`` costs ~10x more on small arrays."""
+    ax, ay, az = a[..., 0], a[..., 1], a[..., 2]
+    bx, by, bz = b[..., 0], b[..., 1], b[..., 2]
+    return xp.stack([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx], axis=-1)
+
+
 def _safe_norm(v, axis=-1, keepdims=False):
     """Norm with a finite gradient at zero."""
     xp = _xp(v)
@@ -69,8 +76,8 @@ def quat_rotate(q, v):
     """Rotate vectors ``v [..., 3]`` by unit quaternions ``q [..., 4]``."""
     xp = _xp(q, v)
     w, u = q[..., :1], q[..., 1:]
-    t = 2.0 * xp.cross(u, v)
-    return v + w * t + xp.cross(u, t)
+    t = 2.0 * _cross(u, v, xp)
+    return v + w * t + _cross(u, t, xp)
 
 
 def quat_canonical(q):
@@ -157,7 +164,7 @@ def sixd_to_matrix(d6):
     c0 = a / xp.maximum(_safe_norm(a, keepdims=True), 1e-8)
     b = b - xp.sum(c0 * b, axis=-1, keepdims=True) * c0
     c1 = b / xp.maximum(_safe_norm(b, keepdims=True), 1e-8)
-    c2 = xp.cross(c0, c1)
+    c2 = _cross(c0, c1, xp)
     return xp.stack([c0, c1, c2], axis=-1)
 
 

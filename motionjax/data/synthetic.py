@@ -29,7 +29,7 @@ def _smooth(rng, shape, t, fmin=0.2, fmax=1.5):
     phase = rng.uniform(0, 2 * np.pi, (*shape, 3))
     amp = rng.dirichlet(np.ones(3), size=shape)
     t = t.reshape(-1, *([1] * (len(shape) + 1)))
-    return (amp * np.sin(2 * np.pi * freq * t + phase)).sum(-1)
+    return (amp * np.sin((2 * np.pi * freq * t + phase).astype(np.float32))).sum(-1)
 
 
 def synthetic_clip(skeleton: Skeleton, index: int, seed: int = 0, frames: int = 240, fps: float = 30.0):

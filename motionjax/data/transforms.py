@@ -16,6 +16,7 @@ Inverse (model side, jax or numpy): :func:`denormalize` (unchunk, destandardize,
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -83,6 +84,7 @@ def window_weights(scores, dynamics_weight: float, num_windows: int, total_score
 # Window normalization
 
 
+@functools.lru_cache(maxsize=16)
 def rest_height(skeleton: Skeleton) -> float:
     """Height of the root above the lowest joint in the rest pose (m)."""
     rest = rot.identity_quat((skeleton.num_joints,), np.float64, np)
@@ -221,21 +223,13 @@ class Noise:
         }
 
 
-def _tangent_projection(skeleton: Skeleton):
-    """``[J, 3, 3]``: identity for ball joints, ``a aᵀ`` for hinges, zero for fixed joints."""
-    proj = np.zeros((skeleton.num_joints, 3, 3), np.float32)
-    for j, kind in enumerate(skeleton.kinds):
-        if kind == BALL:
-            proj[j] = np.eye(3)
-        elif kind == HINGE:
-            proj[j] = np.outer(skeleton.axes[j], skeleton.axes[j])
-    return proj
-
-
 def rotation_noise(skeleton: Skeleton, rotations, eps):
     """``q ⊗ exp(P_j ε)``: perturb ``rotations [..., J, 4]`` by rotation vectors ``eps [..., J, 3]``
-    in each joint's local tangent space (``P_j`` keeps hinges on their axis)."""
-    eps = np.einsum("jab,...jb->...ja", _tangent_projection(skeleton), eps)
+    in each joint's local tangent space. ``P_j`` is the identity for ball joints, ``a aᵀ`` for
+    hinges (they stay on their axis) and zero for fixed joints."""
+    ball = np.array([k == BALL for k in skeleton.kinds], eps.dtype)[:, None]
+    hinge_axes = (np.array([k == HINGE for k in skeleton.kinds])[:, None] * skeleton.axes).astype(eps.dtype)
+    eps = eps * ball + np.sum(eps * hinge_axes, axis=-1, keepdims=True) * hinge_axes
     return rot.quat_mul(rotations, rot.axis_angle_to_quat(eps))
 
 
@@ -271,10 +265,11 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
     masked-out frames).
     """
     m = np.asarray(draws["mirror"])
-    if m.any():
-        mr, mq = mirror(skeleton, root_position, rotations)
-        root_position = np.where(m[..., None, None], mr, root_position)
-        rotations = np.where(m[..., None, None, None], mq, rotations)
+    if m.ndim == 0 and m:
+        root_position, rotations = mirror(skeleton, root_position, rotations)
+    elif m.any():
+        root_position, rotations = root_position.copy(), rotations.copy()
+        root_position[m], rotations[m] = mirror(skeleton, root_position[m], rotations[m])
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale)
     clean = features.standardize(features.encode(skeleton, root, rots), mean, std)
     nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
