@@ -4,9 +4,10 @@
 
 Rows: per-window costs (record read + window/noise draw; the transforms batched as the Grain
 pipeline runs them and one window at a time as the naive loader does), then loader frames/s
-measured after a warm-up batch (worker start-up excluded). All numbers come from one run on a
-shared machine: compare them as ratios. ``--data-dir`` points at any prepared directory, e.g. the
-synthetic shards of ``prepare_data.py --synthetic 128000``.
+measured after a warm-up batch (worker start-up excluded), the median of ``--rounds`` interleaved
+rounds. All numbers come from one run on a shared machine: compare them as ratios.
+``--data-dir`` points at any prepared directory, e.g. the synthetic shards of
+``prepare_data.py --synthetic 128000``.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def _throughput(make_iter, cfg, batches: int) -> float:
     return batches * cfg.batch_size * cfg.window / dt
 
 
-def run(quick: bool = False, data_dir: str | None = None, out: str | None = None) -> dict:
+def run(quick: bool = False, data_dir: str | None = None, out: str | None = None, rounds: int = 3) -> dict:
     cfg = get_config().data
     if data_dir:
         cfg.dir = data_dir
@@ -79,7 +80,11 @@ def run(quick: bool = False, data_dir: str | None = None, out: str | None = None
                "grain, 0 workers, prefetch 2": grain_iter(0, 2),
                "grain, 1 worker, prefetch 2": grain_iter(1, 2),
                "grain, 2 workers, prefetch 2": grain_iter(2, 2)}
-    rates = {name: _throughput(make, cfg, n_batches) for name, make in loaders.items()}
+    samples = {name: [] for name in loaders}
+    for _ in range(1 if quick else rounds):  # interleaved, so load from other jobs hits every row alike
+        for name, make in loaders.items():
+            samples[name].append(_throughput(make, cfg, n_batches))
+    rates = {name: float(np.median(s)) for name, s in samples.items()}
     naive = rates["naive (numpy, main thread)"]
 
     print(f"data: {cfg.dir}  batch {cfg.batch_size} x window {cfg.window} frames, "
@@ -91,7 +96,7 @@ def run(quick: bool = False, data_dir: str | None = None, out: str | None = None
     for name, r in rates.items():
         print(f"  {name:<38}{r:>12,.0f}{r / naive:>9.1f}x")
     result = {"batch_size": cfg.batch_size, "window": cfg.window, "data_dir": cfg.dir, "quick": quick,
-              "per_window_us": costs, "frames_per_s": rates}
+              "per_window_us": costs, "frames_per_s": rates, "frames_per_s_rounds": samples}
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
@@ -103,8 +108,9 @@ def main():
     p.add_argument("--quick", action="store_true", help="few batches (a smoke run)")
     p.add_argument("--data-dir", default=None, help="a prepared directory (default: config.data.dir)")
     p.add_argument("--out", default="results/bench_data.json", help="JSON output path")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds (median)")
     args = p.parse_args()
-    run(args.quick, args.data_dir, args.out)
+    run(args.quick, args.data_dir, args.out, args.rounds)
 
 
 if __name__ == "__main__":

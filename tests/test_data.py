@@ -81,6 +81,19 @@ def test_heading_canonicalization_moves_fk_by_a_rigid_yaw(clip):
         assert abs(after[..., up].min()) < 1e-6
 
 
+def test_retargeting_scales_the_body_uniformly(clip):
+    skel, root, rots = clip
+    r, q = _windows(root, rots, [12])
+    r1, q1, _, _ = transforms.canonicalize(skel, r, q, floor=False)
+    r2, q2, _, _ = transforms.canonicalize(skel, r, q, floor=False, scale=1.5)
+    np.testing.assert_allclose(r2, 1.5 * r1, atol=1e-6)
+    np.testing.assert_array_equal(q2, q1)
+    r3, q3, _, _ = transforms.canonicalize(skel, r, q, scale=1.5)  # the scaled body stands on the floor
+    pos = forward_kinematics(skel, q3, r3, skel.offsets * 1.5)[0]
+    assert abs(pos[..., skel.up_axis].min()) < 1e-6
+    assert transforms.rest_height(skel) > 0.5  # standing root height of the DeepMimic body (m)
+
+
 def test_mirror_is_a_reflection_of_fk_and_an_involution(clip):
     skel, root, rots = clip
     r, q = _windows(root, rots, [3])
