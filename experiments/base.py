@@ -45,10 +45,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.depth = 1                  # blocks before and after the bottleneck (each)
     c.model.heads = 4                  # attention heads (transformer)
     c.model.mlp_ratio = 2              # MLP hidden width / dim (transformer)
-    c.model.halo = 4                   # frames seen from each neighbouring chunk per block (transformer), <= chunk
+    c.model.halo = 4                   # frames of each neighbouring chunk a block sees (transformer)
     c.model.kernel = 9                 # temporal conv width (tconv); its halo is kernel // 2 frames
     c.model.stride = 2                 # frames pooled into one latent vector; divides data.chunk
-    c.model.latent_dim = 32            # latent width per `stride` frames: latent_dim / stride numbers per frame
+    c.model.latent_dim = 32            # latent width per `stride` frames (latent_dim / stride per frame)
     c.model.residual = False           # True: predict a correction to the input (bypasses the bottleneck)
     c.model.dropout = 0.0
     c.model.dtype = "bfloat16"         # activation/compute dtype

@@ -1,0 +1,158 @@
+"""motionjax.models: shapes and dtypes, halo windows against numpy, chunk locality, sharded == unsharded."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from experiments.base import get_config
+from motionjax import models
+from motionjax.models import AttentionBlock, chunk_windows, make_model, rope
+
+F, C = 15, 8  # 3 root + 2 rotating joints; chunk length
+
+
+def small_config(name, **overrides):
+    cfg = get_config().model
+    cfg.update(name=name, dim=32, depth=1, heads=2, mlp_ratio=2, halo=2, kernel=5, stride=2, latent_dim=16,
+               dtype="float32")
+    cfg.update(**overrides)
+    return cfg
+
+
+def model(name, mesh=None, seed=0, **overrides):
+    return make_model(small_config(name, **overrides), F, C, nnx.Rngs(seed), mesh=mesh)
+
+
+def features(shape, seed=0):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def perturb(m, scale=0.1):
+    """Random offsets on every parameter, so the zero-initialised heads pass gradients' worth of signal."""
+    params = nnx.state(m, nnx.Param)
+    keys = jax.random.split(jax.random.key(7), len(jax.tree.leaves(params)))
+    noise = jax.tree.unflatten(jax.tree.structure(params), [jax.random.normal(k, p.shape) for k, p in
+                                                            zip(keys, jax.tree.leaves(params), strict=True)])
+    nnx.update(m, jax.tree.map(lambda p, e: p + scale * e, params, noise))
+    return m
+
+
+apply = nnx.jit(lambda m, x: m(x))
+
+
+def test_chunk_windows_match_numpy_slicing():
+    b, n, c, h = 2, 3, 4, 2
+    x = np.arange(b * n * c, dtype=np.float32).reshape(b, n, c, 1)
+    windows, valid = chunk_windows(jnp.asarray(x), h)
+    flat = np.pad(x.reshape(b, n * c, 1), ((0, 0), (h, h), (0, 0)), mode="edge")
+    for i in range(n):
+        np.testing.assert_array_equal(windows[:, i], flat[:, i * c : i * c + c + 2 * h])
+    t = np.arange(n)[:, None] * c + np.arange(-h, c + h)
+    np.testing.assert_array_equal(valid, (t >= 0) & (t < n * c))
+
+
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_shapes_dtypes_and_latent(name):
+    m = model(name, dtype="bfloat16")
+    x = features((2, 3, C, F))
+    y = apply(m, x)
+    assert y.shape == x.shape and y.dtype == jnp.float32
+    assert nnx.jit(lambda m, x: m.encode(x))(m, x).shape == (2, 3, C // 2, 16) and m.latent_per_frame == 8
+    params = jax.tree.leaves(nnx.state(m, nnx.Param))
+    assert params and all(p.dtype == jnp.float32 for p in params)
+    # bf16 compute approximates the same function as fp32 compute with the same parameters.
+    perturb(m)
+    m32 = model(name)
+    nnx.update(m32, nnx.state(m, nnx.Param))
+    y16, y32 = apply(m, x), apply(m32, x)
+    assert float(jnp.linalg.norm(y16 - y32) / jnp.linalg.norm(y32)) < 0.05
+
+
+def frame_influence(f, x, chunk, frame):
+    """``[N, C]`` max |change| of ``f(x)`` per output frame when input frame ``(chunk, frame)`` moves."""
+    kick = features(x.shape[-1:], 9)  # a direction, not a constant: LayerNorm would erase a constant
+    return np.abs(np.asarray(f(x.at[0, chunk, frame].add(kick)) - f(x))).max(axis=(0, -1))
+
+
+def test_attention_block_sees_its_chunk_and_the_neighbours_halo_frames():
+    dim, halo = 8, 2
+    block = perturb(AttentionBlock(dim, 2, 2, halo, C, 0.0, jnp.float32, jnp.float32, rngs=nnx.Rngs(0)))
+    f = nnx.jit(lambda b, x: b(x, chunk_windows))
+    x = features((1, 5, C, dim))
+    for frame, reached in [(0, [1, 2]), (C // 2, [2]), (C - 1, [2, 3])]:  # into chunk 1's / 3's halo
+        changed = frame_influence(lambda x: f(block, x), x, 2, frame).max(axis=1)
+        assert (changed[reached] > 1e-4).all(), (frame, changed)
+        np.testing.assert_array_equal(np.delete(changed, reached), 0.0)
+
+
+def test_models_are_local_in_time():
+    n, x = 7, features((1, 7, C, F))
+    # Transformer: one chunk further per block (2·depth blocks) -> chunks 3±2 at most.
+    changed = frame_influence(lambda x: apply(perturb(model("transformer")), x), x, 3, 0).max(axis=1)
+    assert changed[1] > 1e-4 and changed[[0, 6]].max() == 0.0, changed
+    # Conv net: kernel // 2 = 2 frames per block (2 blocks), widened by the bottleneck's 2-frame groups.
+    changed = frame_influence(lambda x: apply(perturb(model("tconv")), x), x, 3, 0).reshape(n * C)
+    t = 3 * C
+    assert changed[t - 4] > 0 and changed[t + 4] > 0, changed.reshape(n, C)
+    np.testing.assert_array_equal(changed[np.abs(np.arange(n * C) - t) > 4 + 1], 0.0)
+
+
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_sharded_over_data_and_time_equals_unsharded(name):
+    mesh = jax.make_mesh((2, 4), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    sharded, local = perturb(model(name, mesh=mesh)), perturb(model(name))
+    x = features((4, 8, C, F))
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", "time")))
+    loss = lambda m, x: jnp.mean(m(x) ** 2 + m(x))
+
+    @nnx.jit
+    def value_and_grad(m, x):
+        return nnx.value_and_grad(loss)(m, x), m(x)
+
+    (l_s, g_s), y_s = value_and_grad(sharded, xs)
+    (l_u, g_u), y_u = value_and_grad(local, x)
+    np.testing.assert_allclose(y_s, y_u, atol=1e-5)
+    np.testing.assert_allclose(l_s, l_u, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_s, g_u)
+    # Only halo frames cross devices: ppermutes, never a gather of the sequence.
+    graph, state = nnx.split(sharded)
+    hlo = jax.jit(lambda s, x: nnx.merge(graph, s)(x)).lower(state, xs).compile().as_text()
+    assert "collective-permute" in hlo and "all-gather" not in hlo
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    q, k = features((5, 1, 4), 1), features((5, 1, 4), 2)
+    p = jnp.arange(5) * 3 - 4
+    score = lambda s: jnp.einsum("ihd,jhd->ij", rope(q, p + s, 40.0), rope(k, p[::-1] + s, 40.0))
+    np.testing.assert_allclose(score(0), score(7), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_overfits_a_tiny_batch(name):
+    m = model(name)
+    x = features((2, 2, C, F), 3)
+    opt = nnx.Optimizer(m, optax.adam(3e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(m, opt):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - x) ** 2))(m)
+        opt.update(m, grads)
+        return loss
+
+    losses = [float(step(m, opt)) for _ in range(60)]
+    assert losses[-1] < 0.1 * losses[0], losses[::10]
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown model.name"):
+        model("rnn")
+    with pytest.raises(ValueError, match="stride 3 must divide"):
+        model("tconv", stride=3)
+    with pytest.raises(ValueError, match="halo 9"):
+        model("transformer", halo=9)(features((1, 2, C, F)))
+    assert isinstance(model("transformer"), models.MotionTransformer)
+    assert isinstance(model("tconv"), models.TemporalConvNet)
