@@ -152,7 +152,7 @@ def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
     """Sampled windows' mean dynamics score matches its expectation under (1-w)/N + w·score/S."""
     source = pipeline.ClipSource(info)
     train = info.splits["train"]
-    scores = [transforms.window_scores(source[c]["score"][b:e], cfg.window) for c, b, e in train]
+    scores = [transforms.segment_windows(source[c]["score"][b:e], cfg.window) for c, b, e in train]
     all_scores = np.concatenate(scores)
     got = {}
     for w in (0.0, 1.0):
@@ -170,6 +170,24 @@ def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
     np.testing.assert_allclose(got[0.0], expected[0.0], rtol=0.05)
     np.testing.assert_allclose(got[1.0], expected[1.0], rtol=0.05)
     assert expected[1.0] > 1.3 * expected[0.0]  # abrupt windows are drawn markedly more often
+
+
+def test_short_segments_train_as_edge_padded_windows(cfg, info):
+    walk = info.names.index("humanoid3d_walk")
+    (seg,) = [s for s in info.splits["train"] if s[0] == walk]
+    length = seg[2] - seg[1]
+    assert cfg.window / 2 <= length < cfg.window  # 30 frames at 30 fps
+    assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_weight))
+    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg, transforms.Noise())
+    win = sample((0, *seg), np.random.default_rng(0))
+    np.testing.assert_array_equal(win["valid"], np.arange(cfg.window) < length)
+    clip = pipeline.ClipSource(info)[walk]
+    np.testing.assert_array_equal(win["rotations"][:length], clip["rotations"][:length])
+    pad = clip["rotations"][[length - 1] * (cfg.window - length)]
+    np.testing.assert_array_equal(win["rotations"][length:], pad)
+    # Every training clip (run has 19 frames: over half a window) gets slots.
+    slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_weight)
+    assert set(slots[:, 1]) == {c for c, _, _ in info.splits["train"]}
 
 
 def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog):

@@ -21,7 +21,8 @@ prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their state count
 consumer took, not those waiting in the buffers.
 
 Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "mask": [B, N, C, 1]
-(1 = frame masked out of ``noisy``), "valid": [B, N, C, 1] (0 = padding, eval only)}``.
+(1 = frame masked out of ``noisy``), "valid": [B, N, C, 1] (0 = edge padding past the end of a
+short segment: losses and metrics should weight frames by it)}``.
 """
 from __future__ import annotations
 
@@ -100,8 +101,8 @@ def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.nd
 
     Segment ``c`` fills ``max(1, round(SLOTS·p(c)))`` slots with ``p(c)`` its share of the window
     distribution (:func:`transforms.window_weights`); :class:`SampleWindow` then draws the start
-    from ``p(start | c)``, so windows follow the global uniform/dynamics mixture. Segments shorter
-    than a window are left out of training."""
+    from ``p(start | c)``, so windows follow the global uniform/dynamics mixture. A segment
+    shorter than a window is one padded window (:func:`transforms.segment_windows`)."""
     num, total = _window_totals(info)
     if num == 0:
         raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
@@ -144,13 +145,19 @@ class SampleWindow:
         except records.BadRecordError as e:
             self.bad.skip(e, f"#{clip_id}")
             return None
-        p = transforms.window_weights(transforms.window_scores(clip["score"][begin:end], self.window),
-                                      self.dynamics_weight, self.num_windows, self.total_score)
+        scores = transforms.segment_windows(clip["score"][begin:end], self.window)
+        p = transforms.window_weights(scores, self.dynamics_weight, self.num_windows, self.total_score)
         start = begin + int(rng.choice(p.size, p=p / p.sum()))
-        stop = start + self.window
-        return {"root_position": clip["root_position"][start:stop],
-                "rotations": clip["rotations"][start:stop], "valid": np.ones(self.window, np.float32),
-                **self.noise.sample(rng, self.window, self.skeleton)}
+        draws = self.noise.sample(rng, self.window, self.skeleton)
+        return {**_window(clip, start, end, self.window), **draws}
+
+
+def _window(clip: dict, start: int, end: int, window: int) -> dict:
+    """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``."""
+    frames = np.arange(start, start + window)
+    idx = np.minimum(frames, end - 1)
+    return {"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
+            "valid": (frames < end).astype(np.float32)}
 
 
 def _is_window(x) -> bool:
@@ -272,11 +279,8 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
         clip = source[clip_id]
         records.check_clip(clip, info.skeleton)
-        idx = np.minimum(np.arange(start, start + t), end - 1)  # edge padding past the segment end
         rng = np.random.default_rng([seed, clip_id, start])
-        windows.append({"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
-                        "valid": (np.arange(start, start + t) < end).astype(np.float32),
-                        **noise.sample(rng, t, info.skeleton)})
+        windows.append({**_window(clip, start, end, t), **noise.sample(rng, t, info.skeleton)})
     if not windows:
         return []
     pad = (-len(windows)) % cfg.batch_size

@@ -11,8 +11,10 @@ Splits (fixed; :data:`HELDOUT_CLIPS`, :data:`TRAIN_FRACTION`, repeated in index.
   ``heldout_tail``  the last 20% of those clips (same motions, unseen frames),
   ``heldout_clips`` the held-out clips entirely (each has a sibling motion in training).
 Segments are ``(clip index, begin frame, end frame)``. Windows never cross a segment end (no
-wrapping: a loop would leak tail frames into training); training skips segments shorter than a
-window, evaluation pads them and marks the padding invalid (see :mod:`motionjax.data.pipeline`).
+wrapping: a loop would leak tail frames into training). A segment shorter than a window (at 30
+fps and window 32: the training parts of walk and run, most tails) is edge-padded, the padding
+marked ``valid = 0``; training skips segments under half a window
+(:data:`motionjax.data.transforms.SHORT_SEGMENT`).
 
 Feature statistics are a streaming Welford/Chan pass over the canonicalized training windows
 (stride window/4), so no pass ever holds the corpus in memory.
@@ -258,7 +260,7 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, fps: float, window: int
         if motion.name not in heldout:
             cut = int(round(root.shape[0] * TRAIN_FRACTION))
             moments.update(window_features(skeleton, root[:cut], rots[:cut], window, max(window // 4, 1)))
-            scores = transforms.window_scores(clip["score"][:cut], window) if cut >= window else np.zeros(0)
+            scores = transforms.segment_windows(clip["score"][:cut], window)
             train_windows.append([int(scores.size), float(scores.sum())])
     if writer is not None:
         writer.close()

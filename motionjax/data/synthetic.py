@@ -108,9 +108,10 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
         records.check_clip(clip, source.skeleton)
         moments.update(prepare.window_features(source.skeleton, clip["root_position"][:cut],
                                                clip["rotations"][:cut], window, max(window // 4, 1)))
-        score_sums.append(transforms.window_scores(clip["score"][:cut], window).sum())
+        score_sums.append(transforms.segment_windows(clip["score"][:cut], window).sum())
     # Clips are alike by construction: every segment gets the sampled mean (uniform over clips).
-    train_windows = ((max(cut - window + 1, 0), float(np.mean(score_sums))),) * num_clips
+    num = len(transforms.segment_windows(np.zeros(cut), window))
+    train_windows = ((num, float(np.mean(score_sums))),) * num_clips
     names = [f"synthetic_{seed}_{i:07d}" for i in range(num_clips)]
     return prepare.DatasetInfo(
         data_dir="", skeleton=source.skeleton, fps=fps, mean=moments.mean.astype(np.float32),

@@ -68,6 +68,19 @@ def window_scores(score, length: int):
     return (csum[length:] - csum[:-length]) / length
 
 
+SHORT_SEGMENT = 0.5  # a segment of at least this fraction of a window trains as one padded window
+
+
+def segment_windows(score, window: int):
+    """Scores of the training windows of one segment with per-frame ``score [S]``: every full
+    window; or, for ``SHORT_SEGMENT·window <= S < window`` (e.g. walk and run at 30 fps), the one
+    edge-padded window (frames past the end repeat the last frame and have ``valid = 0``), scored
+    by the segment mean; or none."""
+    if score.size >= window:
+        return window_scores(score, window)
+    return np.array([score.mean()]) if score.size >= SHORT_SEGMENT * window else np.zeros(0)
+
+
 def window_weights(scores, dynamics_weight: float, num_windows: int, total_score: float):
     """Probability of each window with score ``scores [n]`` among all ``num_windows`` training
     windows (scores summing to ``total_score``): ``(1 - w)/N + w·score/S``.
