@@ -1,0 +1,178 @@
+"""The joint-dynamics loss on ``[B, T, J, ...]`` motion, optionally sharded over time.
+
+Per frame ``t`` (central differences at ``fps``; ``q`` local rotations, ``p`` FK positions):
+
+* angular velocity of each joint relative to its parent, ``log(q_{t+1} q_{t-1}⁻¹)·fps/2`` (parent
+  frame), projected on the joint's DOFs and expressed as generalized velocities ``θ̇_t``;
+* ``ṗ_t = (p_{t+1} - p_{t-1})·fps/2``, ``a_t = (p_{t+1} - 2p_t + p_{t-1})·fps²``,
+  jerk ``(p_{t+2} - 2p_{t+1} + 2p_{t-1} - p_{t-2})·fps³/2``.
+
+Terms (each a mean over batch, valid frames and joints of a squared norm; weights from config):
+
+* ``velocity``: kinematic consistency of the prediction, ``‖J(q_t)·[v_root, θ̇_t] - ṗ_t‖²``. It is
+  O(Δt²) on smooth motion and grows when frames do not follow from one another;
+* ``force``: generalized forces ``τ_t = Jᵀ m (a_t - g)`` (joint torques and the root force)
+  matched between prediction and target;
+* ``jerk``: squared jerk of the predicted joint positions (smoothness).
+
+Masses are the skeleton's per-link masses normalised to body mass (fractions summing to 1), so
+forces are per kg of body; skeleton builders take the defaults from de Leva (1996), "Adjustments
+to Zatsiorsky-Seluyanov's segment inertia parameters", J. Biomech. 29(9), Table 4
+(``motionjax.skeleton.DE_LEVA_MASS_FRACTION``). Gravity points along ``-up_axis``.
+
+The products ``J·θ̇`` and ``Jᵀ·F`` come from one of three interchangeable backends
+(``jacobian=``): ``"blocked"`` (tree prefix/subtree sums, :mod:`motionjax.kinematics`), ``"jvp"``
+(``jax.jvp``/``jax.vjp`` of FK) and ``"dense"`` (the ``jax.jacfwd`` Jacobian, the reference).
+
+Sharding: called inside ``jax.shard_map`` with ``T`` split over ``time_axis_name``, the frames the
+stencils need come from the neighbouring shards (:func:`motionjax.halo.pad_with_halos`), frames
+whose stencil crosses a global end are masked (:func:`motionjax.halo.valid_frames`) and the means
+are taken with ``psum``, so the value equals the unsharded one.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from motionjax import kinematics as K
+from motionjax import rotations as rot
+from motionjax.halo import pad_with_halos, valid_frames
+from motionjax.skeleton import Skeleton
+
+GRAVITY = 9.81  # m/s²
+TERMS = ("velocity", "force", "jerk")
+JACOBIANS = ("blocked", "jvp", "dense")
+HALO = 2  # the jerk stencil reaches two frames each way
+
+
+def _mass_fractions(skeleton: Skeleton, dtype):
+    masses = np.asarray(skeleton.masses, float)
+    return jnp.asarray(masses / masses.sum(), dtype)
+
+
+def _products(skeleton, jacobian, rotations, root_position, positions, world, joint_velocity,
+              root_velocity, forces):
+    """``(J·[v_root, θ̇] [..., J, 3], Jᵀ·F as (torques [..., J, 3], root force [..., 3]))``."""
+    if jacobian == "blocked":
+        velocity = K.jacobian_vector_product(skeleton, positions, world, joint_velocity, root_velocity)
+        return velocity, K.jacobian_transpose_product(skeleton, positions, world, forces)
+    if jacobian == "jvp":
+        velocity = K.autodiff_jacobian_vector_product(skeleton, rotations, root_position, joint_velocity,
+                                                      root_velocity)
+        return velocity, K.autodiff_jacobian_transpose_product(skeleton, rotations, root_position, forces)
+    if jacobian == "dense":
+        jac = K.jacfwd_jacobian(skeleton, rotations, root_position)  # [..., 3J, num_dof]
+        q_dot = K.pack_dofs(skeleton, root_velocity, joint_velocity)
+        velocity = jnp.einsum("...mn,...n->...m", jac, q_dot).reshape(forces.shape)
+        generalized = jnp.einsum("...mn,...m->...n", jac, forces.reshape(*forces.shape[:-2], -1))
+        root_force, torques = K.unpack_dofs(skeleton, generalized)
+        return velocity, (torques, root_force)
+    raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
+
+
+def _frames(x, shift, length):
+    """Frames ``t + shift`` for the ``length`` local frames of a halo-padded ``[B, T + 4, ...]``."""
+    return jax.lax.slice_in_dim(x, HALO + shift, HALO + shift + length, axis=1)
+
+
+def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only):
+    """Per-frame quantities of one motion ``[B, T, ...]`` (local frames).
+
+    Returns ``(velocity residual [B, T, J, 3], generalized forces [B, T, J + 1, 3],
+    jerk [B, T, J, 3])``; with ``forces_only`` the residual and jerk are None.
+    """
+    length = rotations.shape[1]
+    root_pad = pad_with_halos(root_position, HALO, axis=1, axis_name=time_axis_name)
+    rot_pad = pad_with_halos(rotations, HALO, axis=1, axis_name=time_axis_name)
+    positions_pad, _ = K.forward_kinematics(skeleton, rot_pad, root_pad)
+    p = lambda s: _frames(positions_pad, s, length)
+    q_now, root_now = _frames(rot_pad, 0, length), _frames(root_pad, 0, length)
+    positions, world = K.forward_kinematics(skeleton, q_now, root_now)
+
+    velocity = (p(1) - p(-1)) * (fps / 2)
+    acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
+    gravity = jnp.zeros(3, rotations.dtype).at[skeleton.up_axis].set(-GRAVITY)
+    forces = _mass_fractions(skeleton, rotations.dtype)[:, None] * (acceleration - gravity)
+
+    # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
+    local_omega = rot.relative_rotation_vector(_frames(rot_pad, -1, length), _frames(rot_pad, 1, length))
+    parent = rot.quat_mul(world, rot.quat_conj(q_now))
+    joint_velocity = K.world_to_dofs(skeleton, world, rot.quat_rotate(parent, local_omega * (fps / 2)))
+    root_velocity = velocity[..., 0, :]
+
+    predicted_velocity, (torques, root_force) = _products(
+        skeleton, jacobian, q_now, root_now, positions, world, joint_velocity, root_velocity, forces)
+    generalized = jnp.concatenate([root_force[..., None, :], torques], axis=-2)
+    if forces_only:
+        return None, generalized, None
+    jerk = (p(2) - 2 * p(1) + 2 * p(-1) - p(-2)) * (fps**3 / 2)
+    return predicted_velocity - velocity, generalized, jerk
+
+
+def _masked_mean(squared, mask, time_axis_name):
+    """Mean of ``squared [B, T, N]`` over batch, frames with ``mask [T]`` and N (global over time)."""
+    total = jnp.sum(jnp.where(mask[None, :, None], squared, 0.0))
+    count = jnp.sum(mask) * squared.shape[0] * squared.shape[2]
+    if time_axis_name is not None:
+        total, count = jax.lax.psum((total, count), time_axis_name)
+    return total / count
+
+
+def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
+                  weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None):
+    """The weighted joint-dynamics loss.
+
+    Args:
+      skeleton: the kinematic tree (static).
+      pred_root, target_root: ``[B, T, 3]`` root positions (m).
+      pred_rot, target_rot: ``[B, T, J, 4]`` local joint rotations (unit quaternions, wxyz).
+      fps: frame rate (Hz).
+      weights: ``{"velocity": w, "force": w, "jerk": w}`` (missing keys count as 0).
+      jacobian: ``"blocked"`` | ``"jvp"`` | ``"dense"``; all give the same value.
+      time_axis_name: the mesh axis ``T`` is split over when called inside ``jax.shard_map``
+        (local ``T >= 2`` frames per shard), else None.
+
+    Returns:
+      ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
+      for velocity and force) from either end of the global sequence.
+    """
+    unknown = set(weights) - set(TERMS)
+    if unknown:
+        raise ValueError(f"unknown dynamics loss terms {sorted(unknown)}; expected {TERMS}")
+    residual, pred_tau, jerk = _motion_terms(skeleton, pred_root, pred_rot, fps, jacobian, time_axis_name,
+                                             forces_only=False)
+    _, target_tau, _ = _motion_terms(skeleton, target_root, target_rot, fps, jacobian, time_axis_name,
+                                     forces_only=True)
+    length = pred_rot.shape[1]
+    inner = valid_frames(length, 1, time_axis_name)
+    sq = lambda x: jnp.sum(x * x, axis=-1)
+    terms = {
+        "velocity": _masked_mean(sq(residual), inner, time_axis_name),
+        "force": _masked_mean(sq(pred_tau - target_tau), inner, time_axis_name),
+        "jerk": _masked_mean(sq(jerk), valid_frames(length, HALO, time_axis_name), time_axis_name),
+    }
+    loss = sum(weights.get(name, 0.0) * value for name, value in terms.items())
+    return loss, terms
+
+
+def sharded_dynamics_loss(mesh, skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
+                          weights: Mapping[str, float], jacobian: str = "blocked", data_axis: str = "data",
+                          time_axis: str = "time"):
+    """:func:`dynamics_loss` on global arrays, ``B`` split over ``data_axis`` and ``T`` over ``time_axis``.
+
+    Returns the same ``(loss, terms)`` as the unsharded call (replicated scalars).
+    """
+    weights = dict(weights)
+
+    def local(pr, pq, tr, tq):
+        loss, terms = dynamics_loss(skeleton, pr, pq, tr, tq, fps, weights, jacobian, time_axis)
+        # Every data shard holds the same number of frames, so the mean of means is the mean.
+        return jax.lax.pmean((loss, terms), data_axis)
+
+    motion = P(data_axis, time_axis)
+    return jax.shard_map(local, mesh=mesh, in_specs=(motion, motion, motion, motion),
+                         out_specs=P())(pred_root, pred_rot, target_root, target_rot)
