@@ -135,6 +135,19 @@ def state_shardings(mesh: Mesh, state, fsdp: bool = False):
     return jax.tree.map(lambda x: param_sharding(mesh, np.shape(x), fsdp), state)
 
 
+def put(tree, shardings):
+    """``jax.device_put`` that also works with several processes, where every process holds the
+    whole value of each leaf (same seed, same host data) and keeps the pieces its devices own."""
+    def one(x, sharding):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # keys travel as their raw bits
+            bits = one(jax.random.key_data(x), sharding)
+            return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(x))
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
 def global_batch(local_batch, mesh: Mesh):
     """This process's slice of the batch (numpy leaves ``[B / P, ...]``) -> global arrays on ``mesh``.
 

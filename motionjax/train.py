@@ -119,7 +119,7 @@ def init_state(config: ml_collections.ConfigDict, info, mesh):
     state = {"params": params, "rest": rest, "opt_state": tx.init(params),
              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
     shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
-    return (graphdef, eval_graphdef, model), tx, jax.device_put(state, shardings), shardings
+    return (graphdef, eval_graphdef, model), tx, parallel.put(state, shardings), shardings
 
 
 # ---------------------------------------------------------------------------------------------

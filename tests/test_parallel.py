@@ -168,3 +168,17 @@ def test_train_step_communication():
         assert sum(c.result_bytes for c in reduces if axis in c.axes) >= param_bytes, axis
     # The rest are scalar metrics.
     assert sum(c.result_bytes for c in reduces) <= 2 * param_bytes + 1024
+
+
+def test_put_matches_device_put():
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 2))))
+    tree = {"w": np.arange(64 * 128, dtype=np.float32).reshape(64, 128), "key": jax.random.key(3),
+            "step": np.int32(7)}
+    shardings = {"w": parallel.param_sharding(mesh, (64, 128), fsdp=True), "key": parallel.replicated(mesh),
+                 "step": parallel.replicated(mesh)}
+    put, ref = parallel.put(tree, shardings), jax.device_put(tree, shardings)
+    for k in tree:
+        assert put[k].sharding == ref[k].sharding
+    np.testing.assert_array_equal(put["w"], ref["w"])
+    np.testing.assert_array_equal(jax.random.key_data(put["key"]), jax.random.key_data(ref["key"]))
+    assert jax.random.key_impl(put["key"]) == jax.random.key_impl(ref["key"])
