@@ -2,12 +2,13 @@
 
 Training graph (:func:`train_dataset`)::
 
-  slots (one per ~window of each training segment; ints, pickle in bytes)
+  slots: training segments, each repeated   (train_slots; ints, pickle in bytes)
+         by its share of the windows
     -> [process_index::process_count]        per-process shard, disjoint and complete
     -> shuffle(seed) -> repeat()             reshuffled every epoch
     -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic), check
                                              it (bad ones: skipped, counted, warned; strict raises),
-                                             draw a start by dynamics score, draw the noise
+                                             draw a start (uniform/dynamics-score mixture), the noise
     -> batch(B / process_count)
     -> map(MakeExample)                      canonicalize, mirror, noise, standardize, mask, chunk:
                                              vectorized over the batch (transforms.make_example)
