@@ -132,23 +132,40 @@ class SampleWindow:
     (``dynamics_weight`` mixes score-weighted and uniform); the noise from :meth:`transforms.Noise.sample`.
     """
 
+    CACHE = 256  # segments kept decoded with their start distribution (a small corpus stays resident)
+
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg, noise: transforms.Noise):
         self.source, self.skeleton, self.noise = source, info.skeleton, noise
         self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
+        self._cache = {}
+
+    def __getstate__(self):
+        return dict(self.__dict__, _cache={})
+
+    def _segment(self, clip_id: int, begin: int, end: int):
+        """``(clip, start CDF)``; raises BadRecordError for a bad record."""
+        key = (clip_id, begin, end)
+        if key not in self._cache:
+            clip = self.source[clip_id]
+            records.check_clip(clip, self.skeleton)
+            scores = transforms.segment_windows(clip["score"][begin:end], self.window)
+            p = transforms.window_weights(scores, self.dynamics_weight, self.num_windows, self.total_score)
+            if len(self._cache) >= self.CACHE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = clip, np.cumsum(p)
+        return self._cache[key]
 
     def __call__(self, slot, rng: np.random.Generator):
         _, clip_id, begin, end = (int(v) for v in slot)
         try:
-            clip = self.source[clip_id]
-            records.check_clip(clip, self.skeleton)
+            clip, cdf = self._segment(clip_id, begin, end)
         except records.BadRecordError as e:
             self.bad.skip(e, f"#{clip_id}")
             return None
-        scores = transforms.segment_windows(clip["score"][begin:end], self.window)
-        p = transforms.window_weights(scores, self.dynamics_weight, self.num_windows, self.total_score)
-        start = begin + int(rng.choice(p.size, p=p / p.sum()))
+        # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
+        start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
         draws = self.noise.sample(rng, self.window, self.skeleton)
         return {**_window(clip, start, end, self.window), **draws}
 
