@@ -4,8 +4,8 @@
 
 Rows: per-window costs (record read + window/noise draw; the transforms batched as the Grain
 pipeline runs them and one window at a time as the naive loader does), then loader frames/s
-measured after a warm-up batch (worker start-up excluded), the median of ``--rounds`` interleaved
-rounds. All numbers come from one run on a shared machine: compare them as ratios.
+measured after warm-up batches (until every worker delivered: start-up excluded), the median of
+``--rounds`` interleaved rounds. All numbers come from one run on a shared machine: compare them as ratios.
 ``--data-dir`` points at any prepared directory, e.g. the synthetic shards of
 ``prepare_data.py --synthetic 128000``.
 """
@@ -48,10 +48,11 @@ def _per_window_costs(cfg, info, n: int) -> dict:
             "transform_batched_us": batched_us}
 
 
-def _throughput(make_iter, cfg, batches: int) -> float:
+def _throughput(make_iter, cfg, batches: int, warmup: int) -> float:
     it = make_iter()
     try:
-        next(it)  # warm-up: worker start-up, first reads
+        for _ in range(warmup):  # every worker must have started (each imports jax) and delivered
+            next(it)
         t = time.perf_counter()
         for _ in range(batches):
             next(it)
@@ -73,17 +74,18 @@ def run(quick: bool = False, data_dir: str | None = None, out: str | None = None
     def grain_iter(workers, prefetch):
         c = cfg.copy_and_resolve_references()
         c.worker_count, c.prefetch = workers, prefetch
-        return lambda: pipeline.make_train_iterator(c, info, seed=0)
+        return (lambda: pipeline.make_train_iterator(c, info, seed=0)), 2 * workers * c.worker_buffer + 1
 
-    loaders = {"naive (numpy, main thread)": lambda: pipeline.make_naive_train_iterator(cfg, info, seed=0),
+    naive_iter = lambda: pipeline.make_naive_train_iterator(cfg, info, seed=0)
+    loaders = {"naive (numpy, main thread)": (naive_iter, 1),
                "grain, 0 workers, no prefetch": grain_iter(0, 0),
                "grain, 0 workers, prefetch 2": grain_iter(0, 2),
                "grain, 1 worker, prefetch 2": grain_iter(1, 2),
                "grain, 2 workers, prefetch 2": grain_iter(2, 2)}
     samples = {name: [] for name in loaders}
     for _ in range(1 if quick else rounds):  # interleaved, so load from other jobs hits every row alike
-        for name, make in loaders.items():
-            samples[name].append(_throughput(make, cfg, n_batches))
+        for name, (make, warmup) in loaders.items():
+            samples[name].append(_throughput(make, cfg, n_batches, warmup))
     rates = {name: float(np.median(s)) for name, s in samples.items()}
     naive = rates["naive (numpy, main thread)"]
 
