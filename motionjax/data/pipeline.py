@@ -226,7 +226,8 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
 
 
 def _to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
-    # Every leaf is [B, N, C, ...]; the spec shards B over 'data' and N over 'time'.
+    # Every leaf is [B/processes, N, C, ...]; the spec shards B over 'data' and N over 'time'.
+    # Processes split the batch only: the 'time' axis must not span hosts (each holds all N).
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
