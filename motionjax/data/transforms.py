@@ -219,9 +219,10 @@ class Noise:
     mirror_prob: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg, level: float = 1.0) -> Noise:
-        return cls(cfg.rot_noise * level, cfg.pos_noise * level, cfg.joint_mask_prob,
-                   cfg.frame_mask_prob, cfg.time_warp, cfg.mirror_prob)
+    def from_config(cls, cfg) -> Noise:
+        """The training corruption of ``config.data``."""
+        return cls(cfg.rot_noise, cfg.pos_noise, cfg.joint_mask_prob, cfg.frame_mask_prob, cfg.time_warp,
+                   cfg.mirror_prob)
 
     def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton) -> dict:
         """One window's random draws (the transform itself is deterministic given these)."""
