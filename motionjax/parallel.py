@@ -137,8 +137,11 @@ def state_shardings(mesh: Mesh, state, fsdp: bool = False):
 
 def put(tree, shardings):
     """``jax.device_put`` that also works with several processes, where every process holds the
-    whole value of each leaf (same seed, same host data) and keeps the pieces its devices own."""
+    whole value of each leaf (same seed, same host data) and keeps the pieces its devices own.
+    Under tracing (``jax.eval_shape``, ``jit``) it is a sharding constraint."""
     def one(x, sharding):
+        if isinstance(x, jax.core.Tracer):
+            return jax.lax.with_sharding_constraint(x, sharding)
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # keys travel as their raw bits
             bits = one(jax.random.key_data(x), sharding)
             return jax.random.wrap_key_data(bits, impl=jax.random.key_impl(x))
