@@ -194,7 +194,9 @@ class ChunkedAutoencoder(nnx.Module):
 
 
 class MotionTransformer(ChunkedAutoencoder):
-    """Chunk-local transformer; its receptive field is ``2·depth·halo`` frames on each side."""
+    """Chunk-local transformer. Each block reads ``halo`` frames of the neighbouring chunks, so
+    information moves at most one chunk per block: outputs of chunk ``n`` depend on chunks
+    ``n ± 2·depth`` at most (``n ± 1`` for a single block)."""
 
     def __init__(self, features, chunk, *, dim, depth, heads, mlp_ratio, halo, latent_dim, stride,
                  residual=False, dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs):
@@ -205,7 +207,8 @@ class MotionTransformer(ChunkedAutoencoder):
 
 
 class TemporalConvNet(ChunkedAutoencoder):
-    """Residual temporal convolutions; its receptive field is ``2·depth·(kernel // 2)`` frames each side."""
+    """Residual temporal convolutions: an output frame depends on ``2·depth·(kernel // 2)`` frames each
+    side (widened by the bottleneck's frame groups), whatever the chunking."""
 
     def __init__(self, features, chunk, *, dim, depth, kernel, latent_dim, stride, residual=False,
                  dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs):

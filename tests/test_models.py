@@ -31,13 +31,11 @@ def features(shape, seed=0):
     return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
 
 
-def perturb(m, scale=0.1):
-    """Random offsets on every parameter, so the zero-initialised heads pass gradients' worth of signal."""
-    params = nnx.state(m, nnx.Param)
-    keys = jax.random.split(jax.random.key(7), len(jax.tree.leaves(params)))
-    noise = jax.tree.unflatten(jax.tree.structure(params), [jax.random.normal(k, p.shape) for k, p in
-                                                            zip(keys, jax.tree.leaves(params), strict=True)])
-    nnx.update(m, jax.tree.map(lambda p, e: p + scale * e, params, noise))
+def perturb(m, scale=0.1, seed=7):
+    """Random offsets on every parameter, so the zero-initialised heads pass signal through."""
+    rng = np.random.default_rng(seed)  # numpy: nothing to compile per parameter shape
+    noise = lambda p: jnp.asarray(p + scale * rng.standard_normal(p.shape, np.float32))
+    nnx.update(m, jax.tree.map(noise, nnx.state(m, nnx.Param)))
     return m
 
 
@@ -104,23 +102,26 @@ def test_models_are_local_in_time():
 @pytest.mark.parametrize("name", ["transformer", "tconv"])
 def test_sharded_over_data_and_time_equals_unsharded(name):
     mesh = jax.make_mesh((2, 4), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    sharded, local = perturb(model(name, mesh=mesh)), perturb(model(name))
-    x = features((4, 8, C, F))
+    x = features((2, 4, C, F))  # one chunk per device along 'time'
     xs = jax.device_put(x, NamedSharding(mesh, P("data", "time")))
-    loss = lambda m, x: jnp.mean(m(x) ** 2 + m(x))
 
-    @nnx.jit
-    def value_and_grad(m, x):
-        return nnx.value_and_grad(loss)(m, x), m(x)
+    def outputs_and_grads(m, x):
+        graph, params, rest = nnx.split(m, nnx.Param, ...)
 
-    (l_s, g_s), y_s = value_and_grad(sharded, xs)
-    (l_u, g_u), y_u = value_and_grad(local, x)
+        def loss(params, x):
+            y = nnx.merge(graph, params, rest)(x)
+            return jnp.mean(y**2 + y), y
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(params, x).compile(), params
+
+    step, params = outputs_and_grads(perturb(model(name, mesh=mesh)), xs)
+    (l_s, y_s), g_s = step(params, xs)
+    (l_u, y_u), g_u = outputs_and_grads(perturb(model(name)), x)[0](params, x)
     np.testing.assert_allclose(y_s, y_u, atol=1e-5)
     np.testing.assert_allclose(l_s, l_u, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_s, g_u)
-    # Only halo frames cross devices: ppermutes, never a gather of the sequence.
-    graph, state = nnx.split(sharded)
-    hlo = jax.jit(lambda s, x: nnx.merge(graph, s)(x)).lower(state, xs).compile().as_text()
+    # Only halo frames cross devices (ppermutes); the sequence is never gathered, forward or backward.
+    hlo = step.as_text()
     assert "collective-permute" in hlo and "all-gather" not in hlo
 
 
@@ -135,7 +136,7 @@ def test_rope_scores_depend_only_on_relative_position():
 def test_overfits_a_tiny_batch(name):
     m = model(name)
     x = features((2, 2, C, F), 3)
-    opt = nnx.Optimizer(m, optax.adam(3e-3), wrt=nnx.Param)
+    opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
 
     @nnx.jit
     def step(m, opt):
@@ -143,8 +144,8 @@ def test_overfits_a_tiny_batch(name):
         opt.update(m, grads)
         return loss
 
-    losses = [float(step(m, opt)) for _ in range(60)]
-    assert losses[-1] < 0.1 * losses[0], losses[::10]
+    losses = [float(step(m, opt)) for _ in range(25)]
+    assert losses[-1] < 0.1 * losses[0], losses[::5]
 
 
 def test_config_errors_are_clear():
