@@ -100,7 +100,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
                            {k: state[k] for k in ("params", "opt_state", "rest")})
         new["nonfinite_total"] = state["nonfinite_total"] + (~finite).astype(jnp.int32)
         new["nonfinite_run"] = jnp.where(finite, 0, state["nonfinite_run"] + 1)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **terms,
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms,
                    "nonfinite_total": new["nonfinite_total"], "nonfinite_run": new["nonfinite_run"]}
         return new, metrics
 
@@ -120,6 +120,16 @@ def init_state(config: ml_collections.ConfigDict, info, mesh):
              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
     shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
     return (graphdef, eval_graphdef, model), tx, parallel.put(state, shardings), shardings
+
+
+def build_train_step(config: ml_collections.ConfigDict, info, mesh):
+    """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
+    out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
+    (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
+    step = jax.jit(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)),
+                   in_shardings=(shardings, parallel.window_sharding(mesh)), out_shardings=(shardings, None),
+                   donate_argnums=0)
+    return step, state, shardings, eval_graphdef
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,10 +252,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     cfg = config.train
     mesh = parallel.make_mesh(config.mesh)
     info = data.dataset_info(config.data)  # prepares the dataset on first use
-    (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    window = parallel.window_sharding(mesh)
-    train_step = jax.jit(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)),
-                         in_shardings=(shardings, window), out_shardings=(shardings, None), donate_argnums=0)
+    train_step, state, shardings, eval_graphdef = build_train_step(config, info, mesh)
     predict = make_predict(eval_graphdef, mesh, shardings)
     iterator = make_iterator(config, info, mesh)
     eval_sets = _eval_sets(config, info)
@@ -398,7 +405,8 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
         results.setdefault(split, {})[condition] = row
     results["pca_latent_per_frame"] = pca.basis.shape[1]
     if main:
-        split = config.train.eval_splits[-1]
+        splits = config.train.eval_splits
+        split = "heldout_clips" if "heldout_clips" in splits else splits[-1]
         batch = eval_sets[split, "noisy"][0]
         b = batch["clean"].shape[0]
         pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
