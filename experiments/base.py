@@ -69,7 +69,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.shape = (("data", -1), ("time", 1))  # -1 fills with the remaining devices
     c.mesh.across_hosts = "data"       # with several processes this axis spans them (hybrid mesh)
     c.mesh.fsdp = False                # split each parameter's largest dim over 'data' instead of replicating
-    c.mesh.grad_reduce_dtype = "float32"  # dtype of the gradient all-reduce over 'data' ("bfloat16" halves bytes)
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000

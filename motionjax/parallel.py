@@ -16,7 +16,9 @@ import dataclasses
 import math
 import os
 import re
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -254,6 +256,20 @@ def _groups(line: str) -> list[list[int]]:
     if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
         return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
     return []  # replica_groups={}: one group of every device
+
+
+def compile_partitioned(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, str]:
+    """Compile ``lowered``; also return its HLO text right after SPMD partitioning.
+
+    That is where the partitioner has placed every collective, in the dtype it chose, before
+    backend passes: XLA:CPU then upcasts bf16 collectives to f32 (GPUs and TPUs reduce in bf16), so
+    the partitioned HLO, not the CPU executable, tells what an accelerator would send.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        compiled = lowered.compile(compiler_options=dump)
+        (path,) = Path(tmp).glob("*after_spmd-partitioning*.txt")
+        return compiled, path.read_text()
 
 
 def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:

@@ -182,3 +182,24 @@ def test_put_matches_device_put():
     np.testing.assert_array_equal(put["w"], ref["w"])
     np.testing.assert_array_equal(jax.random.key_data(put["key"]), jax.random.key_data(ref["key"]))
     assert jax.random.key_impl(put["key"]) == jax.random.key_impl(ref["key"])
+
+
+@pytest.mark.parametrize("dtype, nbytes", [(np.float32, 4), (jax.numpy.bfloat16, 2)])
+def test_gradient_reduction_follows_compute_dtype(dtype, nbytes):
+    """Weight gradients are all-reduced over 'data' in the dtype of the matmul that made them.
+
+    Read from the partitioned HLO: the CPU executable itself always reduces in f32.
+    """
+    mesh = parallel.make_mesh(_mesh_config((("data", -1), ("time", 1))))
+
+    def loss(w, x):
+        return jax.numpy.sum(jax.numpy.tanh(x.astype(dtype) @ w.astype(dtype)).astype(np.float32))
+
+    grad = jax.jit(jax.grad(loss), in_shardings=(parallel.replicated(mesh), parallel.batch_sharding(mesh, 2)),
+                   out_shardings=parallel.replicated(mesh))
+    compiled, partitioned = parallel.compile_partitioned(grad.lower(np.ones((64, 32), np.float32),
+                                                                    np.ones((16, 64), np.float32)))
+    (reduce,) = parallel.collectives(partitioned, mesh)
+    assert (reduce.op, reduce.axes, reduce.result_bytes) == ("all-reduce", ("data",), 64 * 32 * nbytes)
+    (executed,) = parallel.collectives(compiled.as_text(), mesh)
+    assert (executed.dtype, executed.result_bytes) == ("f32", 64 * 32 * 4)
