@@ -46,11 +46,8 @@ def _config():
 def _setup(config, mesh):
     """The train step and initial state of :mod:`motionjax.train` on ``mesh``."""
     info = pipeline.dataset_info(config.data)
-    (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
-    window = parallel.window_sharding(mesh)
-    step = jax.jit(train.make_train_step(graphdef, tx, train.make_loss_fn(config, info, mesh)),
-                   in_shardings=(shardings, window), out_shardings=(shardings, None), donate_argnums=0)
-    return info, state, step, window
+    step, state, _, _ = train.build_train_step(config, info, mesh)
+    return info, state, step, parallel.window_sharding(mesh)
 
 
 def _local_params(state) -> dict:

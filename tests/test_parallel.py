@@ -149,10 +149,8 @@ def test_train_step_communication():
     config = _tiny_config((("data", 4), ("time", 2)))
     mesh = parallel.make_mesh(config.mesh)
     info = synthetic.synthetic_info(4, window=config.data.window, frames=64)
-    (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
+    step, state, _, _ = train.build_train_step(config, info, mesh)
     window = parallel.window_sharding(mesh)
-    step = jax.jit(train.make_train_step(graphdef, tx, train.make_loss_fn(config, info, mesh)),
-                   in_shardings=(shardings, window), out_shardings=(shardings, None), donate_argnums=0)
     n = config.data.window // config.data.chunk
     shape = (config.data.batch_size, n, config.data.chunk, info.mean.shape[-1])
     batch = {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
