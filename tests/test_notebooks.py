@@ -29,8 +29,8 @@ def test_committed_clean(path):
     nbformat.validate(nb)
     dirty = [i for i, cell in enumerate(nb.cells)
              if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
-    assert not dirty, (f"{path.name}: cells {dirty} carry outputs; strip them before committing "
-                       f"(jupyter nbconvert --clear-output --inplace {path.name})")
+    assert not dirty, (f"{path.name}: cells {dirty} carry outputs; clear them before committing "
+                       f"(JupyterLab: Edit > Clear Outputs of All Cells)")
 
 
 def _user_env() -> dict:
