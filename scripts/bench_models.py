@@ -4,8 +4,8 @@
 
 Model sizes come from ``experiments/base.py`` (the ``model`` section); the feature size is the
 DeepMimic humanoid's. Prints a table (ms/step, frames/s, ratio to the fp32 transformer) and writes it
-as JSON. Times are medians of repeated jitted steps after compilation, so ratios within one run are
-what to compare on a shared machine.
+as JSON. Times are medians of jitted steps after compilation, taken round-robin over the four
+variants so that load from other processes hits all alike: compare ratios within one run.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from motionjax.models import make_model  # noqa: E402
 from motionjax.skeleton import deepmimic_humanoid  # noqa: E402
 
 
-def time_step(config, batch, window, chunk, repeats):
-    """Median seconds of one jitted adamw step on an MSE reconstruction loss, and the parameter count."""
+def make_step(config, batch, window, chunk):
+    """A jitted adamw step on an MSE reconstruction loss, as ``run() -> loss``, and the parameter count."""
     features = feature_dim(deepmimic_humanoid())
     model = make_model(config, features, chunk, nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
@@ -42,14 +42,20 @@ def time_step(config, batch, window, chunk, repeats):
         optimizer.update(model, grads)
         return loss
 
-    step(model, optimizer, x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(model, optimizer, x).block_until_ready()
-        times.append(time.perf_counter() - start)
+    step(model, optimizer, x).block_until_ready()  # compile
     params = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    return float(np.median(times)), int(params)
+    return lambda: step(model, optimizer, x).block_until_ready(), int(params)
+
+
+def interleaved_medians(runs, repeats):
+    """Median seconds per call of each ``run``, timed round-robin so load changes hit all alike."""
+    times = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, ts in zip(runs, times, strict=True):
+            start = time.perf_counter()
+            run()
+            ts.append(time.perf_counter() - start)
+    return [float(np.median(ts)) for ts in times]
 
 
 def main():
@@ -60,14 +66,16 @@ def main():
     parser.add_argument("--out", default="results/bench_models.json")
     args = parser.parse_args()
     base = get_config()
-    rows = []
+    rows, runs = [], []
     for name in ("transformer", "tconv"):
         for dtype in ("float32", "bfloat16"):
             config = base.model.copy_and_resolve_references()
             config.update(name=name, dtype=dtype)
-            seconds, params = time_step(config, args.batch, args.window, base.data.chunk, args.repeats)
-            rows.append(dict(model=name, dtype=dtype, params=params, ms=1e3 * seconds,
-                             frames_per_s=args.batch * args.window / seconds))
+            run, params = make_step(config, args.batch, args.window, base.data.chunk)
+            rows.append(dict(model=name, dtype=dtype, params=params))
+            runs.append(run)
+    for row, seconds in zip(rows, interleaved_medians(runs, args.repeats), strict=True):
+        row.update(ms=1e3 * seconds, frames_per_s=args.batch * args.window / seconds)
     ref = rows[0]["ms"]
     print(f"{jax.devices()[0].device_kind}, B={args.batch}, T={args.window}, C={base.data.chunk}")
     print(f"{'model':12} {'dtype':9} {'params':>8} {'ms/step':>8} {'frames/s':>9} {'ratio':>6}")
