@@ -9,7 +9,9 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     c = base.get_config()
+    c.model.latent_dim = 64           # 32 numbers per frame (stride 2): the PCA reference gets 32 too
     c.train.steps = 1500
+    c.train.learning_rate = 2e-3
     c.train.eval_every = 250
     c.train.checkpoint_every = 250
     if arg == "runlocal":

@@ -295,6 +295,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     timing = {"data_wait": 0.0, "paused": 0.0, "steps": 0, "compile": None}
     train_time = lambda: max(time.perf_counter() - t0 - timing["paused"], 1e-9)
     restores, pending, step, t0 = 0, None, start, time.perf_counter()
+    guard_after = start  # steps dispatched before a restore report the pre-restore run of failures
     bar = None
     if main:
         from tqdm import tqdm
@@ -302,7 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
 
     def drain(metrics):
         """Read one step's metrics (one step late, so the device always has a step queued)."""
-        nonlocal state, restores
+        nonlocal state, restores, guard_after
         done_step, m = metrics
         m = jax.device_get(m)
         if done_step % cfg.log_every == 0 or done_step == cfg.steps:
@@ -312,12 +313,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
                             fps=f"{timing['steps'] * frames_per_step / train_time():.0f}",
                             wait=f"{100 * timing['data_wait'] / train_time():.0f}%",
                             skipped=int(m["nonfinite_total"]), refresh=False)
-        if int(m["nonfinite_run"]) >= cfg.max_nonfinite_steps:
+        if done_step > guard_after and int(m["nonfinite_run"]) >= cfg.max_nonfinite_steps:
             last_good = mngr.latest_step()
             mngr.wait_until_finished()
             state, _ = restore_checkpoint(mngr, last_good, state)  # the data stream moves on
             state["nonfinite_total"] = jnp.int32(m["nonfinite_total"])
-            restores += 1
+            restores, guard_after = restores + 1, step
             if main:
                 print(f"step {done_step}: {int(m['nonfinite_run'])} non-finite steps in a row; "
                       f"restored the model and optimizer of step {last_good}", flush=True)
