@@ -405,13 +405,14 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
         row["pca"].pop("input_mpjpe")
         results.setdefault(split, {})[condition] = row
     results["pca_latent_per_frame"] = pca.basis.shape[1]
+    splits = config.train.eval_splits
+    split = "heldout_clips" if "heldout_clips" in splits else splits[-1]
+    batch = eval_sets[split, "noisy"][0]
+    # Every process joins the prediction (one program over all devices); process 0 alone draws.
+    reconstructed = predict(state, batch["noisy"][: batch["clean"].shape[0]])
     if main:
-        splits = config.train.eval_splits
-        split = "heldout_clips" if "heldout_clips" in splits else splits[-1]
-        batch = eval_sets[split, "noisy"][0]
-        b = batch["clean"].shape[0]
         pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
-        clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(predict(state, batch["noisy"][:b])),
+        clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(reconstructed),
                 "truth": pick(batch["clean"])}
         evaluation.plot_skeletons(
             info.skeleton, {k: evaluation.feature_positions(info.skeleton, v, info.mean, info.std)
