@@ -62,6 +62,8 @@ def worker(workdir: Path) -> None:
     assert jax.process_count() == 2 and jax.local_device_count() == 2, jax.devices()
     config = _config()
     mesh = parallel.make_mesh(config.mesh)
+    # The hybrid mesh: row i of 'data' is process i's devices, so 'time' stays inside a process.
+    assert [{d.process_index for d in row} for row in mesh.devices] == [{0}, {1}], mesh.devices
     info, state, step, window = _setup(config, mesh)
     iterator = pipeline.make_train_iterator(config.data, info, sharding=window, seed=config.seed)
     losses = []
