@@ -446,6 +446,8 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
                 for condition, row in rows.items():
                     summary["results"][split][condition]["no_dynamics"] = row["model"]
     table = results_table(summary["results"])
+    speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
+    table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
     summary["table"] = table
     if parallel.is_main_process():
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -11,7 +11,7 @@ from pathlib import Path
 # Experiment files import their base config as `experiments.base`: put the repo root on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from motionjax import parallel  # noqa: E402
@@ -25,6 +25,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; the progress bar says enough
     parallel.initialize()  # a no-op for one process; must precede any device use
     from jax.experimental import multihost_utils
 

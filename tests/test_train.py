@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -45,10 +46,21 @@ def batches(data_dir):
     return out
 
 
-def _run_steps(config, devices, batches):
-    """Jitted train steps on a mesh over ``devices``: the metrics of every step."""
+def _steps(devices, mesh_shape, data_dir):
+    """A jitted train step on a mesh of ``devices`` and a function giving fresh initial states."""
+    config = _config(data_dir, mesh_shape)
     mesh = parallel.make_mesh(config.mesh, devices)
     step, state, *_ = train.build_train_step(config, pipeline.dataset_info(config.data), mesh)
+    return step, lambda: jax.tree.map(jnp.copy, state)  # the step donates (consumes) its state
+
+
+@pytest.fixture(scope="module")
+def single_device_step(data_dir):
+    return _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir)
+
+
+def _run(step, state, batches):
+    """The metrics of every step."""
     history = []
     for batch in batches:
         state, metrics = step(state, batch)  # numpy in: jit splits it by the step's in_shardings
@@ -56,22 +68,16 @@ def _run_steps(config, devices, batches):
     return history
 
 
-@pytest.fixture(scope="module")
-def single_device_step(data_dir):
-    config = _config(data_dir, (("data", 1), ("time", 1)))
-    mesh = parallel.make_mesh(config.mesh, jax.devices()[:1])
-    return train.build_train_step(config, pipeline.dataset_info(config.data), mesh)
-
-
-def test_data_time_mesh_matches_one_device(data_dir, batches):
+def test_data_time_mesh_matches_one_device(data_dir, batches, single_device_step):
     """Three steps on a 2 x 4 (data x time) mesh, halos crossing devices in the model, the FK/foot
     loss and the dynamics loss, equal the same steps on one device: every loss term and the
     gradient norm. (Parameters are not compared: Adam's first updates are ~lr·sign(g), so
     reduction-order noise on near-zero gradients flips whole steps; the later losses check them.)"""
     assert jax.device_count() == 8
-    config = _config(data_dir, (("data", 2), ("time", 4)))  # 4 chunks of 8 frames: one per time shard
-    sharded = _run_steps(config, jax.devices(), batches)
-    single = _run_steps(_config(data_dir, (("data", 1), ("time", 1))), jax.devices()[:1], batches)
+    step, init = _steps(jax.devices(), (("data", 2), ("time", 4)), data_dir)  # an 8-frame chunk per shard
+    sharded = _run(step, init(), batches)
+    step, init = single_device_step
+    single = _run(step, init(), batches)
     for a, b in zip(sharded, single, strict=True):
         assert a.keys() == b.keys() and {"loss", "position", "foot", "dynamics"} <= a.keys()
         for k in a:
@@ -80,7 +86,8 @@ def test_data_time_mesh_matches_one_device(data_dir, batches):
 
 
 def test_nonfinite_step_is_skipped_and_counted(single_device_step, batches):
-    step, state, *_ = single_device_step
+    step, init = single_device_step
+    state = init()
     before = {part: jax.tree.map(np.asarray, state[part]) for part in ("params", "opt_state")}
     noisy = batches[0]["noisy"].copy()
     noisy[0, 1, 2, 3] = np.nan  # one bad input value
