@@ -2,7 +2,11 @@
 
 Metrics compare joint positions after FK, ``[B, T, J, 3]`` in metres:
 
-* MPJPE (cm): mean joint position error;
+* MPJPE (cm): the standard root-relative mean per-joint position error (Human3.6M protocol #1):
+  the root joint's position is subtracted from every joint of the prediction and of the truth,
+  then the Euclidean joint distances are averaged — pose error, independent of the trajectory;
+* global MPJPE (cm): the same without root alignment, in the canonical window frame, so it adds
+  the root trajectory's error (``root_error``, cm: the root joint's own distance);
 * PA-MPJPE (cm): MPJPE after a per-frame similarity Procrustes alignment (rotation, scale,
   translation) of the prediction onto the truth — pose error without global placement;
 * acceleration error (m/s²): mean norm of the difference of second finite differences;
@@ -23,7 +27,8 @@ from motionjax.features import decode, destandardize
 from motionjax.kinematics import forward_kinematics
 from motionjax.skeleton import Skeleton
 
-METRICS = ("mpjpe", "pa_mpjpe", "accel", "foot_skate")
+METRICS = ("mpjpe", "mpjpe_global", "root_error", "pa_mpjpe", "accel", "foot_skate")
+INPUT_METRICS = ("mpjpe", "mpjpe_global")  # also measured on the noisy input itself (``input_`` prefix)
 
 
 def procrustes_align(pred, true):
@@ -54,8 +59,11 @@ def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed
     _, planted = losses.foot_contacts(true, skeleton, fps, contact_speed)
     skate = jnp.linalg.norm(jnp.delete(p_feet, skeleton.up_axis, axis=-1), axis=-1)  # horizontal speed
     cm = lambda sc: (100 * sc[0], sc[1])
+    rel = lambda p: p - p[..., :1, :]  # root-relative (joint 0 is the root)
     return {
-        "mpjpe": cm(total(dist(pred, true), valid[..., None])),
+        "mpjpe": cm(total(dist(rel(pred), rel(true)), valid[..., None])),
+        "mpjpe_global": cm(total(dist(pred, true), valid[..., None])),
+        "root_error": cm(total(dist(pred[..., 0, :], true[..., 0, :]), valid)),
         "pa_mpjpe": cm(total(dist(procrustes_align(pred, true), true), valid[..., None])),
         "accel": total(dist(accel(pred), accel(true)), inner[:, 1:-1, None]),
         "foot_skate": cm(total(skate, planted & inner[..., None])),
@@ -77,8 +85,8 @@ def feature_positions(skeleton: Skeleton, features, mean, std):
 
 def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float):
     """Metrics of ``predict`` (``[B, N, C, F] -> [B, N, C, F]``) over eval ``batches`` (dicts with
-    ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``), over all valid frames; ``input_mpjpe`` is
-    the noisy input's own error."""
+    ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``), over all valid frames; ``input_mpjpe`` and
+    ``input_mpjpe_global`` are the noisy input's own errors."""
     sums = {}
     for batch in batches:
         b = batch["clean"].shape[0]
@@ -88,7 +96,7 @@ def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contac
         for name, x in (("", predict(batch["noisy"])), ("input_", batch["noisy"])):
             pos = feature_positions(skeleton, flat(x), mean, std)
             m = metric_sums(skeleton, float(fps), pos, true, valid, contact_speed)
-            for k in METRICS if not name else ("mpjpe",):
+            for k in METRICS if not name else INPUT_METRICS:
                 s, c = sums.get(name + k, (0.0, 0.0))
                 sums[name + k] = (s + float(m[k][0]), c + float(m[k][1]))
     if not sums or sums["mpjpe"][1] == 0:

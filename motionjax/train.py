@@ -286,7 +286,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
             if condition == "clean":
                 m = evaluation.evaluate(functools.partial(predict, state), batches, info.skeleton,
                                         float(info.fps), info.mean, info.std, config.loss.contact_speed)
-                out.update({f"{split}/{k}": v for k, v in m.items() if k != "input_mpjpe"})
+                out.update({f"{split}/{k}": v for k, v in m.items() if not k.startswith("input_")})
         log(step, out, "eval")
         return out
 
@@ -401,8 +401,9 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
     for (split, condition), batches in eval_sets.items():
         row = {"model": evaluation.evaluate(functools.partial(predict, state), batches, *args),
                "pca": evaluation.evaluate(pca, batches, *args)}
-        row["input_mpjpe"] = row["model"].pop("input_mpjpe")
-        row["pca"].pop("input_mpjpe")
+        for k in evaluation.INPUT_METRICS:
+            row[f"input_{k}"] = row["model"].pop(f"input_{k}")
+            row["pca"].pop(f"input_{k}")
         results.setdefault(split, {})[condition] = row
     results["pca_latent_per_frame"] = pca.basis.shape[1]
     splits = config.train.eval_splits
@@ -456,17 +457,20 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
 
 
 def results_table(results: dict) -> list[str]:
-    """Text table: one line per split x input x method."""
-    lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'PA-MPJPE':>9s} "
+    """Text table: one line per split x input x method. MPJPE is root-relative (Human3.6M protocol
+    #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.eval`)."""
+    lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'global cm':>9s} {'PA-MPJPE':>9s} "
              f"{'accel m/s2':>10s} {'skate cm/s':>10s}"]
     for split, rows in results.items():
         if not isinstance(rows, dict):
             continue
         for condition, row in rows.items():
-            lines.append(f"{split:14s} {condition:6s} {'input':12s} {row['input_mpjpe']:9.2f}")
+            lines.append(f"{split:14s} {condition:6s} {'input':12s} {row['input_mpjpe']:9.2f} "
+                         f"{row['input_mpjpe_global']:9.2f}")
             for method in ("model", "no_dynamics", "pca"):
                 if method in row:
                     m = row[method]
                     lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
-                                 f"{m['pa_mpjpe']:9.2f} {m['accel']:10.2f} {m['foot_skate']:10.2f}")
+                                 f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
+                                 f"{m['foot_skate']:10.2f}")
     return lines
