@@ -88,10 +88,10 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     length = rotations.shape[1]
     root_pad = pad_with_halos(root_position, HALO, axis=1, axis_name=time_axis_name)
     rot_pad = pad_with_halos(rotations, HALO, axis=1, axis_name=time_axis_name)
-    positions_pad, _ = K.forward_kinematics(skeleton, rot_pad, root_pad)
+    positions_pad, world_pad = K.forward_kinematics(skeleton, rot_pad, root_pad)
     p = lambda s: _frames(positions_pad, s, length)
     q_now, root_now = _frames(rot_pad, 0, length), _frames(root_pad, 0, length)
-    positions, world = K.forward_kinematics(skeleton, q_now, root_now)
+    positions, world = p(0), _frames(world_pad, 0, length)
 
     velocity = (p(1) - p(-1)) * (fps / 2)
     acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2

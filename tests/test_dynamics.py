@@ -1,0 +1,126 @@
+"""The joint-dynamics loss: blocked == jvp/vjp == dense jacfwd (values and gradients), gravity
+torques of static poses against a per-joint loop, and sharded over time == unsharded."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from motionjax import dynamics
+from motionjax import kinematics as K
+from motionjax import rotations as rot
+from motionjax.formats import deepmimic_clip_paths, read_deepmimic
+
+WEIGHTS = {"velocity": 1.0, "force": 1e-2, "jerk": 1e-6}
+
+
+@functools.cache
+def clip_batch(frames=24, batch=4):
+    """Real DeepMimic windows as target, a perturbed copy as prediction (unnormalised quaternions)."""
+    motion = read_deepmimic(deepmimic_clip_paths()[2])
+    assert len(motion.rotations) >= frames + batch
+    target_root = np.stack([motion.root_position[b:b + frames] for b in range(batch)]).astype(np.float32)
+    target_rot = np.stack([motion.rotations[b:b + frames] for b in range(batch)]).astype(np.float32)
+    rng = np.random.default_rng(0)
+    pred_root = target_root + rng.normal(0, 0.01, target_root.shape).astype(np.float32)
+    pred_raw = target_rot + rng.normal(0, 0.05, target_rot.shape).astype(np.float32)
+    return motion.skeleton, motion.fps, pred_root, pred_raw, target_root, target_rot
+
+
+def loss_fn(skeleton, fps, jacobian, time_axis_name=None):
+    """``(pred_root, raw rotations, target_root, target_rot) -> (loss, terms)``; rotations are
+    normalised inside, as a model's decoder does, so gradients live in the tangent space."""
+    def f(pred_root, pred_raw, target_root, target_rot):
+        return dynamics.dynamics_loss(skeleton, pred_root, rot.quat_normalize(pred_raw), target_root,
+                                      target_rot, fps, WEIGHTS, jacobian=jacobian,
+                                      time_axis_name=time_axis_name)
+    return f
+
+
+def value_and_grads(f):
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+
+
+def assert_close_relative(actual, expected, rtol):
+    actual, expected = np.asarray(actual, float), np.asarray(expected, float)
+    assert np.abs(actual - expected).max() <= rtol * np.abs(expected).max(), \
+        f"max error {np.abs(actual - expected).max():.3g} vs scale {np.abs(expected).max():.3g}"
+
+
+@pytest.fixture(scope="module")
+def dense_reference():
+    skeleton, fps, *args = clip_batch(frames=12, batch=2)
+    return value_and_grads(loss_fn(skeleton, fps, "dense"))(*args)
+
+
+@pytest.mark.parametrize("jacobian", ["blocked", "jvp"])
+def test_loss_and_gradients_match_dense(jacobian, dense_reference):
+    skeleton, fps, *args = clip_batch(frames=12, batch=2)
+    (loss, terms), grads = value_and_grads(loss_fn(skeleton, fps, jacobian))(*args)
+    (ref_loss, ref_terms), ref_grads = dense_reference
+    assert float(ref_terms["force"]) > 1.0 and float(ref_terms["velocity"]) > 0.01  # non-trivial terms
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for name in dynamics.TERMS:
+        np.testing.assert_allclose(terms[name], ref_terms[name], rtol=1e-5)
+    for g, ref in zip(grads, ref_grads, strict=True):
+        assert np.abs(np.asarray(ref)).max() > 0
+        assert_close_relative(g, ref, 1e-4)
+
+
+def test_static_poses_feel_only_gravity():
+    """Held poses: no velocity residual, no jerk, and the generalized forces are the gravity
+    torques Σ_subtree (p_j - p_k) × m_j·(-g), projected on each joint's DOF, from a loop."""
+    skeleton, fps, _, _, target_root, target_rot = clip_batch()
+    hold = lambda x, t: jnp.asarray(np.repeat(x[:1, t:t + 1], 8, axis=1))  # frame t of window 0, held
+    pose_root, pose_rot, pred_rot = hold(target_root, 0), hold(target_rot, 0), hold(target_rot, 23)
+    loss = jax.jit(functools.partial(dynamics.dynamics_loss, skeleton, fps=fps, weights=WEIGHTS))
+    _, terms = loss(pred_root=pose_root, pred_rot=pred_rot, target_root=pose_root, target_rot=pose_rot)
+    assert float(terms["velocity"]) < 1e-8 and float(terms["jerk"]) < 1e-3
+
+    mass = skeleton.masses / skeleton.masses.sum()
+    lift = np.zeros(3)
+    lift[skeleton.up_axis] = dynamics.GRAVITY  # m·(a - g) with a = 0
+
+    def gravity_torques(rotations):
+        positions, world = (np.asarray(x[0, 0], float)
+                            for x in K.forward_kinematics(skeleton, rotations, pose_root))
+        basis = jnp.broadcast_to(jnp.eye(3)[:, None, :], (3, skeleton.num_joints, 3))
+        axes = np.moveaxis(np.asarray(K.dofs_to_world(skeleton, jnp.asarray(world), basis)), 0, -1)
+        torques = [axes[k].T @ sum(np.cross(positions[j] - positions[k], mass[j] * lift)
+                                   for j in range(skeleton.num_joints) if skeleton.ancestor_mask[j, k])
+                   for k in range(skeleton.num_joints)]
+        return np.concatenate([[lift], torques])  # root force (total mass 1) then joints
+
+    difference = gravity_torques(pred_rot) - gravity_torques(pose_rot)
+    expected = np.mean(np.sum(difference**2, -1))
+    assert expected > 1e-3  # the two poses load the joints differently
+    np.testing.assert_allclose(float(terms["force"]), expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_sharded_over_time_equals_unsharded(shards):
+    skeleton, fps, *args = clip_batch()  # B = 4, T = 24: 3 to 12 frames per time shard
+    (loss, terms), grads = value_and_grads(loss_fn(skeleton, fps, "blocked"))(*args)
+    mesh = jax.make_mesh((8 // shards, shards), ("data", "time"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def sharded(pred_root, pred_raw, target_root, target_rot):
+        return dynamics.sharded_dynamics_loss(mesh, skeleton, pred_root, rot.quat_normalize(pred_raw),
+                                              target_root, target_rot, fps, WEIGHTS)
+
+    (s_loss, s_terms), s_grads = value_and_grads(sharded)(*args)
+    np.testing.assert_allclose(s_loss, loss, rtol=1e-5)
+    for name in dynamics.TERMS:
+        np.testing.assert_allclose(s_terms[name], terms[name], rtol=1e-5)
+    for g, ref in zip(s_grads, grads, strict=True):
+        assert_close_relative(g, ref, 1e-5)
+
+
+def test_bad_arguments_raise():
+    skeleton, fps, pred_root, pred_raw, target_root, target_rot = clip_batch()
+    with pytest.raises(ValueError, match="unknown dynamics loss terms"):
+        dynamics.dynamics_loss(skeleton, pred_root, target_rot, target_root, target_rot, fps, {"jerkk": 1.0})
+    with pytest.raises(ValueError, match="jacobian must be one of"):
+        dynamics.dynamics_loss(skeleton, pred_root, target_rot, target_root, target_rot, fps, WEIGHTS,
+                               jacobian="sparse")
