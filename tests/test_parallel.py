@@ -136,7 +136,8 @@ def _tiny_config(mesh_shape):
     return config
 
 
-def test_train_step_communication():
+@pytest.mark.parametrize("model", ["transformer", "tconv"])
+def test_train_step_communication(model):
     """The compiled train step on a 4 x 2 (data x time) mesh sends only what it must.
 
     Gradients: all-reduced, over 'data' and over 'time' (each time shard holds different frames,
@@ -147,6 +148,7 @@ def test_train_step_communication():
     from motionjax.data import synthetic
 
     config = _tiny_config((("data", 4), ("time", 2)))
+    config.model.name = model
     mesh = parallel.make_mesh(config.mesh)
     info = synthetic.synthetic_info(4, window=config.data.window, frames=64)
     step, state, _, _ = train.build_train_step(config, info, mesh)
