@@ -1,0 +1,78 @@
+"""Measurement primitives shared by every benchmark part: timing, peak FLOP/s, MFU, power-law fits.
+
+Speed numbers on a shared machine are noisy, so every helper reports the *median* of repeated
+calls and every claim in the benchmark is a ratio of numbers taken in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def block(tree):
+    """Wait for every array in ``tree`` (JAX dispatch is asynchronous)."""
+    return jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
+
+
+def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
+              sync: Callable[[object], object] = block) -> float:
+    """Median wall time (s) of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        sync(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sync(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
+    """Achievable FLOP/s of this backend: a jitted ``[n, n] @ [n, n]`` matmul (2n³ FLOPs), best of runs.
+
+    Measured in the same run as the steps it normalises, so MFU is not skewed by a load
+    difference between a published peak and this machine now (shared CPUs, clocks).
+    """
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    matmul = jax.jit(lambda x, y: x @ y)
+    block(matmul(a, a))
+    best = min(_wall(lambda: block(matmul(a, a))) for _ in range(repeats))
+    return 2.0 * n**3 / best
+
+
+def _wall(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def compiled_flops(compiled) -> float:
+    """XLA's FLOP count of one call of a ``jax.stages.Compiled`` (``jitted.lower(*args).compile()``).
+
+    XLA counts a loop body once regardless of its trip count, so a step with ``lax.scan`` or
+    ``fori_loop`` is under-counted; the steps benchmarked here are unrolled.
+    """
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+        analysis = analysis[0]
+    return float(analysis.get("flops", float("nan")))
+
+
+def mfu(flops_per_step: float, step_time: float, peak: float) -> float:
+    """Model FLOP utilisation: achieved FLOP/s (``flops_per_step / step_time``) over ``peak``."""
+    return flops_per_step / step_time / peak
+
+
+def fit_power_law(x, y) -> tuple[float, float, float]:
+    """Least-squares fit of ``y = c · x^k`` in log-log space: returns ``(k, c, r²)``."""
+    lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    k, logc = np.polyfit(lx, ly, 1)
+    residual = ly - (k * lx + logc)
+    total = ly - ly.mean()
+    r2 = 1.0 - float(residual @ residual) / float(total @ total) if total.any() else 1.0
+    return float(k), float(np.exp(logc)), r2

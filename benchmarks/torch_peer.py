@@ -1,0 +1,532 @@
+"""The PyTorch eager peer of the motionjax trainer: what a user would otherwise write.
+
+Same model (:class:`motionjax.models.MotionTransformer`, layer for layer; weights can be copied
+from the Flax model), same loss (:func:`motionjax.losses.reconstruction_loss` with
+:func:`motionjax.dynamics.dynamics_loss`, in either Jacobian form: ``"dense"`` with
+``torch.autograd.functional.jacobian`` or ``"blocked"`` with the tree prefix/subtree sums), same
+windows, noise and numpy transforms (:mod:`motionjax.data`, read through a ``torch.utils.data``
+``DataLoader``), same optimizer (AdamW, warmup + cosine, global-norm clipping). Eager fp32, the
+way the PyTorch tutorials train. ``tests/test_bench.py`` checks that model and loss compute the same
+numbers as motionjax, so the benchmark compares speed of one computation.
+
+torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip install torch==2.13.0``).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from motionjax.data import pipeline as data
+from motionjax.data import transforms
+from motionjax.dynamics import GRAVITY, HALO
+from motionjax.features import rotating_joints
+from motionjax.losses import foot_joints
+from motionjax.skeleton import BALL, HINGE, Skeleton
+
+# Below this angle the Taylor branches take over (as in motionjax.rotations).
+_SMALL = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotations (ports of the motionjax.rotations functions the loss uses)
+
+
+def _safe_norm(v, keepdim=False):
+    sq = (v * v).sum(-1, keepdim=keepdim)
+    nonzero = sq > 0
+    return torch.where(nonzero, torch.sqrt(torch.where(nonzero, sq, torch.ones_like(sq))), 0.0)
+
+
+def quat_mul(a, b):
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                        aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], -1)
+
+
+def quat_conj(q):
+    return q * q.new_tensor([1.0, -1.0, -1.0, -1.0])
+
+
+def quat_rotate(q, v):
+    w, u = q[..., :1], q[..., 1:]
+    t = 2.0 * torch.cross(u, v, dim=-1)
+    return v + w * t + torch.cross(u, t, dim=-1)
+
+
+def axis_angle_to_quat(v):
+    theta = _safe_norm(v, keepdim=True)
+    small = theta < _SMALL
+    safe = torch.where(small, torch.ones_like(theta), theta)
+    k = torch.where(small, 0.5 - theta**2 / 48.0, torch.sin(safe / 2) / safe)
+    return torch.cat([torch.cos(theta / 2), k * v], -1)
+
+
+def quat_to_axis_angle(q):
+    q = torch.where(q[..., :1] < 0, -q, q)
+    w, u = q[..., :1], q[..., 1:]
+    s = _safe_norm(u, keepdim=True)
+    small = s < _SMALL
+    safe_s = torch.where(small, torch.ones_like(s), s)
+    safe_w = torch.where(small, w, torch.ones_like(w))
+    k = torch.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)), 2.0 * torch.atan2(s, w) / safe_s)
+    return k * u
+
+
+def sixd_to_matrix(d6):
+    a, b = d6[..., :3], d6[..., 3:]
+    c0 = a / torch.clamp(_safe_norm(a, keepdim=True), min=1e-8)
+    b = b - (c0 * b).sum(-1, keepdim=True) * c0
+    c1 = b / torch.clamp(_safe_norm(b, keepdim=True), min=1e-8)
+    return torch.stack([c0, c1, torch.cross(c0, c1, dim=-1)], -1)
+
+
+def matrix_to_quat(m):
+    """Shepperd's method, branch-free: the candidate built from the largest diagonal term."""
+    m00, m11, m22 = m[..., 0, 0], m[..., 1, 1], m[..., 2, 2]
+    candidates = torch.stack([
+        torch.stack([1 + m00 + m11 + m22, m[..., 2, 1] - m[..., 1, 2], m[..., 0, 2] - m[..., 2, 0],
+                     m[..., 1, 0] - m[..., 0, 1]], -1),
+        torch.stack([m[..., 2, 1] - m[..., 1, 2], 1 + m00 - m11 - m22, m[..., 0, 1] + m[..., 1, 0],
+                     m[..., 0, 2] + m[..., 2, 0]], -1),
+        torch.stack([m[..., 0, 2] - m[..., 2, 0], m[..., 0, 1] + m[..., 1, 0], 1 - m00 + m11 - m22,
+                     m[..., 1, 2] + m[..., 2, 1]], -1),
+        torch.stack([m[..., 1, 0] - m[..., 0, 1], m[..., 0, 2] + m[..., 2, 0], m[..., 1, 2] + m[..., 2, 1],
+                     1 - m00 - m11 + m22], -1),
+    ], -2)
+    best = torch.stack([1 + m00 + m11 + m22, 1 + m00 - m11 - m22, 1 - m00 + m11 - m22,
+                        1 - m00 - m11 + m22], -1).argmax(-1)
+    q = torch.gather(candidates, -2, best[..., None, None].expand(*best.shape, 1, 4))[..., 0, :]
+    q = q / torch.clamp(_safe_norm(q, keepdim=True), min=1e-12)
+    return torch.where(q[..., :1] < 0, -q, q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kinematics: FK by tree level, the Jacobian products (blocked) and the dense Jacobian
+
+
+class Body:
+    """A skeleton's constant tensors: FK level plan, DOF layout, ancestor mask, masses, feet."""
+
+    def __init__(self, skeleton: Skeleton):
+        self.skeleton = skeleton
+        j = skeleton.num_joints
+        self.num_joints, self.num_dof, self.up_axis = j, skeleton.num_dof, skeleton.up_axis
+        slot, self.plan = np.zeros(j, int), []
+        for ids in skeleton.levels:
+            slot[ids] = np.arange(len(ids))
+            parent_slot = torch.as_tensor(slot[np.asarray(skeleton.parents)[ids]]) if self.plan else None
+            self.plan.append((torch.as_tensor(ids), parent_slot))
+        self.unpermute = torch.as_tensor(np.argsort(np.concatenate(skeleton.levels)))
+        self.offsets = torch.as_tensor(skeleton.offsets, dtype=torch.float32)
+        self.ancestor_mask = torch.as_tensor(skeleton.ancestor_mask, dtype=torch.float32)
+        self.is_ball = torch.tensor([[k == BALL] for k in skeleton.kinds], dtype=torch.float32)
+        hinge = np.array([[k == HINGE] for k in skeleton.kinds], float)
+        self.hinge_axes = torch.as_tensor(skeleton.axes * hinge, dtype=torch.float32)
+        columns = np.array([3 * k + b for k, n in enumerate(skeleton.dofs) for b in range(n)], int)
+        self.dof_columns = torch.as_tensor(columns)
+        source, used = np.zeros(3 * j, int), np.zeros(3 * j, bool)
+        source[columns], used[columns] = np.arange(len(columns)), True
+        self.dof_source, self.dof_used = torch.as_tensor(source), torch.as_tensor(used)
+        masses = np.asarray(skeleton.masses, float)
+        self.mass_fractions = torch.as_tensor(masses / masses.sum(), dtype=torch.float32)
+        self.feet = torch.as_tensor(foot_joints(skeleton))
+        self.rotating = torch.as_tensor(rotating_joints(skeleton))
+
+
+def forward_kinematics(body: Body, rotations, root_position):
+    """``rotations [..., J, 4]``, ``root [..., 3]`` -> ``(positions [..., J, 3], world [..., J, 4])``."""
+    offsets = body.offsets.expand(*rotations.shape[:-1], 3)
+    world_rot, world_pos = [rotations[..., :1, :]], [root_position[..., None, :]]
+    for ids, parent_slot in body.plan[1:]:
+        parent_rot, parent_pos = world_rot[-1][..., parent_slot, :], world_pos[-1][..., parent_slot, :]
+        world_pos.append(parent_pos + quat_rotate(parent_rot, offsets[..., ids, :]))
+        world_rot.append(quat_mul(parent_rot, rotations[..., ids, :]))
+    return torch.cat(world_pos, -2)[..., body.unpermute, :], torch.cat(world_rot, -2)[..., body.unpermute, :]
+
+
+def dofs_to_world(body: Body, world, joint_velocity):
+    return body.is_ball * joint_velocity + quat_rotate(world, body.hinge_axes.expand_as(joint_velocity)) \
+        * joint_velocity[..., :1]
+
+
+def world_to_dofs(body: Body, world, vectors):
+    along = (quat_rotate(world, body.hinge_axes.expand_as(vectors)) * vectors).sum(-1, keepdim=True)
+    return body.is_ball * vectors + along * vectors.new_tensor([1.0, 0.0, 0.0])
+
+
+def pack_dofs(body: Body, root, joints):
+    return torch.cat([root, joints.flatten(-2)[..., body.dof_columns]], -1)
+
+
+def unpack_dofs(body: Body, q):
+    flat = torch.where(body.dof_used, q[..., 3:][..., body.dof_source], torch.zeros((), dtype=q.dtype))
+    return q[..., :3], flat.reshape(*q.shape[:-1], body.num_joints, 3)
+
+
+def blocked_products(body: Body, positions, world, joint_velocity, root_velocity, forces):
+    """``J·q̇`` by prefix sums down the tree and ``Jᵀ·F`` by subtree sums up it (no Jacobian)."""
+    local = positions - positions[..., :1, :]
+    omega = dofs_to_world(body, world, joint_velocity)
+    summed = torch.einsum("jk,...kc->...jc", body.ancestor_mask,
+                          torch.cat([omega, torch.cross(omega, local, dim=-1)], -1))
+    velocity = root_velocity[..., None, :] + torch.cross(summed[..., :3], local, dim=-1) - summed[..., 3:]
+    summed = torch.einsum("jk,...jc->...kc", body.ancestor_mask,
+                          torch.cat([forces, torch.cross(local, forces, dim=-1)], -1))
+    total, moment = summed[..., :3], summed[..., 3:]
+    torques = world_to_dofs(body, world, moment - torch.cross(local, total, dim=-1))
+    return velocity, (torques, total[..., 0, :])
+
+
+def perturbed_positions(body: Body, rotations, root_position, q):
+    """FK positions after a generalized displacement ``q [..., num_dof]`` (world-frame DOFs)."""
+    _, world = forward_kinematics(body, rotations, root_position)
+    translation, theta = unpack_dofs(body, q)
+    parent = quat_mul(world, quat_conj(rotations))
+    local = quat_rotate(quat_conj(parent), dofs_to_world(body, world, theta))
+    perturbed = quat_mul(axis_angle_to_quat(local), rotations)
+    return forward_kinematics(body, perturbed, root_position + translation)[0]
+
+
+def dense_jacobian(body: Body, rotations, root_position):
+    """``[M, 3J, num_dof]`` per-frame Jacobians with ``torch.autograd.functional.jacobian``.
+
+    Frames are independent, so the Jacobian of the frame-sum of positions w.r.t. the stacked
+    ``[M, num_dof]`` displacements holds every frame's Jacobian (one call, not ``M``).
+    ``create_graph`` keeps it differentiable for the training gradient.
+    """
+    m = rotations.shape[0]
+    f = lambda q: perturbed_positions(body, rotations, root_position, q).reshape(m, -1).sum(0)
+    q0 = rotations.new_zeros(m, body.num_dof)
+    jac = torch.autograd.functional.jacobian(f, q0, create_graph=True, vectorize=True)  # [3J, M, num_dof]
+    return jac.permute(1, 0, 2)
+
+
+def dense_products(body: Body, rotations, root_position, joint_velocity, root_velocity, forces):
+    lead = rotations.shape[:-2]
+    jac = dense_jacobian(body, rotations.reshape(-1, body.num_joints, 4), root_position.reshape(-1, 3))
+    q_dot = pack_dofs(body, root_velocity, joint_velocity).reshape(-1, body.num_dof)
+    velocity = torch.einsum("fmn,fn->fm", jac, q_dot).reshape(forces.shape)
+    generalized = torch.einsum("fmn,fm->fn", jac, forces.reshape(-1, 3 * body.num_joints)).reshape(*lead, -1)
+    root_force, torques = unpack_dofs(body, generalized)
+    return velocity, (torques, root_force)
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (motionjax.losses.reconstruction_loss and motionjax.dynamics.dynamics_loss, unsharded)
+
+
+def _edge_pad(x, width):
+    """Repeat the first/last frame ``width`` times along axis 1 (halo padding at the ends)."""
+    return torch.cat([x[:, :1].expand(-1, width, *x.shape[2:]), x,
+                      x[:, -1:].expand(-1, width, *x.shape[2:])], 1)
+
+
+def _valid(length, width, device=None):
+    t = torch.arange(length, device=device)
+    return (t >= width) & (t < length - width)
+
+
+def _masked_mean(x, where):
+    where = where.expand_as(x)
+    return torch.where(where, x, torch.zeros_like(x)).sum() / torch.clamp(where.sum(), min=1)
+
+
+def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only):
+    """Velocity residual, generalized forces and jerk of one motion ``[B, T, ...]``."""
+    length = rotations.shape[1]
+    root_pad, rot_pad = _edge_pad(root_position, HALO), _edge_pad(rotations, HALO)
+    positions_pad, _ = forward_kinematics(body, rot_pad, root_pad)
+    p = lambda s: positions_pad[:, HALO + s:HALO + s + length]
+    q_now, root_now = rot_pad[:, HALO:HALO + length], root_pad[:, HALO:HALO + length]
+    positions, world = forward_kinematics(body, q_now, root_now)
+    velocity = (p(1) - p(-1)) * (fps / 2)
+    acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
+    gravity = torch.zeros(3).index_fill_(0, torch.tensor(body.up_axis), -GRAVITY)
+    forces = body.mass_fractions[:, None] * (acceleration - gravity)
+    q_prev, q_next = rot_pad[:, HALO - 1:HALO - 1 + length], rot_pad[:, HALO + 1:HALO + 1 + length]
+    local_omega = quat_to_axis_angle(quat_mul(q_next, quat_conj(q_prev)))
+    parent = quat_mul(world, quat_conj(q_now))
+    joint_velocity = world_to_dofs(body, world, quat_rotate(parent, local_omega * (fps / 2)))
+    root_velocity = velocity[..., 0, :]
+    if jacobian == "blocked":
+        predicted, (torques, root_force) = blocked_products(body, positions, world, joint_velocity,
+                                                            root_velocity, forces)
+    elif jacobian == "dense":
+        predicted, (torques, root_force) = dense_products(body, q_now, root_now, joint_velocity,
+                                                          root_velocity, forces)
+    else:
+        raise ValueError(f"the torch peer has jacobian 'blocked' or 'dense', not {jacobian!r}")
+    generalized = torch.cat([root_force[..., None, :], torques], -2)
+    if forces_only:
+        return None, generalized, None
+    jerk = (p(2) - 2 * p(1) + 2 * p(-1) - p(-2)) * (fps**3 / 2)
+    return predicted - velocity, generalized, jerk
+
+
+def dynamics_loss(body, pred_root, pred_rot, target_root, target_rot, fps, weights, jacobian):
+    residual, pred_tau, jerk = _motion_terms(body, pred_root, pred_rot, fps, jacobian, False)
+    _, target_tau, _ = _motion_terms(body, target_root, target_rot, fps, jacobian, True)
+    length = pred_rot.shape[1]
+    inner, outer = _valid(length, 1)[None, :, None], _valid(length, HALO)[None, :, None]
+    sq = lambda x: (x * x).sum(-1)
+    terms = {"velocity": _masked_mean(sq(residual), inner),
+             "force": _masked_mean(sq(pred_tau - target_tau), inner),
+             "jerk": _masked_mean(sq(jerk), outer)}
+    return sum(weights.get(k, 0.0) * v for k, v in terms.items()), terms
+
+
+def _decode(body, x):
+    r = len(body.rotating)
+    mats = sixd_to_matrix(x[..., 3:].reshape(*x.shape[:-1], r, 6))
+    quats = torch.zeros(*x.shape[:-1], body.num_joints, 4)
+    quats[..., 0] = 1.0
+    quats = quats.index_copy(-2, body.rotating, matrix_to_quat(mats))
+    return x[..., :3], quats, mats
+
+
+def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std):
+    """``pred, target [B, T, F]`` standardized -> ``(loss, terms)``; ``cfg`` = ``config.loss``."""
+    pred, target = pred * std + mean, target * std + mean
+    (p_root, p_rot, p_mat), (t_root, t_rot, t_mat) = _decode(body, pred), _decode(body, target)
+    norm = lambda v: torch.sqrt((v * v).sum(-1) + 1e-8)
+    terms = {"rotation": (1.0 - ((p_mat * t_mat).sum((-2, -1)) - 1.0) / 2.0).mean()}
+    p_pos, _ = forward_kinematics(body, p_rot, p_root)
+    t_pos, _ = forward_kinematics(body, t_rot, t_root)
+    terms["position"] = norm(p_pos - t_pos).mean()
+    valid = _valid(pred.shape[1], 1)[None, :, None]
+    velocity = lambda x: (_edge_pad(x, 1)[:, 2:] - _edge_pad(x, 1)[:, :-2]) * (fps / 2)
+    p_feet, t_feet = velocity(p_pos[..., body.feet, :]), velocity(t_pos[..., body.feet, :])
+    planted = (norm(t_feet) < cfg.contact_speed) & valid
+    terms["foot"] = _masked_mean((p_feet**2).sum(-1), planted)
+    loss = sum(cfg[k] * terms[k] for k in ("rotation", "position", "foot"))
+    if cfg.dynamics_weight > 0:
+        dyn, _ = dynamics_loss(body, p_root, p_rot, t_root, t_rot, fps, dict(cfg.dynamics), cfg.jacobian)
+        terms["dynamics"] = dyn
+        loss = loss + cfg.dynamics_weight * dyn
+    return loss, terms
+
+
+# ---------------------------------------------------------------------------------------------
+# The model (motionjax.models.MotionTransformer, unsharded)
+
+
+def chunk_windows(x, halo):
+    """``[B, N, C, D]`` -> each chunk with ``halo`` neighbour frames each side, and ``valid [N, W]``."""
+    b, n, c, d = x.shape
+    padded = _edge_pad(x.reshape(b, n * c, d), halo)
+    left = padded[:, :n * c].reshape(b, n, c, d)[:, :, :halo]
+    right = padded[:, 2 * halo:].reshape(b, n, c, d)[:, :, c - halo:]
+    t = torch.arange(n)[:, None] * c + torch.arange(-halo, c + halo)[None, :]
+    return torch.cat([left, x, right], 2), (t >= 0) & (t < n * c)
+
+
+def rope(x, positions, max_wavelength):
+    half = x.shape[-1] // 2
+    freq = max_wavelength ** (-torch.arange(half, dtype=torch.float32) / half)
+    angle = positions.float()[:, None, None] * freq
+    sin, cos = torch.sin(angle), torch.cos(angle)
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def _layer_norm(dim):
+    return nn.LayerNorm(dim, eps=1e-6)  # Flax's default epsilon
+
+
+class AttentionBlock(nn.Module):
+    def __init__(self, dim, heads, mlp_ratio, halo, chunk, dropout):
+        super().__init__()
+        self.heads, self.halo, self.max_wavelength = heads, halo, 4.0 * (chunk + 2 * halo)
+        self.norm1, self.norm2 = _layer_norm(dim), _layer_norm(dim)
+        self.q, self.kv, self.out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.mlp_in, self.mlp_out = nn.Linear(dim, mlp_ratio * dim), nn.Linear(mlp_ratio * dim, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, n, c, d = x.shape
+        h = self.norm1(x)
+        kv, valid = chunk_windows(self.kv(h), self.halo)
+        w = kv.shape[2]
+        q = rope(self.q(h).reshape(b * n, c, self.heads, -1), torch.arange(c), self.max_wavelength)
+        k, v = kv.reshape(b * n, w, 2 * self.heads, -1).chunk(2, 2)
+        k = rope(k, torch.arange(-self.halo, c + self.halo), self.max_wavelength)
+        mask = valid.expand(b, n, w).reshape(b * n, 1, 1, w)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              attn_mask=mask).transpose(1, 2).reshape(b, n, c, d)
+        x = x + self.dropout(self.out(attn))
+        return x + self.dropout(self.mlp_out(F.gelu(self.mlp_in(self.norm2(x)), approximate="tanh")))
+
+
+class MotionTransformer(nn.Module):
+    def __init__(self, features, chunk, *, dim, depth, heads, mlp_ratio, halo, latent_dim, stride,
+                 residual=False, dropout=0.0):
+        super().__init__()
+        self.stride, self.residual = stride, residual
+        block = lambda: AttentionBlock(dim, heads, mlp_ratio, halo, chunk, dropout)
+        self.embed = nn.Linear(features, dim)
+        self.encoder = nn.ModuleList([block() for _ in range(depth)])
+        self.down, self.up = nn.Linear(stride * dim, latent_dim), nn.Linear(latent_dim, stride * dim)
+        self.decoder = nn.ModuleList([block() for _ in range(depth)])
+        self.norm = _layer_norm(dim)
+        self.root_head, self.rotation_head = nn.Linear(dim, 3), nn.Linear(dim, features - 3)
+
+    def forward(self, x):
+        b, n, c, _ = x.shape
+        h = self.embed(x)
+        for blk in self.encoder:
+            h = blk(h)
+        h = self.up(self.down(h.reshape(b, n, c // self.stride, -1))).reshape(b, n, c, -1)
+        for blk in self.decoder:
+            h = blk(h)
+        h = self.norm(h)
+        y = torch.cat([self.root_head(h), self.rotation_head(h)], -1)
+        return x + y if self.residual else y
+
+
+def make_model(cfg, feature_dim: int, chunk: int) -> MotionTransformer:
+    """The torch twin of ``motionjax.models.make_model`` (transformer only); ``cfg`` = ``config.model``."""
+    if cfg.name != "transformer":
+        raise ValueError(f"the torch peer implements model.name 'transformer', not {cfg.name!r}")
+    return MotionTransformer(feature_dim, chunk, dim=cfg.dim, depth=cfg.depth, heads=cfg.heads,
+                             mlp_ratio=cfg.mlp_ratio, halo=cfg.halo, latent_dim=cfg.latent_dim,
+                             stride=cfg.stride, residual=cfg.residual, dropout=cfg.dropout)
+
+
+def load_flax_params(module: nn.Module, params) -> None:
+    """Copy an ``nnx.State`` of Params (``nnx.state(model, nnx.Param)``) into the twin ``module``."""
+    from flax import nnx
+    names = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+    torch_params = dict(module.named_parameters())
+    flat = nnx.to_flat_state(params)
+    if len(flat) != len(torch_params):
+        raise ValueError(f"{len(flat)} Flax params vs {len(torch_params)} torch params: different models")
+    with torch.no_grad():
+        for path, variable in flat:
+            name = ".".join(str(p) for p in path[:-1]) + "." + names[path[-1]]
+            value = torch.tensor(np.asarray(variable.get_value(), np.float32))
+            torch_params[name].copy_(value.T if path[-1] == "kernel" else value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: the motionjax windows and numpy transforms behind a torch DataLoader
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Training example ``i``: a slot of :func:`motionjax.data.pipeline.train_slots`, its window and
+    noise drawn from a generator seeded by ``(seed, i)``, transformed by the pipeline's ``MakeExample``."""
+
+    def __init__(self, cfg, info, seed: int = 0):
+        self.slots, self.seed = data.train_slots(info, cfg.window, cfg.dynamics_weight), seed
+        self.sample = data.SampleWindow(data.ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
+        self.make = data.MakeExample(info, cfg)
+
+    def __len__(self):
+        return len(self.slots)
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng([self.seed, i])
+        w = self.sample(self.slots[i], rng)
+        while w is None:  # a bad record (already counted by SampleWindow): draw another slot
+            w = self.sample(self.slots[rng.integers(len(self.slots))], rng)
+        out = self.make(w)
+        return {k: out[k] for k in ("noisy", "clean")}
+
+
+def make_loader(cfg, info, seed: int = 0, workers: int = 0):
+    """A shuffling ``DataLoader`` of ``cfg.batch_size`` examples, repeated forever."""
+    # Workers are spawned, not forked: the parent runs XLA's threads, which a fork would copy mid-flight.
+    loader = torch.utils.data.DataLoader(
+        WindowDataset(cfg, info, seed), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+        num_workers=workers, persistent_workers=workers > 0,
+        multiprocessing_context="spawn" if workers else None, generator=torch.Generator().manual_seed(seed))
+    while True:
+        yield from loader
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def make_optimizer(model: nn.Module, cfg):
+    """AdamW, warmup + cosine decay (``optax.warmup_cosine_decay_schedule``); ``cfg`` = ``config.train``."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2),
+                            weight_decay=cfg.weight_decay, eps=1e-8)
+    warmup, total, floor = min(cfg.warmup_steps, cfg.steps - 1), max(cfg.steps, 1), cfg.final_lr_fraction
+
+    def factor(step):
+        if step < warmup:
+            return step / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def train(config, info, steps: int, *, params=None, workers: int = 0, threads: int | None = None,
+          eval_batches=None) -> dict:
+    """Train the torch twin for ``steps`` steps; frames/s over the steps after the first.
+
+    Args:
+      config: the experiment config (``model``, ``loss``, ``data``, ``train`` sections are read).
+      params: optional Flax ``Param`` state to start from (the motionjax model's init), else torch init.
+      workers: ``DataLoader`` worker processes.
+      threads: ``torch.set_num_threads`` (default: torch's choice, one per core).
+      eval_batches: optional held-out batches; returns their MPJPE after training.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(config.seed)
+    body, fps = Body(info.skeleton), float(info.fps)
+    mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
+    model = make_model(config.model, info.feature_dim, config.data.chunk)
+    if params is not None:
+        load_flax_params(model, params)
+    opt, schedule = make_optimizer(model, config.train)
+    loader = make_loader(config.data, info, seed=config.seed, workers=workers)
+    frames_per_step = config.data.batch_size * config.data.window
+    wait = compute = 0.0
+    for step in range(steps):
+        t0 = time.perf_counter()
+        batch = next(loader)
+        t1 = time.perf_counter()
+        noisy, clean = batch["noisy"], batch["clean"]
+        b, n, c, f = clean.shape
+        pred = model(noisy)
+        loss, _ = reconstruction_loss(config.loss, body, fps, pred.reshape(b, n * c, f),
+                                      clean.reshape(b, n * c, f), mean, std)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        opt.step()
+        schedule.step()
+        if step > 0:  # the first step pays one-off allocations, like the compiled step's compile
+            wait, compute = wait + t1 - t0, compute + time.perf_counter() - t1
+    loader.close()  # shuts the DataLoader's workers down
+    timed = max(steps - 1, 1)
+    out = {"steps": steps, "frames_per_s": timed * frames_per_step / (wait + compute),
+           "step_s": (wait + compute) / timed, "data_wait_fraction": wait / (wait + compute),
+           "final_loss": float(loss.detach()), "threads": torch.get_num_threads(), "workers": workers}
+    if eval_batches is not None:
+        out["heldout_mpjpe"] = evaluate(model, body, info, config.loss.contact_speed, eval_batches)
+    return out
+
+
+def evaluate(model, body, info, contact_speed, batches) -> float:
+    """Held-out MPJPE (cm) of the torch model with motionjax's evaluation code."""
+    from motionjax import eval as evaluation
+
+    def predict(x):
+        with torch.no_grad():
+            return model(torch.as_tensor(np.asarray(x))).numpy()
+
+    model.eval()
+    metrics = evaluation.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
+                                  contact_speed)
+    model.train()
+    return float(metrics["mpjpe"])

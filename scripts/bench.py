@@ -1,0 +1,525 @@
+"""One command, one table: motionjax optimized vs baseline vs a PyTorch eager peer, MFU, cost growth.
+
+    python scripts/bench.py [--quick] [--out results/bench] [--parts train,dynamics,torch,mfu,growth]
+
+Every number comes from this one run, on the same data and model size, so ratios are meaningful
+even on a shared machine:
+
+a. ``train``: end-to-end training frames/s of ``experiments/deepmimic_denoise.py`` (optimized) vs
+   ``experiments/baseline.py`` (dense ``jax.jacfwd`` dynamics loss, main-thread numpy loader, fp32,
+   no prefetch), both through :func:`motionjax.train.train_and_evaluate` for the same number of
+   frames, and their held-out MPJPE afterwards;
+b. step-time breakdown of both: data wait (the trainer's own timing), compute split into model and
+   loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
+c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense across J
+   (``scripts/bench_dynamics.py``);
+d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, loss with the dense
+   ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
+   transforms). torch is the optional extra ``bench`` (``pip install 'motionjax[bench]'``); without it
+   this part is skipped and says so;
+e. ``mfu``: XLA ``cost_analysis()`` FLOPs per step / step time / peak FLOP/s of a large matmul;
+f. ``growth``: step time vs window length T and vs joints J (random trees), fitted exponents.
+
+Writes ``bench.json``, ``bench.md`` (the table) and PNG plots to ``--out`` and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # experiments/ and benchmarks/ live next to the package
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import measure  # noqa: E402
+from experiments import baseline, deepmimic_denoise  # noqa: E402
+from motionjax import parallel, train  # noqa: E402
+from motionjax import rotations as rot  # noqa: E402
+from motionjax.data import pipeline  # noqa: E402
+from motionjax.features import encode, feature_dim  # noqa: E402
+from motionjax.skeleton import random_tree  # noqa: E402
+
+PARTS = ("train", "dynamics", "torch", "mfu", "growth")
+TARGETS = {"speedup": 5.0, "torch_ratio": 2.0, "t_exponent": 1.1}  # growth: "linear" = exponent <= 1.1
+MPJPE_TOLERANCE = 0.02  # "equal" held-out MPJPE: within 2% (the two runs see different batch orders)
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    versions = {"python": platform.python_version(), "jax": jax.__version__}
+    for name in ("jaxlib", "flax", "optax", "grain", "torch"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    device = jax.devices()[0]
+    return {"cpu": cpu, "cores": os.cpu_count(), "backend": jax.default_backend(),
+            "device": getattr(device, "device_kind", str(device)), "devices": jax.device_count(),
+            "versions": versions, "load_average": os.getloadavg()}
+
+
+def _experiment(module, steps: int):
+    """An experiment config trimmed to ``steps`` steps: one held-out evaluation at the end, no references."""
+    c = module.get_config()
+    c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=())
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# A jitted train step built from the trainer's own pieces (for FLOPs, breakdowns, cost growth)
+
+
+def compiled_step(config, info):
+    """The trainer's step, jitted as in ``train_and_evaluate`` and compiled ahead of time for one
+    batch of :func:`_batch`.
+
+    Returns ``(step, state, batch, mesh, (graphdef, loss_fn))`` with ``step(state, batch) -> (state,
+    metrics)`` a ``jax.stages.Compiled`` (its ``cost_analysis()`` and HLO text are the step's).
+    """
+    mesh = parallel.make_mesh(config.mesh)
+    (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
+    window = parallel.window_sharding(mesh)
+    loss_fn = train.make_loss_fn(config, info, mesh)
+    step = jax.jit(train.make_train_step(graphdef, tx, loss_fn), in_shardings=(shardings, window),
+                   out_shardings=(shardings, None), donate_argnums=0)
+    batch = _batch(config, info, window)
+    return step.lower(state, batch).compile(), state, batch, mesh, (graphdef, loss_fn)
+
+
+def _batch(config, info, window, seed=0):
+    """A batch of real-looking windows: smooth random joint rotations encoded and standardized."""
+    b, t, c = config.data.batch_size, config.data.window, config.data.chunk
+    rng = np.random.default_rng(seed)
+    j = info.skeleton.num_joints
+    angles = np.cumsum(rng.normal(0, 0.05, (b, t, j, 3)), axis=1).astype(np.float32)
+    root = np.cumsum(rng.normal(0, 0.02, (b, t, 3)), axis=1).astype(np.float32)
+    x = (np.asarray(encode(info.skeleton, root, rot.axis_angle_to_quat(angles))) - info.mean) / info.std
+    clean = x.reshape(b, t // c, c, -1).astype(np.float32)
+    noisy = clean + rng.normal(0, 0.1, clean.shape).astype(np.float32)
+    return {k: jax.device_put(v, window) for k, v in (("noisy", noisy), ("clean", clean))}
+
+
+def time_step(step, state, batch, repeats: int) -> tuple[float, object]:
+    """Median seconds per step (state threaded through, as in training); returns the final state."""
+    holder = {"state": state}
+
+    def call():
+        holder["state"], metrics = step(holder["state"], batch)
+        return metrics
+
+    return measure.time_call(call, repeats=repeats, warmup=1), holder["state"]
+
+
+def synthetic_info(skeleton, fps=30.0):
+    """What the step needs of a dataset (skeleton, fps, feature stats) for a skeleton without data."""
+    f = feature_dim(skeleton)
+    return types.SimpleNamespace(skeleton=skeleton, fps=fps, mean=np.zeros(f, np.float32),
+                                 std=np.ones(f, np.float32), feature_dim=f)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) + (b): end to end, optimized vs baseline
+
+
+def compute_split(config, info, repeats: int) -> dict:
+    """Seconds per step of the whole jitted step, of the model alone and of the loss alone (fwd + bwd)."""
+    from flax import nnx
+    step, state, batch, mesh, (graphdef, loss_fn) = compiled_step(config, info)
+    comm = parallel.collectives(step.as_text(), mesh)
+    params, rest = state["params"], state["rest"]
+
+    @jax.jit
+    def model_grad(params, noisy, cotangent):
+        pred, pullback = jax.vjp(lambda p: nnx.merge(graphdef, p, rest)(noisy), params)
+        return pullback(cotangent)
+
+    pred = jax.jit(lambda p, x: nnx.merge(graphdef, p, rest)(x))(params, batch["noisy"])
+    loss_grad = jax.jit(jax.grad(lambda p, c: loss_fn(p, c)[0]))
+    cotangent = jax.random.normal(jax.random.key(0), pred.shape)  # an argument, not a foldable constant
+    out = {"model_s": measure.time_call(lambda: model_grad(params, batch["noisy"], cotangent), repeats),
+           "loss_s": measure.time_call(lambda: loss_grad(pred, batch["clean"]), repeats)}
+    out["step_s"], _ = time_step(step, state, batch, repeats)
+    out["flops_per_step"] = measure.compiled_flops(step)
+    out["collectives"] = len(comm)
+    out["comm_bytes_per_step"] = float(sum(c.wire_bytes for c in comm))
+    return out
+
+
+def part_train(quick: bool, out: Path, done: dict) -> dict:
+    steps = 20 if quick else 100
+    rows = {}
+    for name, module in (("optimized", deepmimic_denoise), ("baseline", baseline)):
+        config = _experiment(module, steps)
+        workdir = out / "runs" / name
+        shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, never a resumed one
+        start = time.perf_counter()
+        summary = train.train_and_evaluate(config, workdir)
+        info = pipeline.dataset_info(config.data)
+        res = summary["results"]
+        held_out = [split for split in config.train.eval_splits if split.startswith("heldout")]
+        mpjpe = {f"{split}/{cond}": res[split][cond]["model"]["mpjpe"]
+                 for split in held_out for cond in ("clean", "noisy")}
+        rows[name] = {
+            "frames_per_s": summary["frames_per_s"], "step_s": 1.0 / summary["steps_per_s"],
+            "data_wait_fraction": summary["data_wait_fraction"], "compile_s": summary["compile_s"],
+            "wall_s": time.perf_counter() - start,
+            "frames": steps * config.data.batch_size * config.data.window,
+            "heldout_mpjpe_cm": mpjpe, "heldout_mpjpe_mean_cm": float(np.mean(list(mpjpe.values()))),
+            "breakdown": compute_split(config, info, repeats=3 if quick else 5),
+            "config": {"jacobian": config.loss.jacobian, "loader": config.data.loader,
+                       "dtype": config.model.dtype, "prefetch": config.data.prefetch,
+                       "batch": config.data.batch_size, "window": config.data.window},
+        }
+    opt, base = rows["optimized"], rows["baseline"]
+    speedup = opt["frames_per_s"] / base["frames_per_s"]
+    mpjpe_ok = opt["heldout_mpjpe_mean_cm"] <= base["heldout_mpjpe_mean_cm"] * (1 + MPJPE_TOLERANCE)
+    return {"steps": steps, "rows": rows, "speedup": speedup, "mpjpe_equal_or_better": bool(mpjpe_ok),
+            "met": bool(speedup >= TARGETS["speedup"] and mpjpe_ok)}
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) dynamics loss across J: B's benchmark, called, not copied
+
+
+def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
+    path = ROOT / "scripts" / "bench_dynamics.py"
+    if not path.exists():
+        return {"skipped": f"{path.relative_to(ROOT)} is missing"}
+    spec = importlib.util.spec_from_file_location("bench_dynamics", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {"results": module.run(quick=quick)}
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) the PyTorch eager peer
+
+
+def part_torch(quick: bool, out: Path, done: dict) -> dict:
+    try:
+        import torch
+    except ImportError as e:
+        return {"skipped": f"torch is not installed ({e}); pip install 'motionjax[bench]' "
+                           "(the CPU build: pip install torch==2.13.0)"}
+    from flax import nnx
+
+    from benchmarks import torch_peer
+    from motionjax import models
+
+    steps = 20 if quick else 100
+    config = _experiment(deepmimic_denoise, steps)
+    config.model.dtype = "float32"  # torch eager trains in fp32
+    info = pipeline.dataset_info(config.data)
+    init = nnx.state(models.make_model(config.model, info.feature_dim, config.data.chunk,
+                                       nnx.Rngs(config.seed)), nnx.Param)  # motionjax's initial weights
+
+    def run(jacobian, steps, **kwargs):
+        c = config.copy_and_resolve_references()
+        c.loss.jacobian = jacobian
+        return torch_peer.train(c, info, steps, params=init, **kwargs)
+
+    # The peer's best setting on this machine: (torch threads, DataLoader workers). On a busy
+    # machine OpenMP threads spin and one thread can beat all cores; a worker overlaps the data.
+    settings = sorted({(torch.get_num_threads(), 0), (1, 0), (1, 1)})
+    probe = {s: run("blocked", 3, threads=s[0], workers=s[1])["frames_per_s"] for s in settings}
+    threads, workers = max(probe, key=probe.get)
+    rows = {}
+    if quick:
+        rows["blocked"] = run("blocked", 6, threads=threads, workers=workers)
+    else:  # as long as part (a), then held-out MPJPE: the twin learns what motionjax learns
+        batches = pipeline.make_eval_batches(config.data, info, "heldout_tail", config.train.eval_noise_level,
+                                             seed=config.seed)
+        rows["blocked"] = run("blocked", steps, threads=threads, workers=workers, eval_batches=batches)
+    rows["dense"] = run("dense", 3 if quick else 4, threads=threads, workers=workers)
+    result = {"rows": rows,
+              "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()}}
+    if "rows" in done.get("train", {}):
+        ours = done["train"]["rows"]
+        ratio = lambda name, theirs: ours[name]["frames_per_s"] / theirs["frames_per_s"]
+        result["ratio_optimized_vs_torch_blocked"] = ratio("optimized", rows["blocked"])
+        result["ratio_baseline_vs_torch_dense"] = ratio("baseline", rows["dense"])
+        result["met"] = bool(result["ratio_optimized_vs_torch_blocked"] >= TARGETS["torch_ratio"])
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# (e) MFU and (f) cost growth
+
+
+def part_mfu(quick: bool, out: Path, done: dict) -> dict:
+    """MFU of the optimized and baseline steps (compute only, fixed batch); reuses part (b)'s
+    measurements when it ran. The peak is the best of fp32 and bf16 matmuls, so MFU is against
+    what this machine can do in either precision."""
+    peaks = {str(jnp.dtype(d)): measure.peak_flops(2048 if jax.default_backend() == "cpu" else 8192, d)
+             for d in (jnp.float32, jnp.bfloat16)}
+    peak = max(peaks.values())
+    rows = {}
+    configs = {"optimized": _experiment(deepmimic_denoise, 1), "baseline": _experiment(baseline, 1)}
+    if configs["optimized"].model.dtype != "float32":  # what the low-precision activations buy here
+        configs["optimized, fp32"] = _experiment(deepmimic_denoise, 1)
+        configs["optimized, fp32"].model.dtype = "float32"
+    for name, config in configs.items():
+        m = done.get("train", {}).get("rows", {}).get(name, {}).get("breakdown")
+        if m is None:
+            step, state, batch, _, _ = compiled_step(config, pipeline.dataset_info(config.data))
+            m = {"flops_per_step": measure.compiled_flops(step),
+                 "step_s": time_step(step, state, batch, repeats=3 if quick else 5)[0]}
+        rows[name] = {"flops_per_step": m["flops_per_step"], "step_s": m["step_s"],
+                      "achieved_flops": m["flops_per_step"] / m["step_s"], "model_dtype": config.model.dtype,
+                      "mfu": measure.mfu(m["flops_per_step"], m["step_s"], peak)}
+    return {"peak_flops": peaks, "rows": rows, "mfu": rows["optimized"]["mfu"]}
+
+
+def part_growth(quick: bool, out: Path, done: dict) -> dict:
+    """Step time of the optimized step vs T (DeepMimic body) and vs J (random trees), batch 8."""
+    base = _experiment(deepmimic_denoise, 1)
+    base.data.batch_size = 8
+    info = pipeline.dataset_info(base.data)
+    repeats = 3 if quick else 5
+
+    def timed(config, info):
+        step, state, batch, _, _ = compiled_step(config, info)
+        return time_step(step, state, batch, repeats)[0]
+
+    by_t = {}
+    for t in (32, 64, 128) if quick else (32, 64, 128, 256, 512):
+        config = copy.deepcopy(base)
+        config.data.window = t
+        by_t[t] = timed(config, info)
+    by_j = {}
+    for j in (15, 30, 60) if quick else (15, 30, 60, 120):
+        by_j[j] = timed(base, synthetic_info(random_tree(j, seed=0), float(info.fps)))
+    def fit(times):
+        k, c, r2 = measure.fit_power_law(list(times), list(times.values()))
+        return {"exponent": k, "coefficient": c, "r2": r2}
+
+    # The tail fit drops the smallest size, where fixed per-step costs hide the slope.
+    result = {"batch": base.data.batch_size, "by_T": by_t, "by_J": by_j, "fit_T": fit(by_t),
+              "fit_T_tail": fit(dict(list(by_t.items())[1:])), "fit_J": fit(by_j)}
+    result["met"] = bool(result["fit_T_tail"]["exponent"] <= TARGETS["t_exponent"])
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    """Markdown table lines."""
+    line = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"
+    return [line(header), line(["---"] * len(header)), *(line(r) for r in rows)]
+
+
+def _yes(flag) -> str:
+    return "yes" if flag else "**no**"
+
+
+def _ms(seconds) -> str:
+    return f"{1e3 * seconds:.0f}"
+
+
+def markdown(results: dict) -> str:
+    m, p = results["machine"], results["parts"]
+    tr, to, mf, gr, dy = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics"))
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    lines = [f"# motionjax benchmarks{' (--quick)' if results['quick'] else ''}", "",
+             f"`python scripts/bench.py{' --quick' if results['quick'] else ''}` on {m['cpu']}, {m['cores']} "
+             f"cores, backend {m['backend']} ({m['devices']} × {m['device']}); {versions}. "
+             f"{results['date']}, {results['wall_s']:.0f} s; load average {m['load_average'][0]:.1f} at the "
+             "start.", ""]
+
+    claims = []
+    if "rows" in tr:
+        o, b = tr["rows"]["optimized"], tr["rows"]["baseline"]
+        claims.append(["optimized ÷ baseline training frames/s",
+                       f"**{tr['speedup']:.2f}×** ({o['frames_per_s']:.0f} vs {b['frames_per_s']:.0f})",
+                       f"≥ {TARGETS['speedup']:g}×", _yes(tr["speedup"] >= TARGETS["speedup"])])
+        claims.append([f"held-out MPJPE after {o['frames']} frames (cm, mean of splits × clean/noisy)",
+                       f"{o['heldout_mpjpe_mean_cm']:.2f} vs {b['heldout_mpjpe_mean_cm']:.2f}",
+                       f"≤ baseline + {MPJPE_TOLERANCE:.0%}", _yes(tr["mpjpe_equal_or_better"])])
+    if "ratio_optimized_vs_torch_blocked" in to:
+        claims.append(["motionjax ÷ PyTorch eager frames/s (blocked loss both)",
+                       f"**{to['ratio_optimized_vs_torch_blocked']:.2f}×**", f"≥ {TARGETS['torch_ratio']:g}×",
+                       _yes(to["met"])])
+        claims.append(["motionjax baseline ÷ PyTorch eager (dense Jacobian both)",
+                       f"{to['ratio_baseline_vs_torch_dense']:.2f}×", "", ""])
+    elif "skipped" in to:
+        claims.append(["motionjax ÷ PyTorch eager", f"skipped: {to['skipped']}", "", ""])
+    if "fit_T" in gr:
+        tail, full = gr["fit_T_tail"]["exponent"], gr["fit_T"]["exponent"]
+        claims.append(["step time ∝ T^k", f"k = {tail:.2f} (T ≥ {list(gr['by_T'])[1]}); {full:.2f} (all T)",
+                       f"k ≤ {TARGETS['t_exponent']}", _yes(gr["met"])])
+        claims.append(["step time ∝ J^k", f"k = {gr['fit_J']['exponent']:.2f}", "", ""])
+    if "mfu" in mf:
+        achieved, peak = mf["rows"]["optimized"]["achieved_flops"], max(mf["peak_flops"].values())
+        claims.append(["MFU of the optimized step",
+                       f"{100 * mf['mfu']:.1f}% ({achieved / 1e9:.1f} of {peak / 1e9:.0f} GFLOP/s)", "", ""])
+    lines += _table(["claim", "measured", "target", "met"], claims)
+
+    if "rows" in tr:
+        first = tr["rows"]["optimized"]
+        splits = list(first["heldout_mpjpe_cm"])
+        lines += ["", f"## (a, b) End to end: {tr['steps']} steps of {first['config']['batch']} windows × "
+                  f"{first['config']['window']} frames, same data and model", ""]
+        rows = []
+        for name, r in tr["rows"].items():
+            c, bd = r["config"], r["breakdown"]
+            rows.append([name, c["jacobian"], c["loader"], c["dtype"], f"{r['frames_per_s']:.0f}",
+                         _ms(r["step_s"]), f"{100 * r['data_wait_fraction']:.0f}%", _ms(bd["model_s"]),
+                         _ms(bd["loss_s"]), f"{bd['comm_bytes_per_step']:.0f}", f"{r['compile_s']:.0f}",
+                         *(f"{v:.2f}" for v in r["heldout_mpjpe_cm"].values())])
+        lines += _table(["config", "jacobian", "loader", "dtype", "frames/s", "step ms", "data wait",
+                         "model ms", "loss ms", "comm B/step", "compile s", *(f"MPJPE {s}" for s in splits)],
+                        rows)
+        lines += ["", "step ms: training time per step, data wait included (the trainer's own clock); "
+                  "model / loss ms: forward + backward of the model and of the loss, each jitted alone on a "
+                  "fixed batch; comm: bytes each device sends in the compiled step's collectives; MPJPE in "
+                  "cm, from clean and noised input."]
+    if "rows" in to:
+        lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
+                  "fp32", ""]
+        rows = [[f"{name} ({r['steps']} steps)", f"{r['frames_per_s']:.0f}", _ms(r["step_s"]),
+                 f"{100 * r['data_wait_fraction']:.0f}%", r["threads"], r["workers"],
+                 f"{r['heldout_mpjpe']:.2f}" if "heldout_mpjpe" in r else ""]
+                for name, r in to["rows"].items()]
+        lines += _table(["loss Jacobian", "frames/s", "step ms", "data wait", "torch threads",
+                         "DataLoader workers", "MPJPE heldout_tail/noisy"], rows)
+        probe = ", ".join(f"{k}: {v:.0f}" for k, v in to["probe_frames_per_s"].items())
+        lines += ["", f"Threads and workers: the best of a 3-step probe, frames/s {probe}."]
+    if "mfu" in mf:
+        lines += ["", "## (e) MFU: the jitted step alone on a fixed batch", ""]
+        lines += _table(["config", "activations", "GFLOP/step (XLA)", "step ms", "GFLOP/s", "MFU"],
+                        [[name, r["model_dtype"], f"{r['flops_per_step'] / 1e9:.2f}", _ms(r["step_s"]),
+                          f"{r['achieved_flops'] / 1e9:.1f}", f"{100 * r['mfu']:.1f}%"]
+                         for name, r in mf["rows"].items()])
+        peaks = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in mf["peak_flops"].items())
+        lines += ["", f"Peak: a large matmul in this run, {peaks} GFLOP/s. The baseline's FLOPs include the "
+                  "dense Jacobian's, work the blocked form does not do."]
+    if "fit_T" in gr:
+        lines += ["", f"## (f) Cost growth of the optimized step (batch {gr['batch']})", ""]
+        lines += _table(["T", *gr["by_T"]], [["step ms", *(_ms(v) for v in gr["by_T"].values())]])
+        lines += [""] + _table(["J", *gr["by_J"]], [["step ms", *(_ms(v) for v in gr["by_J"].values())]])
+        lines += ["", f"Log-log least squares: T^{gr['fit_T']['exponent']:.2f} (r² {gr['fit_T']['r2']:.3f}), "
+                  f"T^{gr['fit_T_tail']['exponent']:.2f} without the smallest T; "
+                  f"J^{gr['fit_J']['exponent']:.2f} (r² {gr['fit_J']['r2']:.3f}), random trees."]
+    if "skipped" in dy:
+        lines += ["", f"## (c) Dynamics loss across J: skipped ({dy['skipped']})"]
+    elif "results" in dy:
+        d = dy["results"]
+        num = lambda x, spec=".1f": "—" if x is None else format(x, spec)
+        lines += ["", f"## (c) Dynamics loss + gradient across J: {d['batch']} × {d['frames']} frames "
+                  "(scripts/bench_dynamics.py)", ""]
+        lines += _table(["J", "depth", "DOF", "blocked ms", "jvp/vjp ms", "dense ms", "dense ÷ blocked",
+                         "jvp ÷ blocked"],
+                        [[r["J"], r["depth"], r["dof"], num(r["blocked_ms"]), num(r["jvp_ms"]),
+                          num(r["dense_ms"]), num(r["dense_over_blocked"]), num(r["jvp_over_blocked"], ".2f")]
+                         for r in d["rows"]])
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    gr = results["parts"].get("growth", {})
+    if "fit_T" in gr:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        for ax, key, fit, label in ((axes[0], "by_T", gr["fit_T_tail"], "window length T (frames)"),
+                                    (axes[1], "by_J", gr["fit_J"], "joints J (random trees)")):
+            x, y = np.array(list(gr[key]), float), 1e3 * np.array(list(gr[key].values()))
+            ax.loglog(x, y, "o-", label="measured")
+            ax.loglog(x, 1e3 * fit["coefficient"] * x ** fit["exponent"], "--",
+                      label=f"fit ∝ x^{fit['exponent']:.2f}")
+            ax.set_xlabel(label)
+            ax.set_ylabel("step time (ms)")
+            ax.legend()
+            ax.grid(True, which="both", alpha=0.3)
+        fig.suptitle("Cost growth of the optimized train step")
+        fig.tight_layout()
+        fig.savefig(out / "growth.png", dpi=120)
+        plt.close(fig)
+        written.append("growth.png")
+    dy = results["parts"].get("dynamics", {}).get("results")
+    if dy:
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        for name in ("blocked", "jvp", "dense"):
+            points = [(r["joints"], r[f"{name}_ms"]) for r in dy["rows"] if r.get(f"{name}_ms")]
+            ax.loglog(*zip(*points, strict=True), "o-", label=name)
+        ax.set_xlabel("joints J")
+        ax.set_ylabel("loss + gradient (ms)")
+        ax.set_title(f"Dynamics loss, {dy['batch']} × {dy['frames']} frames")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "dynamics.png", dpi=120)
+        plt.close(fig)
+        written.append("dynamics.png")
+    bars = {}
+    tr, to = results["parts"].get("train", {}), results["parts"].get("torch", {})
+    for name, r in tr.get("rows", {}).items():
+        bars[f"motionjax\n{name}"] = r["frames_per_s"]
+    for name in ("blocked", "dense"):
+        if name in to.get("rows", {}):
+            bars[f"PyTorch eager\n{name}"] = to["rows"][name]["frames_per_s"]
+    if bars:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        ax.bar(list(bars), list(bars.values()), color=["C0", "C1", "C2", "C3"][:len(bars)])
+        ax.set_yscale("log"), ax.set_ylabel("training frames/s (end to end)")
+        for i, v in enumerate(bars.values()):
+            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+        written.append("throughput.png")
+    return written
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (<= 2 min on 2 cores)")
+    parser.add_argument("--out", default="results/bench", help="results folder")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"unknown parts {sorted(unknown)}; expected a subset of {PARTS}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results = {"quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
+               "parts": {}}
+    runners = {"train": part_train, "dynamics": part_dynamics, "torch": part_torch, "mfu": part_mfu,
+               "growth": part_growth}
+    for name in sorted(parts, key=PARTS.index):  # torch and mfu reuse the train part's numbers
+        t = time.perf_counter()
+        results["parts"][name] = runners[name](args.quick, out, results["parts"])
+        results["parts"][name]["wall_s"] = time.perf_counter() - t
+        print(f"[bench] {name}: {time.perf_counter() - t:.0f} s", flush=True)
+        results["wall_s"] = time.perf_counter() - start
+        (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))  # after every part
+    results["machine"]["load_average_end"] = os.getloadavg()
+    results["plots"] = plots(results, out)
+    table = markdown(results)
+    (out / "bench.md").write_text(table)
+    (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+    print(table)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The benchmark's pieces: power-law fit, MFU arithmetic, FLOP counts, and the PyTorch peer computing
+the same model and loss as motionjax (so the speed comparison compares one computation)."""
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
+
+from benchmarks import measure  # noqa: E402
+from experiments import base  # noqa: E402
+from motionjax import features, losses, models  # noqa: E402
+from motionjax import rotations as rot  # noqa: E402
+from motionjax.skeleton import deepmimic_humanoid, random_tree  # noqa: E402
+
+
+def test_fit_power_law_recovers_exponent():
+    x = np.array([16, 32, 64, 128, 256])
+    k, c, r2 = measure.fit_power_law(x, 3e-3 * x**1.5)
+    assert k == pytest.approx(1.5) and c == pytest.approx(3e-3) and r2 == pytest.approx(1.0)
+    noisy = 2.0 * x * np.exp(np.random.default_rng(0).normal(0, 0.05, x.size))
+    k, _, r2 = measure.fit_power_law(x, noisy)
+    assert abs(k - 1.0) < 0.1 and 0.95 < r2 < 1.0
+
+
+def test_mfu_and_flop_count_of_a_matmul():
+    n = 128
+    a = jnp.ones((n, n))
+    compiled = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    assert measure.compiled_flops(compiled) == pytest.approx(2 * n**3, rel=0.01)
+    assert measure.mfu(2e9, 0.5, 8e9) == pytest.approx(0.5)  # 4 GFLOP/s achieved of 8
+    assert measure.peak_flops(n, repeats=2) > 0
+
+
+def test_time_call_waits_for_the_result():
+    calls = []
+    t = measure.time_call(lambda: calls.append(1) or jnp.ones(3), repeats=3, warmup=2)
+    assert len(calls) == 5 and t >= 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch peer (skipped without the optional extra)
+
+
+def _windows(skeleton, b, t, seed):
+    """Smooth random motion, standardized: ``(clean, pred, mean, std)`` ``[B, T, F]``."""
+    rng = np.random.default_rng(seed)
+    angles = np.cumsum(rng.normal(0, 0.08, (b, t, skeleton.num_joints, 3)), axis=1)
+    root = np.cumsum(rng.normal(0, 0.02, (b, t, 3)), axis=1) + np.array([0, 0.9, 0])
+    x = np.asarray(features.encode(skeleton, jnp.asarray(root, jnp.float32),
+                                   rot.axis_angle_to_quat(jnp.asarray(angles, jnp.float32))))
+    f = x.shape[-1]
+    mean, std = x.reshape(-1, f).mean(0), x.reshape(-1, f).std(0) + 0.1
+    clean = ((x - mean) / std).astype(np.float32)
+    pred = (clean + 0.2 * rng.standard_normal(clean.shape)).astype(np.float32)
+    return clean, pred, mean.astype(np.float32), std.astype(np.float32)
+
+
+@pytest.mark.parametrize("jacobian", ["blocked", "dense"])
+def test_torch_loss_and_gradient_match_motionjax(jacobian):
+    """On the DeepMimic body: ball, hinge and fixed joints (random trees: the Jacobian test below)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_peer
+
+    skeleton = deepmimic_humanoid()
+    cfg = base.get_config().loss
+    cfg.jacobian = jacobian
+    cfg.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 0.01, "jerk": 1e-5})
+    clean, pred, mean, std = _windows(skeleton, 2, 12, seed=1)
+
+    def jax_loss(p):
+        return losses.reconstruction_loss(cfg, skeleton, 30.0, p, jnp.asarray(clean), jnp.asarray(mean),
+                                          jnp.asarray(std))
+
+    (loss, terms), grad = jax.jit(jax.value_and_grad(jax_loss, has_aux=True))(jnp.asarray(pred))
+    p = torch.tensor(pred, requires_grad=True)
+    t_loss, t_terms = torch_peer.reconstruction_loss(cfg, torch_peer.Body(skeleton), 30.0, p,
+                                                     *(torch.tensor(x) for x in (clean, mean, std)))
+    t_loss.backward()
+    assert terms["dynamics"] > 0.1 * loss  # the Jacobian term carries weight in this check
+    for k in terms:
+        assert t_terms[k].item() == pytest.approx(float(terms[k]), rel=1e-4, abs=1e-6), k
+    np.testing.assert_allclose(p.grad.numpy(), np.asarray(grad), rtol=1e-3, atol=1e-4 * np.abs(grad).max())
+
+
+def test_torch_dense_jacobian_matches_blocked_jacobian():
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_peer
+    from motionjax import kinematics
+
+    skeleton = random_tree(7, seed=1)
+    rng = np.random.default_rng(0)
+    q = np.asarray(rot.axis_angle_to_quat(jnp.asarray(rng.normal(0, 0.6, (3, 7, 3)), jnp.float32)))
+    root = rng.normal(0, 1, (3, 3)).astype(np.float32)
+    jac = torch_peer.dense_jacobian(torch_peer.Body(skeleton), torch.tensor(q), torch.tensor(root)).detach()
+    positions, world = kinematics.forward_kinematics(skeleton, q, root)
+    reference = kinematics.dense_jacobian(skeleton, jnp.asarray(positions), jnp.asarray(world))
+    np.testing.assert_allclose(jac.numpy(), np.asarray(reference), atol=1e-5)
+
+
+def test_torch_model_matches_flax_model_with_copied_weights():
+    torch = pytest.importorskip("torch")
+    from flax import nnx
+
+    from benchmarks import torch_peer
+
+    cfg = base.get_config().model
+    cfg.update(dim=32, heads=2, halo=3, latent_dim=8, dtype="float32")
+    f, chunk = 21, 8
+    model = models.make_model(cfg, f, chunk, nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    rng = np.random.default_rng(0)
+    for _, v in nnx.to_flat_state(params):  # non-zero heads and biases: every weight matters
+        v.set_value(v.get_value() + 0.1 * rng.standard_normal(v.get_value().shape).astype(np.float32))
+    nnx.update(model, params)
+    twin = torch_peer.make_model(cfg, f, chunk)
+    torch_peer.load_flax_params(twin, params)
+    x = rng.standard_normal((2, 3, chunk, f)).astype(np.float32)
+    with torch.no_grad():
+        out = twin(torch.tensor(x)).numpy()
+    np.testing.assert_allclose(out, np.asarray(model(jnp.asarray(x))), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/bench.py glue
+
+
+def _load_bench():
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_skips_torch_part_without_torch(monkeypatch, tmp_path):
+    bench = _load_bench()
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    monkeypatch.delitem(sys.modules, "benchmarks.torch_peer", raising=False)
+    result = bench.part_torch(True, tmp_path, {})
+    assert "pip install" in result["skipped"]
+    assert "skipped" in bench.markdown({"quick": True, "date": "", "wall_s": 1.0, "parts": {"torch": result},
+                                        "machine": bench.machine()})
+
+
+def test_bench_table_flags_missed_targets():
+    bench = _load_bench()
+    growth = {"batch": 8, "by_T": {32: 0.01, 64: 0.02, 128: 0.05}, "by_J": {15: 0.01, 30: 0.02},
+              "fit_T": {"exponent": 1.3, "r2": 0.99}, "fit_T_tail": {"exponent": 1.32, "r2": 1.0},
+              "fit_J": {"exponent": 1.0, "r2": 1.0}, "met": False}
+    table = bench.markdown({"quick": False, "date": "", "wall_s": 1.0, "parts": {"growth": growth},
+                            "machine": bench.machine()})
+    assert "| step time ∝ T^k | k = 1.32 (T ≥ 64); 1.30 (all T) | k ≤ 1.1 | **no** |" in table
