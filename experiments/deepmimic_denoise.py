@@ -10,6 +10,7 @@ from experiments import base
 def get_config(arg: str | None = None):
     c = base.get_config()
     c.model.latent_dim = 64           # 32 numbers per frame (stride 2): the PCA reference gets 32 too
+    c.model.dtype = "float32"         # on CPU bf16 matmuls are slower than fp32 (scripts/bench.py, part e)
     c.train.steps = 1500
     c.train.learning_rate = 2e-3
     c.train.eval_every = 250
