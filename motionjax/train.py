@@ -406,6 +406,8 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
             row["pca"].pop(f"input_{k}")
         results.setdefault(split, {})[condition] = row
     results["pca_latent_per_frame"] = pca.basis.shape[1]
+    # A residual model also sees its input through the skip path: PCA then matches its bottleneck only.
+    results["model_residual"] = bool(config.model.residual)
     splits = config.train.eval_splits
     split = "heldout_clips" if "heldout_clips" in splits else splits[-1]
     batch = eval_sets[split, "noisy"][0]
@@ -447,8 +449,12 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
                 for condition, row in rows.items():
                     summary["results"][split][condition]["no_dynamics"] = row["model"]
     table = results_table(summary["results"])
-    speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
-    table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
+    table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the model's "
+                 "bottleneck" + (" (the model also has a residual skip from its input)"
+                                 if summary["results"]["model_residual"] else ""))
+    if summary["steps_per_s"]:  # a run resumed at its last step trains nothing in this session
+        speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
+        table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
     summary["table"] = table
     if parallel.is_main_process():
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
