@@ -117,6 +117,15 @@ def test_mirror_is_a_reflection_of_fk_and_an_involution(clip):
                                (forward_kinematics(smpl, sq, sr)[0] * flip)[..., smpl.symmetry, :], atol=1e-6)
 
 
+def test_clean_prob_leaves_that_share_of_windows_uncorrupted(clip):
+    skel = clip[0]
+    noise = transforms.Noise(rot_std=0.1, pos_std=0.03, joint_mask_prob=0.2, time_warp=1.0, clean_prob=0.3)
+    rng = np.random.default_rng(0)
+    draws = [noise.sample(rng, WINDOW, skel) for _ in range(500)]
+    clean = [not any(np.any(d[k]) for k in ("rot", "pos", "joint_mask", "frame_mask", "warp")) for d in draws]
+    assert abs(np.mean(clean) - 0.3) < 0.05
+
+
 def test_noise_statistics_match_the_config(clip):
     skel, root, rots = clip
     noise = transforms.Noise(rot_std=0.1, pos_std=0.03, joint_mask_prob=0.2, frame_mask_prob=0.1)

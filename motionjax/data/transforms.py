@@ -209,6 +209,8 @@ class Noise:
     time_warp: max shift (frames) of the smooth warp ``u = t + δ·sin(πt/(T-1))``, ``δ ~ U(±time_warp)``
       (end frames fixed; monotone while ``time_warp < (T-1)/π``).
     mirror_prob: chance a window is mirrored (clean and noisy alike).
+    clean_prob: chance a window's input is left uncorrupted (no noise, mask or warp), so a denoiser
+      also learns to keep clean motion as it is.
     """
 
     rot_std: float = 0.0
@@ -217,17 +219,18 @@ class Noise:
     frame_mask_prob: float = 0.0
     time_warp: float = 0.0
     mirror_prob: float = 0.0
+    clean_prob: float = 0.0
 
     @classmethod
     def from_config(cls, cfg) -> Noise:
         """The training corruption of ``config.data``."""
         return cls(cfg.rot_noise, cfg.pos_noise, cfg.joint_mask_prob, cfg.frame_mask_prob, cfg.time_warp,
-                   cfg.mirror_prob)
+                   cfg.mirror_prob, cfg.clean_prob)
 
     def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton) -> dict:
         """One window's random draws (the transform itself is deterministic given these)."""
         r = len(features.rotating_joints(skeleton))
-        return {
+        draws = {
             "rot": (rng.standard_normal((frames, skeleton.num_joints, 3)) * self.rot_std).astype(np.float32),
             "pos": (rng.standard_normal((frames, 3)) * self.pos_std).astype(np.float32),
             "joint_mask": rng.random((frames, r)) < self.joint_mask_prob,
@@ -235,6 +238,9 @@ class Noise:
             "warp": np.float32(rng.uniform(-self.time_warp, self.time_warp)),
             "mirror": rng.random() < self.mirror_prob,
         }
+        if self.clean_prob and rng.random() < self.clean_prob:  # no extra draw when off: same stream
+            draws.update({k: np.zeros_like(v) for k, v in draws.items() if k != "mirror"})
+        return draws
 
 
 def rotation_noise(skeleton: Skeleton, rotations, eps):
