@@ -21,13 +21,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from experiments import base
 from motionjax import parallel, train
 from motionjax.data import pipeline
 
 STEPS = 10
-WORKER_TIMEOUT_S = 300  # a hung collective dumps every thread's stack and exits instead of hanging CI
+WORKER_TIMEOUT_S = 420  # a hung collective dumps every thread's stack and exits instead of hanging CI
 
 
 def _config():
@@ -86,6 +87,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
 def test_two_processes_match_one(tmp_path):
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
