@@ -9,6 +9,11 @@ most once per array).
 Parameters are replicated by default; with ``fsdp`` each parameter's largest dimension that the
 ``data`` axis divides is split over ``data`` (big_vision's ``fsdp`` strategy), which needs no
 annotations in the model.
+
+Several processes (``jax.distributed``): :func:`initialize` joins them, :func:`make_mesh` lays the
+``across_hosts`` axis over them, :func:`put` and :func:`global_batch` place host data on devices
+that one process cannot address. :func:`collectives` and :func:`compile_partitioned` account for
+what a compiled program sends (``scripts/comm_report.py``, ``tests/test_parallel.py``).
 """
 from __future__ import annotations
 
