@@ -87,7 +87,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
 
     def step(state, batch):
         def compute(params):
-            model = nnx.merge(graphdef, params, state["rest"])
+            # copy: fresh Variables at this trace level, so dropout may advance its RNG count here.
+            model = nnx.merge(graphdef, params, state["rest"], copy=True)
             loss, terms = loss_fn(model(batch["noisy"]), batch["clean"])
             return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
 
