@@ -154,7 +154,7 @@ class Skeleton:
         spread = sum(np.abs(self.offsets[i] - self.offsets[t]) for i, t in pairs)
         return int(np.argmax(spread))
 
-    def replace(self, **changes) -> "Skeleton":
+    def replace(self, **changes) -> Skeleton:
         return dataclasses.replace(self, **changes)
 
 
@@ -189,7 +189,11 @@ def from_urdf(path, scale: float = 1.0, body_mass: float | None = None) -> Skele
     if len(base_kids) == 1 and base_kids[0].get("type") == "fixed":
         root = base_kids[0].find("child").get("link")
 
-    names, parents, offsets, kinds, axes, masses = [root], [-1], [np.zeros(3)], [BALL], [np.zeros(3)], [mass[root]]
+    def vec(elem, attr, default):
+        return np.array((elem.get(attr, default) if elem is not None else default).split(), float)
+
+    names, parents, kinds, masses = [root], [-1], [BALL], [mass[root]]
+    offsets, axes = [np.zeros(3)], [np.zeros(3)]
     kind_of = {"spherical": BALL, "revolute": HINGE, "continuous": HINGE, "fixed": FIXED}
     queue = [root]
     while queue:  # breadth-first keeps parents before children
@@ -200,13 +204,11 @@ def from_urdf(path, scale: float = 1.0, body_mass: float | None = None) -> Skele
             child, jtype = j.find("child").get("link"), j.get("type")
             if jtype not in kind_of:
                 raise ValueError(f"{path}: joint {j.get('name')!r} has unsupported type {jtype!r}")
-            origin = j.find("origin")
-            xyz = np.fromstring(origin.get("xyz", "0 0 0"), sep=" ") if origin is not None else np.zeros(3)
-            rpy = np.fromstring(origin.get("rpy", "0 0 0"), sep=" ") if origin is not None else np.zeros(3)
+            xyz, rpy = vec(j.find("origin"), "xyz", "0 0 0"), vec(j.find("origin"), "rpy", "0 0 0")
             if np.any(np.abs(rpy) > 1e-9):
                 raise ValueError(f"{path}: joint {j.get('name')!r} has a rotated origin rpy={rpy}; "
                                  "only translated joint frames are supported")
-            axis = np.fromstring(j.find("axis").get("xyz"), sep=" ") if j.find("axis") is not None else np.array([1.0, 0, 0])
+            axis = vec(j.find("axis"), "xyz", "1 0 0")  # URDF's default axis
             names.append(child)
             parents.append(names.index(parent))
             offsets.append(xyz * scale)
@@ -232,7 +234,7 @@ def deepmimic_urdf_path() -> Path:
 DEEPMIMIC_SCALE = 0.25  # DeepMimic's humanoid.urdf is authored 4x human size.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deepmimic_humanoid() -> Skeleton:
     """The 15-joint DeepMimic humanoid (y-up, metres): 8 ball joints, 4 hinges, 2 fixed wrists."""
     return from_urdf(deepmimic_urdf_path(), scale=DEEPMIMIC_SCALE)
@@ -302,7 +304,8 @@ def random_tree(num_joints: int, seed: int = 0, chain_prob: float = 0.6,
     parents = [-1] + [j - 1 if rng.random() < chain_prob else int(rng.integers(0, j))
                       for j in range(1, num_joints)]
     direction = rng.normal(size=(num_joints, 3))
-    offsets = direction / np.linalg.norm(direction, axis=1, keepdims=True) * rng.uniform(0.05, 0.3, (num_joints, 1))
+    lengths = rng.uniform(0.05, 0.3, (num_joints, 1))
+    offsets = direction / np.linalg.norm(direction, axis=1, keepdims=True) * lengths
     offsets[0] = 0
     kinds = [BALL] + [HINGE if rng.random() < hinge_prob else BALL for _ in range(num_joints - 1)]
     axes = np.zeros((num_joints, 3))
