@@ -12,7 +12,7 @@ def get_config(arg: str | None = None):
     c.model.latent_dim = 64           # 32 numbers per frame (stride 2): the PCA reference gets 32 too
     c.model.dtype = "float32"         # on CPU bf16 matmuls are slower than fp32 (scripts/bench.py, part e)
     # Held-out accuracy (600-step ablations, heldout_tail root-relative MPJPE from clean input, cm):
-    # bottleneck-only 10.4 -> + lighter dynamics/foot weights 7.6; residual with the default weights
+    # bottleneck-only 10.4 -> + the weights and clean inputs below 7.6; residual with the default weights
     # 8.8 -> lighter weights 3.8 -> + 30% clean inputs 3.0 -> + weight decay 0.05 2.9. At 1500 steps:
     # dynamics weight 0.05: 3.07, 0.005: 2.24, 0 (the reference): 2.04; every run is best near
     # step 500-750 and then overfits the ~1,300 training frames (learning_curves.png), hence 750 steps.
