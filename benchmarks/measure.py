@@ -32,6 +32,22 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
     return statistics.median(times)
 
 
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats: int = 2,
+                sync: Callable[[object], object] = block) -> dict[str, float]:
+    """Median wall time (s) per call of each of ``calls``, timed round-robin.
+
+    A load change on a shared machine then hits every candidate alike, which sequential timing
+    (all of one, then all of the next) does not give.
+    """
+    for fn in calls.values():
+        sync(fn())  # warm-up
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(time_call(fn, repeats=repeats, warmup=0, sync=sync))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
     """Achievable FLOP/s of this backend: a jitted ``[n, n] @ [n, n]`` matmul (2n³ FLOPs), best of runs.
 

@@ -282,6 +282,7 @@ def dynamics_loss(body, pred_root, pred_rot, target_root, target_rot, fps, weigh
 
 
 def _decode(body, x):
+    """Features ``[B, T, F]`` -> root ``[B, T, 3]``, quats ``[B, T, J, 4]``, matrices ``[B, T, R, 3, 3]``."""
     r = len(body.rotating)
     mats = sixd_to_matrix(x[..., 3:].reshape(*x.shape[:-1], r, 6))
     quats = torch.zeros(*x.shape[:-1], body.num_joints, 4)
@@ -468,6 +469,34 @@ def make_optimizer(model: nn.Module, cfg):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def make_train_step(config, info, params=None):
+    """``(model, step)``: the twin and ``step(noisy, clean [B, N, C, F]) -> loss``, one optimizer update.
+
+    ``params``: optional Flax ``Param`` state to start from (the motionjax model's init), else torch's.
+    """
+    torch.manual_seed(config.seed)
+    body, fps = Body(info.skeleton), float(info.fps)
+    mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
+    model = make_model(config.model, info.feature_dim, config.data.chunk)
+    if params is not None:
+        load_flax_params(model, params)
+    opt, schedule = make_optimizer(model, config.train)
+
+    def step(noisy, clean):
+        b, n, c, f = clean.shape
+        pred = model(noisy)
+        loss, _ = reconstruction_loss(config.loss, body, fps, pred.reshape(b, n * c, f),
+                                      clean.reshape(b, n * c, f), mean, std)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        opt.step()
+        schedule.step()
+        return loss.detach()
+
+    return model, step
+
+
 def train(config, info, steps: int, *, params=None, workers: int = 0, threads: int | None = None,
           eval_batches=None) -> dict:
     """Train the torch twin for ``steps`` steps; frames/s over the steps after the first.
@@ -481,13 +510,7 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
     """
     if threads:
         torch.set_num_threads(threads)
-    torch.manual_seed(config.seed)
-    body, fps = Body(info.skeleton), float(info.fps)
-    mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
-    model = make_model(config.model, info.feature_dim, config.data.chunk)
-    if params is not None:
-        load_flax_params(model, params)
-    opt, schedule = make_optimizer(model, config.train)
+    model, train_step = make_train_step(config, info, params)
     loader = make_loader(config.data, info, seed=config.seed, workers=workers)
     frames_per_step = config.data.batch_size * config.data.window
     wait = compute = 0.0
@@ -495,29 +518,20 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
         t0 = time.perf_counter()
         batch = next(loader)
         t1 = time.perf_counter()
-        noisy, clean = batch["noisy"], batch["clean"]
-        b, n, c, f = clean.shape
-        pred = model(noisy)
-        loss, _ = reconstruction_loss(config.loss, body, fps, pred.reshape(b, n * c, f),
-                                      clean.reshape(b, n * c, f), mean, std)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
-        opt.step()
-        schedule.step()
+        loss = train_step(batch["noisy"], batch["clean"])
         if step > 0:  # the first step pays one-off allocations, like the compiled step's compile
             wait, compute = wait + t1 - t0, compute + time.perf_counter() - t1
     loader.close()  # shuts the DataLoader's workers down
     timed = max(steps - 1, 1)
     out = {"steps": steps, "frames_per_s": timed * frames_per_step / (wait + compute),
            "step_s": (wait + compute) / timed, "data_wait_fraction": wait / (wait + compute),
-           "final_loss": float(loss.detach()), "threads": torch.get_num_threads(), "workers": workers}
+           "final_loss": float(loss), "threads": torch.get_num_threads(), "workers": workers}
     if eval_batches is not None:
-        out["heldout_mpjpe"] = evaluate(model, body, info, config.loss.contact_speed, eval_batches)
+        out["heldout_mpjpe"] = evaluate(model, info, config.loss.contact_speed, eval_batches)
     return out
 
 
-def evaluate(model, body, info, contact_speed, batches) -> float:
+def evaluate(model, info, contact_speed, batches) -> float:
     """Held-out MPJPE (cm) of the torch model with motionjax's evaluation code."""
     from motionjax import eval as evaluation
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import json
 import os
 import platform
 import shutil
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -113,15 +115,20 @@ def _batch(config, info, window, seed=0):
     return {k: jax.device_put(v, window) for k, v in (("noisy", noisy), ("clean", clean))}
 
 
-def time_step(step, state, batch, repeats: int) -> tuple[float, object]:
-    """Median seconds per step (state threaded through, as in training); returns the final state."""
+def stepper(step, state, batch):
+    """A zero-argument call running one training step, the (donated) state threaded through."""
     holder = {"state": state}
 
     def call():
         holder["state"], metrics = step(holder["state"], batch)
         return metrics
 
-    return measure.time_call(call, repeats=repeats, warmup=1), holder["state"]
+    return call
+
+
+def time_step(step, state, batch, repeats: int) -> float:
+    """Median seconds per training step."""
+    return measure.time_call(stepper(step, state, batch), repeats=repeats, warmup=1)
 
 
 def synthetic_info(skeleton, fps=30.0):
@@ -135,12 +142,18 @@ def synthetic_info(skeleton, fps=30.0):
 # (a) + (b): end to end, optimized vs baseline
 
 
-def compute_split(config, info, repeats: int) -> dict:
-    """Seconds per step of the whole jitted step, of the model alone and of the loss alone (fwd + bwd)."""
+def compute_split(config, info, repeats: int, split: bool = True) -> dict:
+    """Seconds per step of the whole jitted step and (``split``) of the model alone and of the loss
+    alone (forward + backward each); the step's XLA FLOPs and collectives."""
     from flax import nnx
     step, state, batch, mesh, (graphdef, loss_fn) = compiled_step(config, info)
     comm = parallel.collectives(step.as_text(), mesh)
-    params, rest = state["params"], state["rest"]
+    out = {"flops_per_step": measure.compiled_flops(step), "collectives": len(comm),
+           "comm_bytes_per_step": float(sum(c.wire_bytes for c in comm))}
+    params, rest = jax.tree.map(jnp.copy, (state["params"], state["rest"]))  # the step donates state
+    out["step_s"] = time_step(step, state, batch, repeats)
+    if not split:
+        return out
 
     @jax.jit
     def model_grad(params, noisy, cotangent):
@@ -150,13 +163,24 @@ def compute_split(config, info, repeats: int) -> dict:
     pred = jax.jit(lambda p, x: nnx.merge(graphdef, p, rest)(x))(params, batch["noisy"])
     loss_grad = jax.jit(jax.grad(lambda p, c: loss_fn(p, c)[0]))
     cotangent = jax.random.normal(jax.random.key(0), pred.shape)  # an argument, not a foldable constant
-    out = {"model_s": measure.time_call(lambda: model_grad(params, batch["noisy"], cotangent), repeats),
-           "loss_s": measure.time_call(lambda: loss_grad(pred, batch["clean"]), repeats)}
-    out["step_s"], _ = time_step(step, state, batch, repeats)
-    out["flops_per_step"] = measure.compiled_flops(step)
-    out["collectives"] = len(comm)
-    out["comm_bytes_per_step"] = float(sum(c.wire_bytes for c in comm))
+    out["model_s"] = measure.time_call(lambda: model_grad(params, batch["noisy"], cotangent), repeats)
+    out["loss_s"] = measure.time_call(lambda: loss_grad(pred, batch["clean"]), repeats)
     return out
+
+
+def loader_seconds(config, info, batches: int) -> float:
+    """Seconds per batch of the trainer's input iterator alone (no training step competing for the
+    cores), after a warm-up that empties the prefetch buffers."""
+    iterator = train.make_iterator(config, info, parallel.make_mesh(config.mesh))
+    for _ in range(config.data.prefetch + 1):
+        jax.block_until_ready(next(iterator))
+    start = time.perf_counter()
+    for _ in range(batches):
+        jax.block_until_ready(next(iterator))
+    seconds = (time.perf_counter() - start) / batches
+    if hasattr(iterator, "close"):
+        iterator.close()
+    return seconds
 
 
 def part_train(quick: bool, out: Path, done: dict) -> dict:
@@ -164,6 +188,8 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
     rows = {}
     for name, module in (("optimized", deepmimic_denoise), ("baseline", baseline)):
         config = _experiment(module, steps)
+        if quick:
+            config.train.eval_splits = ("heldout_tail",)
         workdir = out / "runs" / name
         shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, never a resumed one
         start = time.perf_counter()
@@ -173,13 +199,15 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
         held_out = [split for split in config.train.eval_splits if split.startswith("heldout")]
         mpjpe = {f"{split}/{cond}": res[split][cond]["model"]["mpjpe"]
                  for split in held_out for cond in ("clean", "noisy")}
+        breakdown = compute_split(config, info, repeats=3 if quick else 5, split=not quick)
+        breakdown["loader_s"] = loader_seconds(config, info, 5 if quick else 10)
         rows[name] = {
             "frames_per_s": summary["frames_per_s"], "step_s": 1.0 / summary["steps_per_s"],
             "data_wait_fraction": summary["data_wait_fraction"], "compile_s": summary["compile_s"],
             "wall_s": time.perf_counter() - start,
             "frames": steps * config.data.batch_size * config.data.window,
             "heldout_mpjpe_cm": mpjpe, "heldout_mpjpe_mean_cm": float(np.mean(list(mpjpe.values()))),
-            "breakdown": compute_split(config, info, repeats=3 if quick else 5),
+            "breakdown": breakdown,
             "config": {"jacobian": config.loss.jacobian, "loader": config.data.loader,
                        "dtype": config.model.dtype, "prefetch": config.data.prefetch,
                        "batch": config.data.batch_size, "window": config.data.window},
@@ -202,7 +230,8 @@ def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
     spec = importlib.util.spec_from_file_location("bench_dynamics", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {"results": module.run(quick=quick)}
+    # The quick sizes (8 x 32 frames) even in a full run: the full ones take minutes (run the script).
+    return {"results": module.run(quick=True)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +275,22 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
         rows["blocked"] = run("blocked", steps, threads=threads, workers=workers, eval_batches=batches)
     rows["dense"] = run("dense", 3 if quick else 4, threads=threads, workers=workers)
     result = {"rows": rows,
-              "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()}}
+              "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()},
+              "compute_alone_ms": {}}
+    # Compute alone, one fixed batch, the two frameworks timed round by round so that a change of
+    # load on a shared machine hits both alike (the end-to-end runs above are minutes apart).
+    for jacobian, module in (("blocked", deepmimic_denoise), ("dense", baseline)):
+        jax_config = _experiment(module, steps)
+        step, state, batch, _, _ = compiled_step(jax_config, info)  # part (b)'s program: cached
+        c = config.copy_and_resolve_references()
+        c.loss.jacobian = jacobian
+        _, torch_step = torch_peer.make_train_step(c, info, init)
+        torch_batch = [torch.tensor(np.asarray(batch[k])) for k in ("noisy", "clean")]
+        torch_call = functools.partial(torch_step, *torch_batch)
+        # torch is synchronous; measure.block waits for the jax step and passes torch's loss through.
+        times = measure.interleaved({"motionjax": stepper(step, state, batch), "torch": torch_call},
+                                    rounds=3 if quick or jacobian == "dense" else 5)
+        result["compute_alone_ms"][jacobian] = {k: 1e3 * v for k, v in times.items()}
     if "rows" in done.get("train", {}):
         ours = done["train"]["rows"]
         ratio = lambda name, theirs: ours[name]["frames_per_s"] / theirs["frames_per_s"]
@@ -261,26 +305,28 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
 
 
 def part_mfu(quick: bool, out: Path, done: dict) -> dict:
-    """MFU of the optimized and baseline steps (compute only, fixed batch); reuses part (b)'s
-    measurements when it ran. The peak is the best of fp32 and bf16 matmuls, so MFU is against
-    what this machine can do in either precision."""
-    peaks = {str(jnp.dtype(d)): measure.peak_flops(2048 if jax.default_backend() == "cpu" else 8192, d)
-             for d in (jnp.float32, jnp.bfloat16)}
-    peak = max(peaks.values())
-    rows = {}
+    """MFU of the optimized and baseline steps (compute only, one fixed batch; the programs of part
+    b come from the compilation cache). Steps and the peak matmuls are timed round-robin; the peak
+    is the best of fp32 and bf16, so MFU is against what this machine can do in either precision."""
     configs = {"optimized": _experiment(deepmimic_denoise, 1), "baseline": _experiment(baseline, 1)}
-    if configs["optimized"].model.dtype != "float32":  # what the low-precision activations buy here
-        configs["optimized, fp32"] = _experiment(deepmimic_denoise, 1)
-        configs["optimized, fp32"].model.dtype = "float32"
+    if not quick:  # the optimized step with the other activation dtype: what precision buys here
+        other = "bfloat16" if configs["optimized"].model.dtype == "float32" else "float32"
+        configs[f"optimized, {other}"] = _experiment(deepmimic_denoise, 1)
+        configs[f"optimized, {other}"].model.dtype = other
+    calls, flops = {}, {}
     for name, config in configs.items():
-        m = done.get("train", {}).get("rows", {}).get(name, {}).get("breakdown")
-        if m is None:
-            step, state, batch, _, _ = compiled_step(config, pipeline.dataset_info(config.data))
-            m = {"flops_per_step": measure.compiled_flops(step),
-                 "step_s": time_step(step, state, batch, repeats=3 if quick else 5)[0]}
-        rows[name] = {"flops_per_step": m["flops_per_step"], "step_s": m["step_s"],
-                      "achieved_flops": m["flops_per_step"] / m["step_s"], "model_dtype": config.model.dtype,
-                      "mfu": measure.mfu(m["flops_per_step"], m["step_s"], peak)}
+        step, state, batch, _, _ = compiled_step(config, pipeline.dataset_info(config.data))
+        calls[name], flops[name] = stepper(step, state, batch), measure.compiled_flops(step)
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    for dtype in (jnp.float32, jnp.bfloat16):
+        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+        calls[str(jnp.dtype(dtype))] = functools.partial(jax.jit(jnp.matmul), a, a)
+    times = measure.interleaved(calls, rounds=3 if quick else 5)
+    peaks = {k: 2.0 * n**3 / times[k] for k in ("float32", "bfloat16")}
+    peak = max(peaks.values())
+    rows = {name: {"flops_per_step": flops[name], "step_s": times[name], "model_dtype": config.model.dtype,
+                   "achieved_flops": flops[name] / times[name],
+                   "mfu": measure.mfu(flops[name], times[name], peak)} for name, config in configs.items()}
     return {"peak_flops": peaks, "rows": rows, "mfu": rows["optimized"]["mfu"]}
 
 
@@ -289,26 +335,31 @@ def part_growth(quick: bool, out: Path, done: dict) -> dict:
     base = _experiment(deepmimic_denoise, 1)
     base.data.batch_size = 8
     info = pipeline.dataset_info(base.data)
-    repeats = 3 if quick else 5
-
-    def timed(config, info):
-        step, state, batch, _, _ = compiled_step(config, info)
-        return time_step(step, state, batch, repeats)[0]
-
-    by_t = {}
-    for t in (32, 64, 128) if quick else (32, 64, 128, 256, 512):
+    calls = {}
+    for t in (32, 64, 128) if quick else (32, 64, 128, 256, 512):  # the tail fit needs >= 2 beyond 32
         config = copy.deepcopy(base)
         config.data.window = t
-        by_t[t] = timed(config, info)
-    by_j = {}
-    for j in (15, 30, 60) if quick else (15, 30, 60, 120):
-        by_j[j] = timed(base, synthetic_info(random_tree(j, seed=0), float(info.fps)))
+        calls["T", t] = stepper(*compiled_step(config, info)[:3])
+    # Control: B·T fixed at 1024 frames. Flat means the cost is per frame, i.e. no T² term.
+    for t in (32, 128) if quick else (32, 128, 512):
+        config = copy.deepcopy(base)
+        config.data.update(window=t, batch_size=1024 // t)
+        calls["BT", t] = stepper(*compiled_step(config, info)[:3])
+    for j in (15, 60) if quick else (15, 30, 60, 120):
+        tree = synthetic_info(random_tree(j, seed=0), float(info.fps))
+        calls["J", j] = stepper(*compiled_step(base, tree)[:3])
+    times = measure.interleaved(calls, rounds=3 if quick else 5)
+    by_t = {t: s for (axis, t), s in times.items() if axis == "T"}
+    by_j = {j: s for (axis, j), s in times.items() if axis == "J"}
+    fixed_frames = {t: s for (axis, t), s in times.items() if axis == "BT"}
+
     def fit(times):
         k, c, r2 = measure.fit_power_law(list(times), list(times.values()))
         return {"exponent": k, "coefficient": c, "r2": r2}
 
     # The tail fit drops the smallest size, where fixed per-step costs hide the slope.
-    result = {"batch": base.data.batch_size, "by_T": by_t, "by_J": by_j, "fit_T": fit(by_t),
+    result = {"batch": base.data.batch_size, "by_T": by_t, "by_J": by_j, "by_T_at_1024_frames": fixed_frames,
+              "fit_T": fit(by_t),
               "fit_T_tail": fit(dict(list(by_t.items())[1:])), "fit_J": fit(by_j)}
     result["met"] = bool(result["fit_T_tail"]["exponent"] <= TARGETS["t_exponent"])
     return result
@@ -379,16 +430,22 @@ def markdown(results: dict) -> str:
         for name, r in tr["rows"].items():
             c, bd = r["config"], r["breakdown"]
             rows.append([name, c["jacobian"], c["loader"], c["dtype"], f"{r['frames_per_s']:.0f}",
-                         _ms(r["step_s"]), f"{100 * r['data_wait_fraction']:.0f}%", _ms(bd["model_s"]),
-                         _ms(bd["loss_s"]), f"{bd['comm_bytes_per_step']:.0f}", f"{r['compile_s']:.0f}",
-                         *(f"{v:.2f}" for v in r["heldout_mpjpe_cm"].values())])
-        lines += _table(["config", "jacobian", "loader", "dtype", "frames/s", "step ms", "data wait",
-                         "model ms", "loss ms", "comm B/step", "compile s", *(f"MPJPE {s}" for s in splits)],
-                        rows)
-        lines += ["", "step ms: training time per step, data wait included (the trainer's own clock); "
-                  "model / loss ms: forward + backward of the model and of the loss, each jitted alone on a "
-                  "fixed batch; comm: bytes each device sends in the compiled step's collectives; MPJPE in "
-                  "cm, from clean and noised input."]
+                         _ms(r["step_s"]), f"{100 * r['data_wait_fraction']:.0f}%", _ms(bd["loader_s"]),
+                         _ms(bd["step_s"]), _ms(bd["model_s"]) if "model_s" in bd else "—",
+                         _ms(bd["loss_s"]) if "loss_s" in bd else "—", f"{bd['comm_bytes_per_step']:.0f}",
+                         f"{r['compile_s']:.0f}", *(f"{v:.2f}" for v in r["heldout_mpjpe_cm"].values())])
+        lines += _table(["config", "jacobian", "loader", "dtype", "frames/s", "ms/step", "data wait",
+                         "loader ms alone", "step ms alone", "model ms", "loss ms", "comm B/step",
+                         "compile s", *(f"MPJPE {s}" for s in splits)], rows)
+        lines += ["", "ms/step and data wait: end-to-end training (the trainer's own clock). Alone: the "
+                  "input iterator by itself (ms/batch), the compiled step by itself on a fixed batch, and "
+                  "the model's and the loss's forward + backward each jitted alone. comm: bytes each device "
+                  "sends in the step's collectives. MPJPE (cm) from clean and noised input."]
+        for name, r in tr["rows"].items():
+            bd = r["breakdown"]
+            lines.append(f"- {name}: loader alone {_ms(bd['loader_s'])} + step alone {_ms(bd['step_s'])} = "
+                         f"{_ms(bd['loader_s'] + bd['step_s'])} ms vs {_ms(r['step_s'])} ms/step end to end "
+                         f"({100 * r['data_wait_fraction']:.0f}% of it waiting for data).")
     if "rows" in to:
         lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
                   "fp32", ""]
@@ -399,7 +456,12 @@ def markdown(results: dict) -> str:
         lines += _table(["loss Jacobian", "frames/s", "step ms", "data wait", "torch threads",
                          "DataLoader workers", "MPJPE heldout_tail/noisy"], rows)
         probe = ", ".join(f"{k}: {v:.0f}" for k, v in to["probe_frames_per_s"].items())
-        lines += ["", f"Threads and workers: the best of a 3-step probe, frames/s {probe}."]
+        lines += ["", f"Threads and workers: the best of a 3-step probe, frames/s {probe}.", ""]
+        lines += _table(["compute alone (ms/step, interleaved rounds)", "motionjax", "PyTorch eager",
+                         "PyTorch ÷ motionjax"],
+                        [[f"{name} loss", f"{v['motionjax']:.0f}", f"{v['torch']:.0f}",
+                          f"{v['torch'] / v['motionjax']:.2f}×"]
+                         for name, v in to["compute_alone_ms"].items()])
     if "mfu" in mf:
         lines += ["", "## (e) MFU: the jitted step alone on a fixed batch", ""]
         lines += _table(["config", "activations", "GFLOP/step (XLA)", "step ms", "GFLOP/s", "MFU"],
@@ -411,7 +473,11 @@ def markdown(results: dict) -> str:
                   "dense Jacobian's, work the blocked form does not do."]
     if "fit_T" in gr:
         lines += ["", f"## (f) Cost growth of the optimized step (batch {gr['batch']})", ""]
-        lines += _table(["T", *gr["by_T"]], [["step ms", *(_ms(v) for v in gr["by_T"].values())]])
+        lines += _table([f"T (B = {gr['batch']})", *gr["by_T"]],
+                        [["step ms", *(_ms(v) for v in gr["by_T"].values())]])
+        if fixed := gr.get("by_T_at_1024_frames"):
+            lines += [""] + _table(["T (B·T = 1024 frames)", *fixed],
+                                   [["step ms", *(_ms(v) for v in fixed.values())]])
         lines += [""] + _table(["J", *gr["by_J"]], [["step ms", *(_ms(v) for v in gr["by_J"].values())]])
         lines += ["", f"Log-log least squares: T^{gr['fit_T']['exponent']:.2f} (r² {gr['fit_T']['r2']:.3f}), "
                   f"T^{gr['fit_T_tail']['exponent']:.2f} without the smallest T; "
@@ -500,6 +566,11 @@ def main(argv=None) -> dict:
         parser.error(f"unknown parts {sorted(unknown)}; expected a subset of {PARTS}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # A compilation cache for this run only: a program compiled twice (the trainer's step and its
+    # re-measurement in part b) compiles once, and every compile time reported is a cold one.
+    cache = tempfile.mkdtemp(prefix="bench_jax_cache_")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     start = time.perf_counter()
     results = {"quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
                "parts": {}}
@@ -512,6 +583,7 @@ def main(argv=None) -> dict:
         print(f"[bench] {name}: {time.perf_counter() - t:.0f} s", flush=True)
         results["wall_s"] = time.perf_counter() - start
         (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))  # after every part
+    shutil.rmtree(cache, ignore_errors=True)
     results["machine"]["load_average_end"] = os.getloadavg()
     results["plots"] = plots(results, out)
     table = markdown(results)

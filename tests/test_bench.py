@@ -36,6 +36,14 @@ def test_mfu_and_flop_count_of_a_matmul():
     assert measure.peak_flops(n, repeats=2) > 0
 
 
+def test_interleaved_times_every_call_round_robin():
+    order = []
+    calls = {name: (lambda name=name: order.append(name) or jnp.ones(2)) for name in ("a", "b")}
+    times = measure.interleaved(calls, rounds=3, repeats=2)
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # warm-up, then alternating rounds
+
+
 def test_time_call_waits_for_the_result():
     calls = []
     t = measure.time_call(lambda: calls.append(1) or jnp.ones(3), repeats=3, warmup=2)
