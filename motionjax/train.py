@@ -375,7 +375,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     }
     if not interrupted:
         summary["results"] = final_evaluation(config, info, state, predict, eval_sets, workdir, main)
-        summary["best_step"] = mngr.best_step()
+        # mngr.best_step() is the latest step unless options.best_fn is set; read it off the history.
+        evals = history.get(f"eval/{BEST_METRIC}", [])
+        summary["best_step"] = min(evals, key=lambda sv: sv[1])[0] if evals else None
     summary["history"] = history
     mngr.close()
     if main:
