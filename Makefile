@@ -23,7 +23,7 @@ bench: $(VENV)/.installed
 	$(PY) scripts/bench.py
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check motionjax scripts tests experiments
+	$(PY) -m ruff check motionjax scripts tests experiments benchmarks notebooks
 
 clean:
 	rm -rf $(VENV) runs results .pytest_cache
