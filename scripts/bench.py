@@ -446,6 +446,18 @@ def markdown(results: dict) -> str:
             lines.append(f"- {name}: loader alone {_ms(bd['loader_s'])} + step alone {_ms(bd['step_s'])} = "
                          f"{_ms(bd['loader_s'] + bd['step_s'])} ms vs {_ms(r['step_s'])} ms/step end to end "
                          f"({100 * r['data_wait_fraction']:.0f}% of it waiting for data).")
+    if "skipped" in dy:
+        lines += ["", f"## (c) Dynamics loss across J: skipped ({dy['skipped']})"]
+    elif "results" in dy:
+        d = dy["results"]
+        num = lambda x, spec=".1f": "—" if x is None else format(x, spec)
+        lines += ["", f"## (c) Dynamics loss + gradient across J: {d['batch']} × {d['frames']} frames "
+                  "(scripts/bench_dynamics.py)", ""]
+        lines += _table(["J", "depth", "DOF", "blocked ms", "jvp/vjp ms", "dense ms", "dense ÷ blocked",
+                         "jvp ÷ blocked"],
+                        [[r["J"], r["depth"], r["dof"], num(r["blocked_ms"]), num(r["jvp_ms"]),
+                          num(r["dense_ms"]), num(r["dense_over_blocked"]), num(r["jvp_over_blocked"], ".2f")]
+                         for r in d["rows"]])
     if "rows" in to:
         lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
                   "fp32", ""]
@@ -482,19 +494,14 @@ def markdown(results: dict) -> str:
         lines += ["", f"Log-log least squares: T^{gr['fit_T']['exponent']:.2f} (r² {gr['fit_T']['r2']:.3f}), "
                   f"T^{gr['fit_T_tail']['exponent']:.2f} without the smallest T; "
                   f"J^{gr['fit_J']['exponent']:.2f} (r² {gr['fit_J']['r2']:.3f}), random trees."]
-    if "skipped" in dy:
-        lines += ["", f"## (c) Dynamics loss across J: skipped ({dy['skipped']})"]
-    elif "results" in dy:
-        d = dy["results"]
-        num = lambda x, spec=".1f": "—" if x is None else format(x, spec)
-        lines += ["", f"## (c) Dynamics loss + gradient across J: {d['batch']} × {d['frames']} frames "
-                  "(scripts/bench_dynamics.py)", ""]
-        lines += _table(["J", "depth", "DOF", "blocked ms", "jvp/vjp ms", "dense ms", "dense ÷ blocked",
-                         "jvp ÷ blocked"],
-                        [[r["J"], r["depth"], r["dof"], num(r["blocked_ms"]), num(r["jvp_ms"]),
-                          num(r["dense_ms"]), num(r["dense_over_blocked"]), num(r["jvp_over_blocked"], ".2f")]
-                         for r in d["rows"]])
     return "\n".join(lines) + "\n"
+
+
+def _plain_ticks(ax, x):
+    """Log-axis ticks at the measured sizes, written plainly (no 3×10¹ minor labels)."""
+    from matplotlib.ticker import NullFormatter
+    ax.set_xticks(list(x), [f"{v:g}" for v in x])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plots(results: dict, out: Path) -> list[str]:
@@ -511,6 +518,7 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.loglog(x, y, "o-", label="measured")
             ax.loglog(x, 1e3 * fit["coefficient"] * x ** fit["exponent"], "--",
                       label=f"fit ∝ x^{fit['exponent']:.2f}")
+            _plain_ticks(ax, x)
             ax.set_xlabel(label)
             ax.set_ylabel("step time (ms)")
             ax.legend()
@@ -526,6 +534,7 @@ def plots(results: dict, out: Path) -> list[str]:
         for name in ("blocked", "jvp", "dense"):
             points = [(r["joints"], r[f"{name}_ms"]) for r in dy["rows"] if r.get(f"{name}_ms")]
             ax.loglog(*zip(*points, strict=True), "o-", label=name)
+        _plain_ticks(ax, [r["joints"] for r in dy["rows"]])
         ax.set_xlabel("joints J")
         ax.set_ylabel("loss + gradient (ms)")
         ax.set_title(f"Dynamics loss, {dy['batch']} × {dy['frames']} frames")
