@@ -127,10 +127,14 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
     out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    step = jax.jit(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)),
-                   in_shardings=(shardings, parallel.window_sharding(mesh)), out_shardings=(shardings, None),
-                   donate_argnums=0)
+    step = jit_train_step(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)), shardings, mesh)
     return step, state, shardings, eval_graphdef
+
+
+def jit_train_step(step, shardings, mesh):
+    """``jax.jit`` of a train step with the state's shardings in and out and the state donated."""
+    return jax.jit(step, in_shardings=(shardings, parallel.window_sharding(mesh)),
+                   out_shardings=(shardings, None), donate_argnums=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,11 +94,9 @@ def compiled_step(config, info):
     """
     mesh = parallel.make_mesh(config.mesh)
     (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
-    window = parallel.window_sharding(mesh)
     loss_fn = train.make_loss_fn(config, info, mesh)
-    step = jax.jit(train.make_train_step(graphdef, tx, loss_fn), in_shardings=(shardings, window),
-                   out_shardings=(shardings, None), donate_argnums=0)
-    batch = _batch(config, info, window)
+    step = train.jit_train_step(train.make_train_step(graphdef, tx, loss_fn), shardings, mesh)
+    batch = _batch(config, info, parallel.window_sharding(mesh))
     return step.lower(state, batch).compile(), state, batch, mesh, (graphdef, loss_fn)
 
 
