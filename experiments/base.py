@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.weight_decay = 1e-4
     c.train.grad_clip = 1.0            # global-norm clipping
     c.train.grad_accum_steps = 1       # >1: optax.MultiSteps averages this many micro-batches per update
+    c.train.retain_host_memory = True  # glibc: reuse freed host memory (parallel.retain_host_memory)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
     c.train.log_every = 10             # steps between train-metric logs
     c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)

@@ -79,19 +79,19 @@ def _frames(x, shift, length):
     return jax.lax.slice_in_dim(x, HALO + shift, HALO + shift + length, axis=1)
 
 
-def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only):
+def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None):
     """Per-frame quantities of one motion ``[B, T, ...]`` (local frames).
 
+    ``fk``: the motion's ``(positions, world rotations)`` when the caller already ran FK on it.
     Returns ``(velocity residual [B, T, J, 3], generalized forces [B, T, J + 1, 3],
     jerk [B, T, J, 3])``; with ``forces_only`` the residual and jerk are None.
     """
     length = rotations.shape[1]
-    root_pad = pad_with_halos(root_position, HALO, axis=1, axis_name=time_axis_name)
-    rot_pad = pad_with_halos(rotations, HALO, axis=1, axis_name=time_axis_name)
-    positions_pad, world_pad = K.forward_kinematics(skeleton, rot_pad, root_pad)
+    positions, world = K.forward_kinematics(skeleton, rotations, root_position) if fk is None else fk
+    # FK runs on the local frames only; the stencils' neighbour frames arrive as positions.
+    positions_pad = pad_with_halos(positions, HALO, axis=1, axis_name=time_axis_name)
+    rot_pad = pad_with_halos(rotations, 1, axis=1, axis_name=time_axis_name)
     p = lambda s: _frames(positions_pad, s, length)
-    q_now, root_now = _frames(rot_pad, 0, length), _frames(root_pad, 0, length)
-    positions, world = p(0), _frames(world_pad, 0, length)
 
     velocity = (p(1) - p(-1)) * (fps / 2)
     acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
@@ -99,13 +99,13 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     forces = _mass_fractions(skeleton, rotations.dtype)[:, None] * (acceleration - gravity)
 
     # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
-    local_omega = rot.relative_rotation_vector(_frames(rot_pad, -1, length), _frames(rot_pad, 1, length))
-    parent = rot.quat_mul(world, rot.quat_conj(q_now))
+    local_omega = rot.relative_rotation_vector(rot_pad[:, :-2], rot_pad[:, 2:])
+    parent = rot.quat_mul(world, rot.quat_conj(rotations))
     joint_velocity = K.world_to_dofs(skeleton, world, rot.quat_rotate(parent, local_omega * (fps / 2)))
     root_velocity = velocity[..., 0, :]
 
     predicted_velocity, (torques, root_force) = _products(
-        skeleton, jacobian, q_now, root_now, positions, world, joint_velocity, root_velocity, forces)
+        skeleton, jacobian, rotations, root_position, positions, world, joint_velocity, root_velocity, forces)
     generalized = jnp.concatenate([root_force[..., None, :], torques], axis=-2)
     if forces_only:
         return None, generalized, None
@@ -123,7 +123,8 @@ def _masked_mean(squared, mask, time_axis_name):
 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
-                  weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None):
+                  weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
+                  pred_fk=None, target_fk=None):
     """The weighted joint-dynamics loss.
 
     Args:
@@ -135,6 +136,9 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
       jacobian: ``"blocked"`` | ``"jvp"`` | ``"dense"``; all give the same value.
       time_axis_name: the mesh axis ``T`` is split over when called inside ``jax.shard_map``
         (local ``T >= 2`` frames per shard), else None.
+      pred_fk, target_fk: optional ``(positions [B, T, J, 3], world rotations [B, T, J, 4])`` of
+        the two motions, when the caller has run :func:`motionjax.kinematics.forward_kinematics`
+        already (the reconstruction loss has): FK then runs once per motion per step.
 
     Returns:
       ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
@@ -144,9 +148,9 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
     if unknown:
         raise ValueError(f"unknown dynamics loss terms {sorted(unknown)}; expected {TERMS}")
     residual, pred_tau, jerk = _motion_terms(skeleton, pred_root, pred_rot, fps, jacobian, time_axis_name,
-                                             forces_only=False)
+                                             forces_only=False, fk=pred_fk)
     _, target_tau, _ = _motion_terms(skeleton, target_root, target_rot, fps, jacobian, time_axis_name,
-                                     forces_only=True)
+                                     forces_only=True, fk=target_fk)
     length = pred_rot.shape[1]
     inner = valid_frames(length, 1, time_axis_name)
     sq = lambda x: jnp.sum(x * x, axis=-1)

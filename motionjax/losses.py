@@ -96,8 +96,9 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     terms = {"rotation": masked_mean(1.0 - cos, axis_names=axes)}
 
     (p_root, p_rot), (t_root, t_rot) = decode(skeleton, pred), decode(skeleton, target)
-    p_pos, _ = forward_kinematics(skeleton, p_rot, p_root)
-    t_pos, _ = forward_kinematics(skeleton, t_rot, t_root)
+    p_fk = forward_kinematics(skeleton, p_rot, p_root)
+    t_fk = forward_kinematics(skeleton, t_rot, t_root)
+    p_pos, t_pos = p_fk[0], t_fk[0]
     terms["position"] = masked_mean(_norm(p_pos - t_pos), axis_names=axes)
 
     p_feet, _ = velocity(p_pos[..., foot_joints(skeleton), :], fps, time_axis_name)
@@ -108,7 +109,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     if cfg.dynamics_weight > 0:
         dyn, dyn_metrics = dynamics.dynamics_loss(
             skeleton, p_root, p_rot, t_root, t_rot, fps, cfg.dynamics, jacobian=cfg.jacobian,
-            time_axis_name=time_axis_name)
+            time_axis_name=time_axis_name, pred_fk=p_fk, target_fk=t_fk)
         if batch_axis_name is not None:  # local mean over an equal share of the batch
             dyn = jax.lax.pmean(dyn, batch_axis_name)
         terms["dynamics"] = dyn

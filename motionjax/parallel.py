@@ -17,6 +17,7 @@ what a compiled program sends (``scripts/comm_report.py``, ``tests/test_parallel
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import os
@@ -198,6 +199,24 @@ def initialize(
     # The default CPU client has no cross-process collectives; must be set before backends start.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
+
+
+def retain_host_memory() -> bool:
+    """Keep freed host memory in the process for reuse instead of handing it back to the OS.
+
+    XLA:CPU allocates each execution's temporaries afresh (~40 MB for the default train step).
+    glibc serves blocks over its 32 MB mmap ceiling with freshly mapped pages and trims freed heap
+    tops, so every step page-faults through zeroed memory again: a quarter of the default CPU
+    step's time (loss + gradient 22.6 vs 30.6 ms, measured with and without). With mmap and
+    trimming off, freed blocks are reused. Process-wide; torch's CPU allocator gets it too.
+    Returns False (and changes nothing) where the C library is not glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def is_main_process() -> bool:

@@ -255,6 +255,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     workdir = Path(workdir)
     main = parallel.is_main_process()
     cfg = config.train
+    if cfg.retain_host_memory:
+        parallel.retain_host_memory()
     mesh = parallel.make_mesh(config.mesh)
     info = data.dataset_info(config.data)  # prepares the dataset on first use
     train_step, state, shardings, eval_graphdef = build_train_step(config, info, mesh)
