@@ -237,19 +237,19 @@ def _masked_mean(x, where):
     return torch.where(where, x, torch.zeros_like(x)).sum() / torch.clamp(where.sum(), min=1)
 
 
-def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only):
-    """Velocity residual, generalized forces and jerk of one motion ``[B, T, ...]``."""
+def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only, fk):
+    """Velocity residual, generalized forces and jerk of one motion ``[B, T, ...]`` with FK ``fk``
+    (positions, world rotations) from the reconstruction loss, as motionjax does."""
     length = rotations.shape[1]
-    root_pad, rot_pad = _edge_pad(root_position, HALO), _edge_pad(rotations, HALO)
-    positions_pad, _ = forward_kinematics(body, rot_pad, root_pad)
+    positions, world = fk
+    positions_pad, rot_pad = _edge_pad(positions, HALO), _edge_pad(rotations, 1)
     p = lambda s: positions_pad[:, HALO + s:HALO + s + length]
-    q_now, root_now = rot_pad[:, HALO:HALO + length], root_pad[:, HALO:HALO + length]
-    positions, world = forward_kinematics(body, q_now, root_now)
+    q_now, root_now = rotations, root_position
     velocity = (p(1) - p(-1)) * (fps / 2)
     acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
     gravity = torch.zeros(3).index_fill_(0, torch.tensor(body.up_axis), -GRAVITY)
     forces = body.mass_fractions[:, None] * (acceleration - gravity)
-    q_prev, q_next = rot_pad[:, HALO - 1:HALO - 1 + length], rot_pad[:, HALO + 1:HALO + 1 + length]
+    q_prev, q_next = rot_pad[:, :-2], rot_pad[:, 2:]
     local_omega = quat_to_axis_angle(quat_mul(q_next, quat_conj(q_prev)))
     parent = quat_mul(world, quat_conj(q_now))
     joint_velocity = world_to_dofs(body, world, quat_rotate(parent, local_omega * (fps / 2)))
@@ -269,9 +269,10 @@ def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only):
     return predicted - velocity, generalized, jerk
 
 
-def dynamics_loss(body, pred_root, pred_rot, target_root, target_rot, fps, weights, jacobian):
-    residual, pred_tau, jerk = _motion_terms(body, pred_root, pred_rot, fps, jacobian, False)
-    _, target_tau, _ = _motion_terms(body, target_root, target_rot, fps, jacobian, True)
+def dynamics_loss(body, pred_root, pred_rot, target_root, target_rot, fps, weights, jacobian, pred_fk,
+                  target_fk):
+    residual, pred_tau, jerk = _motion_terms(body, pred_root, pred_rot, fps, jacobian, False, pred_fk)
+    _, target_tau, _ = _motion_terms(body, target_root, target_rot, fps, jacobian, True, target_fk)
     length = pred_rot.shape[1]
     inner, outer = _valid(length, 1)[None, :, None], _valid(length, HALO)[None, :, None]
     sq = lambda x: (x * x).sum(-1)
@@ -297,8 +298,8 @@ def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std):
     (p_root, p_rot, p_mat), (t_root, t_rot, t_mat) = _decode(body, pred), _decode(body, target)
     norm = lambda v: torch.sqrt((v * v).sum(-1) + 1e-8)
     terms = {"rotation": (1.0 - ((p_mat * t_mat).sum((-2, -1)) - 1.0) / 2.0).mean()}
-    p_pos, _ = forward_kinematics(body, p_rot, p_root)
-    t_pos, _ = forward_kinematics(body, t_rot, t_root)
+    p_fk, t_fk = forward_kinematics(body, p_rot, p_root), forward_kinematics(body, t_rot, t_root)
+    p_pos, t_pos = p_fk[0], t_fk[0]
     terms["position"] = norm(p_pos - t_pos).mean()
     valid = _valid(pred.shape[1], 1)[None, :, None]
     velocity = lambda x: (_edge_pad(x, 1)[:, 2:] - _edge_pad(x, 1)[:, :-2]) * (fps / 2)
@@ -307,7 +308,8 @@ def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std):
     terms["foot"] = _masked_mean((p_feet**2).sum(-1), planted)
     loss = sum(cfg[k] * terms[k] for k in ("rotation", "position", "foot"))
     if cfg.dynamics_weight > 0:
-        dyn, _ = dynamics_loss(body, p_root, p_rot, t_root, t_rot, fps, dict(cfg.dynamics), cfg.jacobian)
+        dyn, _ = dynamics_loss(body, p_root, p_rot, t_root, t_rot, fps, dict(cfg.dynamics), cfg.jacobian,
+                               p_fk, t_fk)
         terms["dynamics"] = dyn
         loss = loss + cfg.dynamics_weight * dyn
     return loss, terms
