@@ -426,8 +426,8 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def __init__(self, cfg, info, seed: int = 0):
         self.slots, self.seed = data.train_slots(info, cfg.window, cfg.dynamics_weight), seed
-        self.sample = data.SampleWindow(data.ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
-        self.make = data.MakeExample(info, cfg)
+        self.sample = data.SampleWindow(data.ClipSource(info), info, cfg)
+        self.make = data.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
 
     def __len__(self):
         return len(self.slots)
@@ -437,7 +437,7 @@ class WindowDataset(torch.utils.data.Dataset):
         w = self.sample(self.slots[i], rng)
         while w is None:  # a bad record (already counted by SampleWindow): draw another slot
             w = self.sample(self.slots[rng.integers(len(self.slots))], rng)
-        out = self.make(w)
+        out = self.make(w, rng)
         return {k: out[k] for k in ("noisy", "clean")}
 
 

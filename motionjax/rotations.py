@@ -169,7 +169,11 @@ def sixd_to_matrix(d6):
 
 
 def quat_to_6d(q):
-    return matrix_to_6d(quat_to_matrix(q))
+    """The first two columns of :func:`quat_to_matrix`, without the third."""
+    xp = _xp(q)
+    w, x, y, z = xp.moveaxis(q, -1, 0)
+    return xp.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y),
+                     2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)], axis=-1)
 
 
 def sixd_to_quat(d6):
@@ -224,6 +228,17 @@ def quat_slerp(a, b, t):
     b = xp.where(xp.sum(a * b, axis=-1, keepdims=True) < 0, -b, b)
     delta = quat_to_axis_angle(quat_mul(quat_conj(a), b))
     return quat_mul(a, axis_angle_to_quat(delta * t[..., None]))
+
+
+def quat_nlerp(a, b, t):
+    """Normalized linear interpolation from ``a`` to ``b`` at ``t [...]`` (shortest arc).
+
+    Within ``θ³/200`` rad of :func:`quat_slerp` for ``a``, ``b`` ``θ`` rad apart (5e-6 rad for
+    frames 0.1 rad apart) at a fraction of its cost: enough to resample neighbouring frames.
+    """
+    xp = _xp(a, b, t)
+    b = xp.where(xp.sum(a * b, axis=-1, keepdims=True) < 0, -b, b)
+    return quat_normalize(a + (b - a) * t[..., None])
 
 
 def relative_rotation_vector(q_from, q_to):

@@ -311,7 +311,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     def drain(metrics):
         """Read one step's metrics (one step late, so the device always has a step queued)."""
         nonlocal state, restores, guard_after
-        done_step, m = metrics
+        done_step, m, _ = metrics
         m = jax.device_get(m)
         if done_step % cfg.log_every == 0 or done_step == cfg.steps:
             log(done_step, {k: v for k, v in m.items() if k != "nonfinite_run"}, "train")
@@ -334,21 +334,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
         while step < cfg.steps and stop["signal"] is None:
             t_data = time.perf_counter()
             batch = next(iterator)
-            batch = {k: batch[k] for k in ("noisy", "clean")}
             timing["data_wait"] += time.perf_counter() - t_data
+            inputs = {k: batch[k] for k in ("noisy", "clean")}
             if timing["compile"] is None:
                 t_compile = time.perf_counter()
-                state, metrics = train_step(state, batch)
+                state, metrics = train_step(state, inputs)
                 jax.block_until_ready(metrics)
                 timing["compile"] = time.perf_counter() - t_compile
                 t0, timing["data_wait"] = time.perf_counter(), 0.0
             else:
-                state, metrics = train_step(state, batch)
+                state, metrics = train_step(state, inputs)
                 timing["steps"] += 1
             step += 1
             if pending is not None:
                 drain(pending)
-            pending = (step, metrics)
+            # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
+            # or use is still queued blocks the host until the device gets there.
+            pending = (step, metrics, batch)
             if bar:
                 bar.update(1)
             eval_now = step % cfg.eval_every == 0 or step == cfg.steps

@@ -2,8 +2,8 @@
 
     python scripts/bench_data.py [--quick] [--out results/bench_data.json] [--data-dir DIR]
 
-Rows: per-window costs (record read + window/noise draw; the transforms batched as the Grain
-pipeline runs them and one window at a time as the naive loader does), then loader frames/s
+Rows: per-window costs (record read + window draw; the noise draw and transforms batched as the
+Grain pipeline runs them and one window at a time as the naive loader does), then loader frames/s
 measured after warm-up batches (until every worker delivered: start-up excluded), the median of
 ``--rounds`` interleaved rounds. All numbers come from one run on a shared machine: compare them as ratios.
 ``--data-dir`` points at any prepared directory, e.g. the synthetic shards of
@@ -26,8 +26,8 @@ from motionjax.data import load_info, pipeline, transforms  # noqa: E402
 
 
 def _per_window_costs(cfg, info, n: int) -> dict:
-    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
-    make = pipeline.MakeExample(info, cfg)
+    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
+    make = pipeline.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
     slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_weight)
     rng = np.random.default_rng(0)
     t = time.perf_counter()
@@ -35,14 +35,14 @@ def _per_window_costs(cfg, info, n: int) -> dict:
     sample_us = (time.perf_counter() - t) / n * 1e6
     t = time.perf_counter()
     for w in windows:
-        make(w)
+        make(w, rng)
     single_us = (time.perf_counter() - t) / n * 1e6
     b = cfg.batch_size
     batches = [{k: np.stack([w[k] for w in windows[i:i + b]]) for k in windows[0]}
                for i in range(0, n - b + 1, b)]
     t = time.perf_counter()
     for batch in batches:
-        make(batch)
+        make(batch, rng)
     batched_us = (time.perf_counter() - t) / (len(batches) * b) * 1e6
     return {"read_and_draw_us": sample_us, "transform_single_us": single_us,
             "transform_batched_us": batched_us}

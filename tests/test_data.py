@@ -169,7 +169,7 @@ def test_time_warp_fixes_ends_and_interpolates_exactly():
     u = np.arange(t) + 2.0 * np.sin(np.pi * np.arange(t) / (t - 1))
     np.testing.assert_allclose(wr[0, :, 0], u, atol=1e-5)  # lerp of a linear path is exact
     np.testing.assert_allclose(wr[0, :, 2], 2 * u, atol=1e-5)
-    np.testing.assert_allclose(rot.quat_to_axis_angle(wq)[0, :, 0, 1], 0.05 * u, atol=1e-5)  # slerp too
+    np.testing.assert_allclose(rot.quat_to_axis_angle(wq)[0, :, 0, 1], 0.05 * u, atol=1e-5)  # nlerp: 1e-6
     same_r, same_q = transforms.time_warp(root, rots, np.array([0.0]))
     np.testing.assert_allclose(same_r, root, atol=1e-6)
 

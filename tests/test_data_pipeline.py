@@ -158,7 +158,7 @@ def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
     for w in (0.0, 1.0):
         c = cfg.copy_and_resolve_references()
         c.dynamics_weight = w
-        sample = pipeline.SampleWindow(source, info, c, transforms.Noise())
+        sample = pipeline.SampleWindow(source, info, c)
         rng = np.random.default_rng(0)
         drawn = []
         for _, clip, begin, end in pipeline.train_slots(info, c.window, w):  # one epoch
@@ -178,7 +178,7 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     length = seg[2] - seg[1]
     assert cfg.window / 2 <= length < cfg.window  # 30 frames at 30 fps
     assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_weight))
-    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg, transforms.Noise())
+    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
     win = sample((0, *seg), np.random.default_rng(0))
     np.testing.assert_array_equal(win["valid"], np.arange(cfg.window) < length)
     clip = pipeline.ClipSource(info)[walk]

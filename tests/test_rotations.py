@@ -65,6 +65,7 @@ def test_exp_log_match_scipy_and_invert(v):
 @examples
 @given(quats)
 def test_six_d_round_trip(q):
+    np.testing.assert_allclose(rot.quat_to_6d(q), rot.matrix_to_6d(_scipy(q).as_matrix()), atol=1e-12)
     _same_rotation(rot.sixd_to_quat(rot.quat_to_6d(q)), q)
     np.testing.assert_allclose(rot.sixd_to_matrix(rot.matrix_to_6d(rot.quat_to_matrix(q))),
                                rot.quat_to_matrix(q), atol=1e-12)
@@ -106,6 +107,18 @@ def test_slerp_matches_scipy(a, b, t):
     for i in range(6):
         ref = Slerp([0, 1], _scipy(np.stack([a[i], b[i]])))([t])
         _same_rotation(mid[i], _wxyz(ref)[0], atol=1e-7)
+
+
+@pytest.mark.parametrize("angle", [0.05, 0.1, 0.3, 1.0])
+def test_nlerp_is_within_its_stated_bound_of_slerp(angle):
+    rng = np.random.default_rng(0)
+    a = rot.axis_angle_to_quat(rng.normal(size=(500, 3)))
+    b = rot.quat_mul(a, rot.axis_angle_to_quat(_unit(rng.normal(size=(500, 3))) * angle))
+    t = rng.random(500)
+    # -b: the same rotation on the far hemisphere; both take the shortest arc.
+    gap = rot.relative_rotation_vector(rot.quat_slerp(a, b, t), rot.quat_nlerp(a, -b, t))
+    gap = np.linalg.norm(gap, axis=-1)
+    assert gap.max() <= angle**3 / 200
 
 
 def test_small_angles_are_accurate_in_float32():

@@ -8,15 +8,17 @@ Training graph (:func:`train_dataset`)::
     -> shuffle(seed) -> repeat()             reshuffled every epoch
     -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic), check
                                              it (bad ones: skipped, counted, warned; strict raises),
-                                             draw a start (uniform/dynamics-score mixture), the noise
+                                             draw a start (uniform/dynamics-score mixture)
     -> batch(B / process_count)
-    -> map(MakeExample)                      canonicalize, mirror, noise, standardize, mask, chunk:
-                                             vectorized over the batch (transforms.make_example)
+    -> random_map(MakeExample)               draw the noise, then canonicalize, mirror, noise,
+                                             standardize, mask, chunk: vectorized over the batch
+                                             (transforms.make_example)
     -> mp_prefetch(worker_count)             0 workers = in the main process
     -> thread prefetch -> to global jax Arrays (make_array_from_process_local_data) -> prefetch
 
-Every random choice is drawn in ``SampleWindow`` from Grain's per-element generator, so batches
-depend only on ``seed`` (and the worker count), and the iterator state Grain checkpoints
+Every random choice comes from Grain's per-element generators (one per window in ``SampleWindow``,
+one per batch in ``MakeExample``), so batches depend only on ``seed``, and the iterator state Grain
+checkpoints
 (``get_state``/``set_state``, ``grain.checkpoint.CheckpointSave``) restores the exact stream. The
 prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the
 consumer took, not those waiting in the buffers.
@@ -126,16 +128,16 @@ def slot_dataset(info: DatasetInfo, cfg, *, seed: int, process_index: int,
 
 
 class SampleWindow:
-    """``(slot, rng) -> window + noise draws`` (or None for a bad record), one training example.
+    """``(slot, rng) -> window`` (or None for a bad record), one training example.
 
     The start is drawn from :func:`transforms.window_weights` restricted to the slot's segment
-    (``dynamics_weight`` mixes score-weighted and uniform); the noise from :meth:`transforms.Noise.sample`.
+    (``dynamics_weight`` mixes score-weighted and uniform).
     """
 
     CACHE = 256  # segments kept decoded with their start distribution (a small corpus stays resident)
 
-    def __init__(self, source: ClipSource, info: DatasetInfo, cfg, noise: transforms.Noise):
-        self.source, self.skeleton, self.noise = source, info.skeleton, noise
+    def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
+        self.source, self.skeleton = source, info.skeleton
         self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
@@ -166,8 +168,7 @@ class SampleWindow:
             return None
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
         start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
-        draws = self.noise.sample(rng, self.window, self.skeleton)
-        return {**_window(clip, start, end, self.window), **draws}
+        return _window(clip, start, end, self.window)
 
 
 def _window(clip: dict, start: int, end: int, window: int) -> dict:
@@ -183,16 +184,22 @@ def _is_window(x) -> bool:
 
 
 class MakeExample:
-    """Batch of windows and draws -> the batch dict (:func:`transforms.make_example`)."""
+    """``(windows [..., T, ...], rng) -> the batch dict``: the noise for all windows in one draw
+    (:meth:`transforms.Noise.sample`), then :func:`transforms.make_example`."""
 
-    def __init__(self, info: DatasetInfo, cfg):
-        self.skeleton, self.mean, self.std = info.skeleton, info.mean, info.std
+    def __init__(self, info: DatasetInfo, cfg, noise: transforms.Noise):
+        self.skeleton, self.mean, self.std, self.noise = info.skeleton, info.mean, info.std, noise
         self.chunk, self.floor = cfg.chunk, cfg.floor_align
         self.scale = (cfg.canonical_height / transforms.rest_height(info.skeleton)
                       if cfg.canonical_height else 1.0)
 
-    def __call__(self, w: dict) -> dict:
-        out = transforms.make_example(self.skeleton, w["root_position"], w["rotations"], w, self.mean,
+    def __call__(self, w: dict, rng: np.random.Generator) -> dict:
+        *batch, frames = w["valid"].shape
+        return self.transform(w, self.noise.sample(rng, frames, self.skeleton, tuple(batch)))
+
+    def transform(self, w: dict, draws: dict) -> dict:
+        """Windows and given noise draws -> the batch dict."""
+        out = transforms.make_example(self.skeleton, w["root_position"], w["rotations"], draws, self.mean,
                                       self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale)
         out["valid"] = transforms.chunk(w["valid"][..., None], self.chunk)
         return out
@@ -211,11 +218,13 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
     ds = slot_dataset(info, cfg, seed=seed, process_index=pi, process_count=pc)
-    sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
-    ds = ds.random_map(sample, seed=seed)
+    ds = ds.random_map(SampleWindow(ClipSource(info), info, cfg), seed=seed)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
     ds = ds.filter(_is_window).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    ds = ds.batch(_local_batch(cfg, pc), drop_remainder=True).map(MakeExample(info, cfg))
+    ds = ds.batch(_local_batch(cfg, pc), drop_remainder=True)
+    # Batch i's noise generator: a function of (seed, process, i), so processes draw different noise.
+    noise_seed = int(np.random.SeedSequence([seed, pi]).generate_state(1)[0])
+    ds = ds.random_map(MakeExample(info, cfg, transforms.Noise.from_config(cfg)), seed=noise_seed)
     if cfg.worker_count > 0:
         from absl import flags
         if not flags.FLAGS.is_parsed():  # grain's multiprocessing reads absl flags
@@ -256,15 +265,15 @@ def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
     the main thread, no Grain, no workers, no prefetch (how a plain training script does it)."""
     _check(cfg, info)
     slots = train_slots(info, cfg.window, cfg.dynamics_weight)
-    sample = SampleWindow(ClipSource(info), info, cfg, transforms.Noise.from_config(cfg))
-    make = MakeExample(info, cfg)
+    sample = SampleWindow(ClipSource(info), info, cfg)
+    make = MakeExample(info, cfg, transforms.Noise.from_config(cfg))
     rng = np.random.default_rng(seed)
     while True:
         examples = []
         while len(examples) < cfg.batch_size:
             w = sample(slots[rng.integers(len(slots))], rng)
             if w is not None:
-                examples.append(make(w))
+                examples.append(make(w, rng))
         yield {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
 
@@ -298,15 +307,16 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
         clip = source[clip_id]
         records.check_clip(clip, info.skeleton)
-        rng = np.random.default_rng([seed, clip_id, start])
-        windows.append({**_window(clip, start, end, t), **noise.sample(rng, t, info.skeleton)})
+        rng = np.random.default_rng([seed, clip_id, start])  # a window's noise whatever its batch
+        windows.append((_window(clip, start, end, t), noise.sample(rng, t, info.skeleton)))
     if not windows:
         return []
     pad = (-len(windows)) % cfg.batch_size
-    windows += [dict(windows[0], valid=np.zeros(t, np.float32)) for _ in range(pad)]
-    make = MakeExample(info, cfg)
+    windows += [(dict(windows[0][0], valid=np.zeros(t, np.float32)), windows[0][1]) for _ in range(pad)]
+    make = MakeExample(info, cfg, noise)
+    stack = lambda dicts: {k: np.stack([d[k] for d in dicts]) for k in dicts[0]}
     batches = []
     for i in range(0, len(windows), cfg.batch_size):
         group = windows[i:i + cfg.batch_size]
-        batches.append(make({k: np.stack([w[k] for w in group]) for k in group[0]}))
+        batches.append(make.transform(stack([w for w, _ in group]), stack([d for _, d in group])))
     return batches

@@ -227,19 +227,22 @@ class Noise:
         return cls(cfg.rot_noise, cfg.pos_noise, cfg.joint_mask_prob, cfg.frame_mask_prob, cfg.time_warp,
                    cfg.mirror_prob, cfg.clean_prob)
 
-    def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton) -> dict:
-        """One window's random draws (the transform itself is deterministic given these)."""
-        r = len(features.rotating_joints(skeleton))
+    def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton, batch: tuple = ()) -> dict:
+        """Random draws for windows ``[*batch, frames]`` (the transform is deterministic given these)."""
+        r, j = len(features.rotating_joints(skeleton)), skeleton.num_joints
         draws = {
-            "rot": (rng.standard_normal((frames, skeleton.num_joints, 3)) * self.rot_std).astype(np.float32),
-            "pos": (rng.standard_normal((frames, 3)) * self.pos_std).astype(np.float32),
-            "joint_mask": rng.random((frames, r)) < self.joint_mask_prob,
-            "frame_mask": rng.random(frames) < self.frame_mask_prob,
-            "warp": np.float32(rng.uniform(-self.time_warp, self.time_warp)),
-            "mirror": rng.random() < self.mirror_prob,
+            "rot": (rng.standard_normal((*batch, frames, j, 3)) * self.rot_std).astype(np.float32),
+            "pos": (rng.standard_normal((*batch, frames, 3)) * self.pos_std).astype(np.float32),
+            "joint_mask": rng.random((*batch, frames, r)) < self.joint_mask_prob,
+            "frame_mask": rng.random((*batch, frames)) < self.frame_mask_prob,
+            "warp": rng.uniform(-self.time_warp, self.time_warp, batch).astype(np.float32),
+            "mirror": rng.random(batch) < self.mirror_prob,
         }
-        if self.clean_prob and rng.random() < self.clean_prob:  # no extra draw when off: same stream
-            draws.update({k: np.zeros_like(v) for k, v in draws.items() if k != "mirror"})
+        if self.clean_prob:  # no extra draw when off: same stream
+            corrupt = rng.random(batch) >= self.clean_prob
+            for k in ("rot", "pos", "joint_mask", "frame_mask", "warp"):
+                v = draws[k]
+                draws[k] = v * corrupt.reshape(corrupt.shape + (1,) * (v.ndim - corrupt.ndim))
         return draws
 
 
@@ -254,7 +257,7 @@ def rotation_noise(skeleton: Skeleton, rotations, eps):
 
 
 def time_warp(root_position, rotations, delta):
-    """Resample windows at ``u = t + δ·sin(πt/(T-1))`` (``delta [...]`` frames): lerp / slerp."""
+    """Resample windows at ``u = t + δ·sin(πt/(T-1))`` (``delta [...]`` frames): lerp / nlerp."""
     lead, t = root_position.shape[:-2], root_position.shape[-2]
     base = np.arange(t, dtype=np.float32)
     shift = np.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1))
@@ -265,7 +268,7 @@ def time_warp(root_position, rotations, delta):
     root, rots = root_position.reshape(-1, t, 3), rotations.reshape(-1, *rotations.shape[-3:])
     root = root[rows, i0] * (1 - frac[..., None]) + root[rows, i0 + 1] * frac[..., None]
     frac_j = np.broadcast_to(frac[..., None], i0.shape + (rots.shape[-2],))
-    quats = rot.quat_slerp(rots[rows, i0], rots[rows, i0 + 1], frac_j)
+    quats = rot.quat_nlerp(rots[rows, i0], rots[rows, i0 + 1], frac_j)
     return root.reshape(*lead, t, 3), quats.reshape(rotations.shape)
 
 
