@@ -244,21 +244,20 @@ def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only, fk
     positions, world = fk
     positions_pad, rot_pad = _edge_pad(positions, HALO), _edge_pad(rotations, 1)
     p = lambda s: positions_pad[:, HALO + s:HALO + s + length]
-    q_now, root_now = rotations, root_position
     velocity = (p(1) - p(-1)) * (fps / 2)
     acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
     gravity = torch.zeros(3).index_fill_(0, torch.tensor(body.up_axis), -GRAVITY)
     forces = body.mass_fractions[:, None] * (acceleration - gravity)
     q_prev, q_next = rot_pad[:, :-2], rot_pad[:, 2:]
     local_omega = quat_to_axis_angle(quat_mul(q_next, quat_conj(q_prev)))
-    parent = quat_mul(world, quat_conj(q_now))
+    parent = quat_mul(world, quat_conj(rotations))
     joint_velocity = world_to_dofs(body, world, quat_rotate(parent, local_omega * (fps / 2)))
     root_velocity = velocity[..., 0, :]
     if jacobian == "blocked":
         predicted, (torques, root_force) = blocked_products(body, positions, world, joint_velocity,
                                                             root_velocity, forces)
     elif jacobian == "dense":
-        predicted, (torques, root_force) = dense_products(body, q_now, root_now, joint_velocity,
+        predicted, (torques, root_force) = dense_products(body, rotations, root_position, joint_velocity,
                                                           root_velocity, forces)
     else:
         raise ValueError(f"the torch peer has jacobian 'blocked' or 'dense', not {jacobian!r}")

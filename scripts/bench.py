@@ -225,7 +225,7 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
             wall[name] += time.perf_counter() - start
     rows = {}
     for name, config in configs.items():
-        runs, start = all_runs[name], time.perf_counter() - wall[name]
+        runs, start = all_runs[name], time.perf_counter()
         info = pipeline.dataset_info(config.data)
         per_seed = [{f"{split}/{cond}": r["results"][split][cond]["model"]["mpjpe"]
                      for split in config.train.eval_splits for cond in ("clean", "noisy")} for r in runs]
@@ -236,7 +236,7 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
         rows[name] = {
             "frames_per_s": median("frames_per_s"), "step_s": 1.0 / median("steps_per_s"),
             "data_wait_fraction": median("data_wait_fraction"), "compile_s": runs[0]["compile_s"],
-            "wall_s": time.perf_counter() - start, "seeds": list(seeds),
+            "wall_s": wall[name] + time.perf_counter() - start, "seeds": list(seeds),
             "frames": steps * config.data.batch_size * config.data.window,
             "heldout_mpjpe_cm": mpjpe, "heldout_mpjpe_mean_cm": float(np.mean(list(mpjpe.values()))),
             "heldout_mpjpe_mean_cm_per_seed": [float(np.mean(list(m.values()))) for m in per_seed],
@@ -326,7 +326,7 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
               "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()},
               "compute_alone_ms": {}}
     # Compute alone, one fixed batch, the two frameworks timed round by round so that a change of
-    # load on a shared machine hits both alike (the end-to-end runs above are minutes apart).
+    # load on a shared machine hits both alike.
     for jacobian, module in (("blocked", deepmimic_denoise), ("dense", baseline)):
         jax_config = _experiment(module, steps)
         step, state, batch, _, _ = compiled_step(jax_config, info)  # part (b)'s program: cached
