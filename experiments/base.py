@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
+    c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
     # Evaluated splits: training frames (the generalization gap), unseen clips, last 20% of training clips.
     c.train.eval_splits = ("train", "heldout_clips", "heldout_tail")
     c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
