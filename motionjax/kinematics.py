@@ -1,10 +1,22 @@
-"""Forward kinematics over a skeleton, one batched op per tree depth level.
+"""Forward kinematics and the kinematic Jacobian's products over a skeleton, by one tree scan.
 
-Joints at the same depth are independent given their parents, so FK runs ``depth`` steps, each a
-gather of the previous level's results plus one vectorised quaternion product and rotation
-(the scheme of MuJoCo MJX's ``scan.body_tree``). A 24-joint body traces ~8 levels, not 24 joints.
+Everything that walks the tree goes through :func:`tree_scan`: one batched op per depth level, down
+the tree (FK, prefix sums for ``J·q̇``) or up it (subtree sums for ``Jᵀ·F``), the scheme of MuJoCo
+MJX's ``scan.body_tree``. A 24-joint body takes ~9 levels, not 24 joints, and no step forms a
+dense ``[J, J]`` ancestor mask.
+
+Internally the joint axis is reordered by depth level ("level order": each level a contiguous
+block, siblings adjacent) and arrays are component-major, ``[C, J, ...]`` with the frames last:
+a level's parents are then whole contiguous rows of frames, gathered with ``memcpy``-like copies,
+and every vector or quaternion op is elementwise on contiguous arrays, which XLA:CPU vectorises
+(a trailing ``[..., 3]`` axis does not). The level gathers carry their own VJPs: the transpose of
+"gather each joint's parent" is "sum each joint's children" and vice versa, both gathers, so
+autodiff of any tree scan is again a tree scan, never a scatter-add.
 """
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,16 +26,233 @@ from motionjax import rotations as rot
 from motionjax.skeleton import Skeleton
 
 
-def _level_plan(skeleton: Skeleton):
-    """Per level: joint ids and each joint's parent's slot in the previous level's arrays."""
-    slot = np.zeros(skeleton.num_joints, int)
-    plan = []
-    for ids in skeleton.levels:
-        slot[ids] = np.arange(len(ids))
-        parent_slot = slot[np.asarray(skeleton.parents)[ids]] if plan else None
-        plan.append((ids, parent_slot))
-    order = np.concatenate(skeleton.levels)
-    return plan, np.argsort(order)  # argsort(order) maps joint id -> row in the level concat
+@dataclasses.dataclass(frozen=True, eq=False)
+class TreePlan:
+    """The static index tables of :func:`tree_scan` for one skeleton.
+
+    ``order [J]``: joint id at each level-order position; ``rank [J]``: its inverse. Per level
+    ``d``: ``bounds[d] = (start, stop)`` in level order, ``parent_slot[d] [n_d]`` each joint's
+    parent's index within level ``d - 1`` (None at the root level) and ``children[d] [n_d, c_d]``
+    each joint's children's indices within level ``d + 1``, padded with ``n_{d+1}`` (a zero row).
+    """
+    order: np.ndarray
+    rank: np.ndarray
+    bounds: tuple
+    parent_slot: tuple
+    children: tuple
+
+
+@functools.lru_cache(maxsize=64)
+def tree_plan(skeleton: Skeleton) -> TreePlan:
+    parents = np.asarray(skeleton.parents)
+    rank = np.zeros(skeleton.num_joints, int)
+    levels = []
+    for d, ids in enumerate(skeleton.levels):
+        if d:  # siblings adjacent, in the order of their parents
+            ids = ids[np.argsort(rank[parents[ids]], kind="stable")]
+        start = sum(len(level) for level in levels)
+        rank[ids] = start + np.arange(len(ids))
+        levels.append(ids)
+    order = np.concatenate(levels)
+    bounds, parent_slot, children, start = [], [], [], 0
+    for d, ids in enumerate(levels):
+        bounds.append((start, start + len(ids)))
+        parent_slot.append(rank[parents[ids]] - bounds[d - 1][0] if d else None)
+        start += len(ids)
+    for d, ids in enumerate(levels):
+        if d + 1 == len(levels):
+            children.append(None)
+            continue
+        kids = [np.flatnonzero(parent_slot[d + 1] == i) for i in range(len(ids))]
+        width = max(1, max(len(k) for k in kids))
+        table = np.full((len(ids), width), len(levels[d + 1]), int)
+        for i, k in enumerate(kids):
+            table[i, :len(k)] = k
+        children.append(table)
+    return TreePlan(order, np.argsort(order), tuple(bounds), tuple(parent_slot), tuple(children))
+
+
+# Per-level gathers along axis 1 of ``[C, n, ...]`` arrays, each the other's transpose.
+
+def _gather_parents_impl(plan, level, x):
+    return jnp.take(x, plan.parent_slot[level], axis=1) if not _is_numpy(x) else x[:, plan.parent_slot[level]]
+
+
+def _sum_children_impl(plan, level, x):
+    table = plan.children[level]
+    if table.shape[1] == 1 and (table[:, 0] < x.shape[1]).all():
+        return jnp.take(x, table[:, 0], axis=1)
+    padded = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
+    return sum(jnp.take(padded, table[:, c], axis=1) for c in range(table.shape[1]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _gather_parents(plan, level, x):
+    """``[C, n_{d-1}, ...]`` -> ``[C, n_d, ...]``: each level-``d`` joint's parent's row."""
+    return _gather_parents_impl(plan, level, x)
+
+
+_gather_parents.defvjp(lambda plan, level, x: (_gather_parents_impl(plan, level, x), None),
+                       lambda plan, level, _, g: (_sum_children(plan, level - 1, g),))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _sum_children(plan, level, x):
+    """``[C, n_{d+1}, ...]`` -> ``[C, n_d, ...]``: each level-``d`` joint's sum over its children."""
+    return _sum_children_impl(plan, level, x)
+
+
+_sum_children.defvjp(lambda plan, level, x: (_sum_children_impl(plan, level, x), None),
+                     lambda plan, level, _, g: (_gather_parents(plan, level + 1, g),))
+
+
+def _is_numpy(x):
+    return isinstance(x, np.ndarray)
+
+
+def tree_scan(skeleton: Skeleton, fn, xs, reverse: bool = False, custom_vjp: bool = False):
+    """Scan ``fn`` over the tree one depth level at a time (MJX ``scan.body_tree``).
+
+    Args:
+      skeleton: the tree.
+      fn: ``fn(carry, x) -> y``. Down the tree (``reverse=False``) ``carry`` is the parent's ``y``
+        (None at the root); up the tree it is the sum of the children's ``y`` (None at the deepest
+        level; a leaf elsewhere gets zeros). ``x`` and ``y`` are pytrees of ``[C, n, ...]`` arrays
+        for one level's ``n`` joints.
+      xs: a pytree of ``[C, J, ...]`` arrays in level order (:func:`to_tree_layout`).
+      custom_vjp: level gathers whose VJPs are the opposite gathers (children sums for parent
+        gathers and back), not XLA's scatter-adds: faster reverse mode, but no forward mode
+        (``jax.jvp``/``jacfwd``), so off by default.
+
+    Returns:
+      The pytree of ``y`` for every joint, ``[C, J, ...]`` in level order. Works on numpy arrays
+      too (no autodiff there).
+    """
+    plan = tree_plan(skeleton)
+    leaves = jax.tree.leaves(xs)
+    numpy = all(_is_numpy(a) for a in leaves)
+    xp = np if numpy else jnp
+    level_x = [jax.tree.map(lambda a, b=b: a[:, b[0]:b[1]], xs) for b in plan.bounds]
+    if numpy:
+        parents = lambda d, t: jax.tree.map(lambda a: _gather_parents_impl(plan, d, a), t)
+        kids = lambda d, t: jax.tree.map(
+            lambda a: np.concatenate([a, np.zeros_like(a[:, :1])], 1)[:, plan.children[d]].sum(2), t)
+    elif custom_vjp:
+        parents = lambda d, t: jax.tree.map(lambda a: _gather_parents(plan, d, a), t)
+        kids = lambda d, t: jax.tree.map(lambda a: _sum_children(plan, d, a), t)
+    else:
+        parents = lambda d, t: jax.tree.map(lambda a: _gather_parents_impl(plan, d, a), t)
+        kids = lambda d, t: jax.tree.map(lambda a: _sum_children_impl(plan, d, a), t)
+    depth = len(plan.bounds)
+    out = [None] * depth
+    if not reverse:
+        for d in range(depth):
+            out[d] = fn(parents(d, out[d - 1]) if d else None, level_x[d])
+    else:
+        for d in reversed(range(depth)):
+            out[d] = fn(kids(d, out[d + 1]) if d + 1 < depth else None, level_x[d])
+    return jax.tree.map(lambda *a: xp.concatenate(a, axis=1), *out)
+
+
+def prefix_sum(skeleton: Skeleton, x, custom_vjp: bool = False):
+    """``[C, J, ...]`` (level order) -> ``Σ_{k ∈ ancestors(j) ∪ {j}} x_k``, down the tree."""
+    add = lambda parent, x: x if parent is None else parent + x
+    return tree_scan(skeleton, add, x, custom_vjp=custom_vjp)
+
+
+def subtree_sum(skeleton: Skeleton, x, custom_vjp: bool = False):
+    """``[C, J, ...]`` (level order) -> ``Σ_{j ∈ subtree(k)} x_j``, up the tree (the transpose of
+    :func:`prefix_sum`)."""
+    return tree_scan(skeleton, lambda kids, x: x if kids is None else kids + x, x, reverse=True,
+                     custom_vjp=custom_vjp)
+
+
+# Layout conversion. A permutation's transpose is the inverse permutation (a gather, no scatter).
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _permute(x, perm, axis):
+    return jnp.take(x, perm, axis=axis)
+
+
+_permute.defvjp(lambda x, perm, axis: (_permute(x, perm, axis), None),
+                lambda perm, axis, _, g: (_permute(g, tuple(np.argsort(perm)), axis),))
+
+
+def _take(x, perm, axis, custom_vjp):
+    if _is_numpy(x):
+        return np.take(x, perm, axis=axis)
+    if custom_vjp:
+        return _permute(x, tuple(int(i) for i in perm), axis)
+    return jnp.take(x, perm, axis=axis)
+
+
+def to_tree_layout(skeleton: Skeleton, x, custom_vjp: bool = False):
+    """``[..., J, C]`` -> ``[C, J, ...]`` in level order (numpy in, numpy out)."""
+    xp = np if _is_numpy(x) else jnp
+    return _take(xp.moveaxis(x, (-1, -2), (0, 1)), tree_plan(skeleton).order, 1, custom_vjp)
+
+
+def from_tree_layout(skeleton: Skeleton, x, custom_vjp: bool = False):
+    """Inverse of :func:`to_tree_layout`: ``[C, J, ...]`` -> ``[..., J, C]``."""
+    xp = np if _is_numpy(x) else jnp
+    return xp.moveaxis(_take(x, tree_plan(skeleton).rank, 1, custom_vjp), (0, 1), (-1, -2))
+
+
+# Vector and quaternion algebra on component-major ``[3 or 4, ...]`` arrays (the formulas of
+# :mod:`motionjax.rotations`, so both layouts give the same numbers).
+
+def _xp_of(*arrays):
+    return np if all(_is_numpy(a) for a in arrays) else jnp
+
+
+def cross(a, b):
+    ax, ay, az = a[0], a[1], a[2]
+    bx, by, bz = b[0], b[1], b[2]
+    return _xp_of(a, b).stack([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx])
+
+
+def quat_mul(a, b):
+    aw, ax, ay, az = a[0], a[1], a[2], a[3]
+    bw, bx, by, bz = b[0], b[1], b[2], b[3]
+    return _xp_of(a, b).stack([
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    ])
+
+
+def quat_conj(q):
+    return _xp_of(q).concatenate([q[:1], -q[1:]])
+
+
+def quat_rotate(q, v):
+    t = 2.0 * cross(q[1:], v)
+    return v + q[:1] * t + cross(q[1:], t)
+
+
+def _fk_tree(skeleton: Skeleton, rotations, root_position, offsets, custom_vjp=False):
+    """FK in the tree layout: ``rotations [4, J, ...]``, ``root_position [3, ...]``, ``offsets``
+    ``[3, J, ...]`` (broadcastable) -> ``(positions [3, J, ...], world rotations [4, J, ...])``."""
+    xp = _xp_of(rotations, root_position, offsets)
+
+    def step(parent, x):
+        q, offset = x
+        if parent is None:  # the root: its rotation is already a world rotation
+            return xp.broadcast_to(root_position[:, None], (3,) + q.shape[1:]), q
+        parent_pos, parent_rot = parent
+        return parent_pos + quat_rotate(parent_rot, offset), quat_mul(parent_rot, q)
+
+    offsets = xp.broadcast_to(offsets, (3,) + rotations.shape[1:])
+    return tree_scan(skeleton, step, (rotations, offsets), custom_vjp=custom_vjp)
+
+
+def _offsets_tree(skeleton: Skeleton, offsets, batch_ndim: int, dtype, xp):
+    """Offsets ``[J, 3]`` or ``[..., J, 3]`` -> ``[3, J, ...]`` broadcastable against the batch."""
+    offsets = xp.asarray(skeleton.offsets if offsets is None else offsets, dtype)
+    tree = to_tree_layout(skeleton, offsets)  # [3, J, *own batch]
+    missing = batch_ndim - (offsets.ndim - 2)
+    return tree.reshape(tree.shape[:2] + (1,) * missing + tree.shape[2:])
 
 
 def forward_kinematics(skeleton: Skeleton, rotations, root_position, offsets=None):
@@ -41,21 +270,21 @@ def forward_kinematics(skeleton: Skeleton, rotations, root_position, offsets=Non
       ``(positions [..., J, 3], world_rotations [..., J, 4])``.
     """
     xp = rot._xp(rotations, root_position, offsets)  # numpy in, numpy out (the data workers)
-    rotations = xp.asarray(rotations)
-    offsets = xp.asarray(skeleton.offsets if offsets is None else offsets, rotations.dtype)
-    offsets = xp.broadcast_to(offsets, rotations.shape[:-1] + (3,))
-    plan, unpermute = _level_plan(skeleton)
+    positions, world = forward_kinematics_tree(skeleton, rotations, root_position, offsets, xp=xp)
+    return from_tree_layout(skeleton, positions), from_tree_layout(skeleton, world)
 
-    world_rot = [rotations[..., :1, :]]
-    world_pos = [xp.asarray(root_position, rotations.dtype)[..., None, :]]
-    for ids, parent_slot in plan[1:]:
-        parent_rot = world_rot[-1][..., parent_slot, :]
-        parent_pos = world_pos[-1][..., parent_slot, :]
-        world_pos.append(parent_pos + rot.quat_rotate(parent_rot, offsets[..., ids, :]))
-        world_rot.append(rot.quat_mul(parent_rot, rotations[..., ids, :]))
-    positions = xp.concatenate(world_pos, axis=-2)[..., unpermute, :]
-    world_rotations = xp.concatenate(world_rot, axis=-2)[..., unpermute, :]
-    return positions, world_rotations
+
+def forward_kinematics_tree(skeleton: Skeleton, rotations, root_position, offsets=None, xp=jnp,
+                            custom_vjp: bool = False):
+    """:func:`forward_kinematics` with results in the tree layout: ``(positions [3, J, ...], world
+    rotations [4, J, ...])``, level order (the dynamics loss keeps working in it). ``custom_vjp``:
+    see :func:`tree_scan`."""
+    rotations = xp.asarray(rotations)
+    batch = rotations.shape[:-2]
+    root = xp.moveaxis(xp.asarray(root_position, rotations.dtype), -1, 0)
+    root = xp.broadcast_to(root, (3,) + batch)
+    offsets = _offsets_tree(skeleton, offsets, len(batch), rotations.dtype, xp)
+    return _fk_tree(skeleton, to_tree_layout(skeleton, rotations, custom_vjp), root, offsets, custom_vjp)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,16 +409,51 @@ def dense_jacobian(skeleton: Skeleton, positions, world_rotations):
     return jnp.concatenate([translation, rotational[..., _dof_columns(skeleton)]], axis=-1)
 
 
-def _ancestor_sum(skeleton: Skeleton, x):
-    """``[..., J, C]`` -> ``Σ_{k ∈ ancestors(j) ∪ {j}} x_k``, a prefix sum down the tree."""
-    mask = jnp.asarray(skeleton.ancestor_mask, x.dtype)
-    return jnp.einsum("jk,...kc->...jc", mask, x)
+def _dof_constants_tree(skeleton: Skeleton, dtype, batch_ndim: int):
+    """``(is_ball [1, J, 1...], hinge_axes [3, J, 1...])`` in the tree layout."""
+    is_ball = np.array([k == "ball" for k in skeleton.kinds], float)[:, None]
+    hinge_axes = skeleton.axes * np.array([k == "hinge" for k in skeleton.kinds], float)[:, None]
+    shape = (1,) * batch_ndim
+    return (jnp.asarray(to_tree_layout(skeleton, is_ball).reshape((1, -1) + shape), dtype),
+            jnp.asarray(to_tree_layout(skeleton, hinge_axes).reshape((3, -1) + shape), dtype))
 
 
-def _subtree_sum(skeleton: Skeleton, x):
-    """``[..., J, C]`` -> ``Σ_{j ∈ subtree(k)} x_j``, the transpose of :func:`_ancestor_sum`."""
-    mask = jnp.asarray(skeleton.ancestor_mask, x.dtype)
-    return jnp.einsum("jk,...jc->...kc", mask, x)
+def dofs_to_world_tree(skeleton: Skeleton, world_rotations, joint_velocity):
+    """:func:`dofs_to_world` in the tree layout (``[4, J, ...]``, ``[3, J, ...]``)."""
+    is_ball, hinge_axes = _dof_constants_tree(skeleton, joint_velocity.dtype, joint_velocity.ndim - 2)
+    return is_ball * joint_velocity + quat_rotate(world_rotations, hinge_axes) * joint_velocity[:1]
+
+
+def world_to_dofs_tree(skeleton: Skeleton, world_rotations, vectors):
+    """:func:`world_to_dofs` in the tree layout (``[4, J, ...]``, ``[3, J, ...]``)."""
+    is_ball, hinge_axes = _dof_constants_tree(skeleton, vectors.dtype, vectors.ndim - 2)
+    along_axis = jnp.sum(quat_rotate(world_rotations, hinge_axes) * vectors, axis=0, keepdims=True)
+    zero = jnp.zeros_like(along_axis)
+    return is_ball * vectors + jnp.concatenate([along_axis, zero, zero])
+
+
+def jacobian_vector_product_tree(skeleton: Skeleton, positions, world_rotations, joint_velocity,
+                                 root_velocity, custom_vjp: bool = False):
+    """:func:`jacobian_vector_product` in the tree layout: ``positions [3, J, ...]``,
+    ``world_rotations [4, J, ...]``, ``joint_velocity [3, J, ...]``, ``root_velocity [3, ...]`` ->
+    ``[3, J, ...]``. One prefix sum (down the tree) of ``[ω, ω × p]``."""
+    # Levers are translation invariant; measuring from the root keeps float32 cancellation small.
+    local = positions - positions[:, :1]
+    omega = dofs_to_world_tree(skeleton, world_rotations, joint_velocity)
+    summed = prefix_sum(skeleton, jnp.concatenate([omega, cross(omega, local)]), custom_vjp)
+    return root_velocity[:, None] + cross(summed[:3], local) - summed[3:]
+
+
+def jacobian_transpose_product_tree(skeleton: Skeleton, positions, world_rotations, forces,
+                                    custom_vjp: bool = False):
+    """:func:`jacobian_transpose_product` in the tree layout: ``forces [3, J, ...]`` ->
+    ``(torques [3, J, ...], root force [3, ...])``. One subtree sum (up the tree) of
+    ``[F, p × F]``."""
+    local = positions - positions[:, :1]
+    summed = subtree_sum(skeleton, jnp.concatenate([forces, cross(local, forces)]), custom_vjp)
+    total_force, moment = summed[:3], summed[3:]
+    torques = world_to_dofs_tree(skeleton, world_rotations, moment - cross(local, total_force))
+    return torques, total_force[:, 0]
 
 
 def jacobian_vector_product(skeleton: Skeleton, positions, world_rotations, joint_velocity, root_velocity):
@@ -203,11 +467,10 @@ def jacobian_vector_product(skeleton: Skeleton, positions, world_rotations, join
       joint_velocity: ``[..., J, 3]`` padded DOF velocities (world frame, relative to the parent).
       root_velocity: ``[..., 3]``.
     """
-    # Levers are translation invariant; measuring from the root keeps float32 cancellation small.
-    local = positions - positions[..., :1, :]
-    omega = dofs_to_world(skeleton, world_rotations, joint_velocity)
-    summed = _ancestor_sum(skeleton, jnp.concatenate([omega, jnp.cross(omega, local)], axis=-1))
-    return root_velocity[..., None, :] + jnp.cross(summed[..., :3], local) - summed[..., 3:]
+    tree = functools.partial(to_tree_layout, skeleton)
+    velocity = jacobian_vector_product_tree(skeleton, tree(positions), tree(world_rotations),
+                                            tree(joint_velocity), jnp.moveaxis(root_velocity, -1, 0))
+    return from_tree_layout(skeleton, velocity)
 
 
 def jacobian_transpose_product(skeleton: Skeleton, positions, world_rotations, forces):
@@ -219,11 +482,10 @@ def jacobian_transpose_product(skeleton: Skeleton, positions, world_rotations, f
     Returns:
       ``(joint_torques [..., J, 3] padded DOF layout, root_force [..., 3])``.
     """
-    local = positions - positions[..., :1, :]
-    summed = _subtree_sum(skeleton, jnp.concatenate([forces, jnp.cross(local, forces)], axis=-1))
-    total_force, moment = summed[..., :3], summed[..., 3:]
-    torques = world_to_dofs(skeleton, world_rotations, moment - jnp.cross(local, total_force))
-    return torques, total_force[..., 0, :]
+    tree = functools.partial(to_tree_layout, skeleton)
+    torques, root_force = jacobian_transpose_product_tree(skeleton, tree(positions), tree(world_rotations),
+                                                          tree(forces))
+    return from_tree_layout(skeleton, torques), jnp.moveaxis(root_force, 0, -1)
 
 
 def _parent_world_rotations(rotations, world_rotations):
