@@ -1,0 +1,539 @@
+"""Prepare-time dedup: exact and near-duplicate clips, and leakage of duplicates across splits.
+
+A corpus gathered from many sessions repeats itself: the same take exported twice, a clip and a
+trimmed copy of it, a retake that moves the same way. Training on the copies overweights them;
+a copy on both sides of a train/test split inflates the test score. This module finds them from
+joint positions only (any skeleton, any format), so it runs after decoding, before writing.
+
+Pipeline (the prepare step calls the first three per clip, then the rest once per corpus):
+
+1. :func:`body_frame` picks, from the skeleton, the hip pair (the shallowest pair of sibling
+   joints whose rest offsets mirror each other; names are not used) and the body joints (the
+   subtree of the hips' parent: a static ``joint_Root`` above ``Hips`` does not move with the
+   body and is left out).
+2. :func:`clip_descriptor`: the body joints of every frame, ``[T, Jb, 3]`` float32 (~250
+   bytes a frame: 100 MB for a 400k-frame corpus).
+3. :func:`exact_hash`: the whole clip canonicalized at its first frame (hip midpoint to the
+   origin, hip axis turned onto a fixed horizontal axis), quantized to ``tol`` (0.1 mm),
+   SHA-256. Equal hashes = the same motion, wherever and however it faces.
+4. :func:`find_duplicates`: equal hashes are exact duplicates. For near-duplicates it cuts
+   :func:`windows` (``window`` frames, every ``subsample``-th pose, canonicalized in the
+   window's own body frame and scaled so that Euclidean distance = RMS joint distance in m):
+   an index of every clip's windows every ``stride`` frames, queried with every clip's windows
+   at *every* start frame (a copy trimmed by a few frames lines up exactly; with both sides
+   strided, a 1-frame misalignment alone costs ~1.5 cm RMS on Bandai's motions). Neighbours
+   within ``threshold_m`` in other clips come from a radius query on a KD-tree; two clips are
+   near-duplicates when at least ``min_fraction`` of either one's index windows have a
+   neighbour in the other. Clips linked by either kind form groups (union-find).
+5. :func:`resolve_leakage` (groups + split assignment): a group spread over several splits is
+   moved into one, and each move is reported.
+
+Nearest-neighbour library: scikit-learn (``KDTree.query_radius``). It is well kept, ships CPU
+wheels on PyPI for every platform, and answers *exact* radius queries, which is what a threshold
+on a distance needs (approximate indexes may miss a pair). Descriptors are first projected with
+PCA (``pca_dim`` components): a projection onto orthonormal axes never lengthens a distance, so
+the radius query in PCA space returns a superset of the true neighbours, which are then checked
+with the full windows. faiss-cpu would pay off for corpora orders of magnitude larger (millions
+of windows, approximate search, GPUs); 3,000 clips / 400k frames index ~50k windows.
+
+Why the exact hash alone is not enough: quantizing *every* coordinate to a grid makes a hash
+fragile to re-encoding noise (a float32 round trip or a 6-decimal text format moves some of the
+~10^4 coordinates of a clip across a grid boundary, with probability ~noise/grid each). So
+:func:`find_duplicates` also reports as exact two clips whose windows all match within
+``exact_tol_m`` RMS (found by the near-duplicate search at no extra cost). The hash still catches
+byte-identical copies cheaply, including clips too short for a window.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+
+import numpy as np
+import threadpoolctl
+
+from motionjax.skeleton import Skeleton
+
+WINDOW = 32  # frames per descriptor window (~1 s at 30 fps)
+STRIDE = 8  # frames between window starts: a copy shifted in time is at most 4 frames off
+SUBSAMPLE = 4  # keep every 4th frame of a window (8 poses): poses 4 frames apart are redundant
+THRESHOLD_M = 0.02  # RMS per-joint distance (m) under which two windows are the same motion
+MIN_FRACTION = 0.5  # fraction of a clip's windows that must match for a near-duplicate
+EXACT_TOL_M = 1e-4  # 0.1 mm: quantization of the exact hash; RMS tolerance of "exact"
+PCA_DIM = 12  # KD-tree dims: fastest of 8-32 on Bandai and synthetic (candidates only; checked in full)
+
+
+# --------------------------------------------------------------------------------------------
+# Per clip
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyFrame:
+    """Which joints describe the body and how to canonicalize it.
+
+    Attributes:
+      joints: skeleton indices of the joints kept (the body subtree).
+      left, right: positions in ``joints`` of the hip pair: their midpoint is the origin, and
+        the horizontal part of ``right - left`` is turned onto a fixed axis (heading removed).
+      up_axis: index of the vertical world axis.
+    """
+
+    joints: tuple[int, ...]
+    left: int
+    right: int
+    up_axis: int = 1
+
+
+def _mirrored(a, b) -> bool:
+    """Rest offsets ``a``, ``b`` [3] mirror each other across a coordinate plane (a hip pair).
+
+    Any axis: offsets are in the parent's frame, which need not be world-aligned at rest (on
+    Bandai the hip frame's x runs up the spine and the legs part along its y)."""
+    size = max(np.linalg.norm(a), np.linalg.norm(b))
+    if size < 1e-6:
+        return False
+    for axis in range(3):
+        if abs(a[axis]) < 0.25 * size:
+            continue
+        flip = b.copy()
+        flip[axis] = -flip[axis]
+        if np.linalg.norm(a - flip) <= 0.15 * size:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def body_frame(skeleton: Skeleton) -> BodyFrame:
+    """The :class:`BodyFrame` of a skeleton, found from its rest offsets (names are not needed).
+
+    The hip pair is the shallowest pair of siblings whose rest offsets mirror each other (ties:
+    the widest apart); the body joints are the subtree of their parent. Both depend on the tree
+    only (and on which bones mirror), not on bone lengths: every performer of a corpus on one
+    tree gets the same frame.
+    """
+    best = None
+    for parent, kids in enumerate(skeleton.children):
+        for i, k in itertools.combinations(kids, 2):
+            a, b = skeleton.offsets[i], skeleton.offsets[k]
+            if _mirrored(a, b):
+                key = (skeleton.depth[i], -np.linalg.norm(a - b))
+                if best is None or key < best[0]:
+                    best = (key, parent, i, k)
+    if best is None:
+        raise ValueError(f"skeleton {skeleton} with joints {list(skeleton.names)} has no pair of sibling "
+                         "joints with mirrored rest offsets (hips) to canonicalize the heading with; "
+                         "build a dedup.BodyFrame by hand")
+    _, parent, left, right = best
+    joints = tuple(int(j) for j in np.flatnonzero(skeleton.ancestor_mask[:, parent]))
+    return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis)
+
+
+def clip_descriptor(positions, body: BodyFrame):
+    """``positions [T, J, 3]`` (metres) -> the clip's dedup descriptor ``[T, Jb, 3]`` float32:
+    its body joints, every frame (~250 bytes a frame; what a prepare worker hands to
+    :func:`find_duplicates`, which cuts and canonicalizes windows from it at every alignment)."""
+    pos = np.asarray(positions)
+    if pos.ndim != 3 or pos.shape[-1] != 3 or pos.shape[0] == 0:
+        raise ValueError(f"positions must be [T>0, J, 3], got shape {pos.shape}")
+    if max(body.joints) >= pos.shape[1]:
+        raise ValueError(f"positions have {pos.shape[1]} joints; the body frame uses joint "
+                         f"{max(body.joints)}")
+    return pos[:, body.joints].astype(np.float32)
+
+
+def window_starts(num_frames: int, window: int = WINDOW, stride: int = STRIDE):
+    """``[n]`` start frames of the windows of a clip of ``num_frames``: every ``stride`` frames,
+    plus one window ending at the last frame so the tail is covered (``[0]`` for a clip shorter
+    than a window, which :func:`windows` pads)."""
+    starts = np.arange(0, max(num_frames - window, 0) + 1, stride)
+    if starts[-1] < num_frames - window:
+        starts = np.append(starts, num_frames - window)
+    return starts
+
+
+def windows(desc, body: BodyFrame, starts, *, window: int = WINDOW, subsample: int = SUBSAMPLE):
+    """Canonical windows of a clip descriptor ``desc [T, Jb, 3]`` -> ``[n, D]`` float32.
+
+    Window ``i`` covers frames ``starts[i] + [0, window)``; its origin is the mean hip midpoint
+    over those frames and its heading the mean hip axis (means, not the first frame: one
+    frame's hips would turn mocap noise into a heading error that grows with arm's length).
+    Every ``subsample``-th pose, rotated about the up axis so the hip axis lies along a fixed
+    horizontal axis, is flattened and divided by ``sqrt(F·Jb)`` (``F = ceil(window/subsample)``,
+    ``D = F·Jb·3``): the Euclidean distance of two rows is their RMS joint distance (m).
+    A clip shorter than ``window`` is padded with its last frame.
+    """
+    pos = np.asarray(desc, np.float64)
+    if pos.shape[0] < window:
+        pos = np.concatenate([pos, np.repeat(pos[-1:], window - pos.shape[0], axis=0)])
+    starts = np.asarray(starts)
+    hip = pos[:, [body.left, body.right]]  # [T, 2, 3]
+    csum = np.concatenate([np.zeros((1, 2, 3)), np.cumsum(hip, axis=0)])
+    mean = (csum[starts + window] - csum[starts]) / window  # [n, 2, 3] window means
+    origin = mean.mean(axis=1)  # [n, 3]
+    lat = mean[:, 1] - mean[:, 0]
+    w = pos[starts[:, None] + np.arange(0, window, subsample)[None, :]]  # [n, F, Jb, 3]
+    w -= origin[:, None, None]
+    # A proper rotation in the horizontal plane h1-h2 taking the hip axis onto +h1.
+    h1, h2 = (body.up_axis + 2) % 3, (body.up_axis + 1) % 3
+    norm = np.hypot(lat[:, h1], lat[:, h2])
+    ok = norm > 1e-6  # hips stacked vertically the whole window (lying on the side): no heading
+    c = np.where(ok, lat[:, h1] / np.where(ok, norm, 1), 1.0)[:, None, None]
+    s = np.where(ok, lat[:, h2] / np.where(ok, norm, 1), 0.0)[:, None, None]
+    x1, x2 = w[..., h1].copy(), w[..., h2]
+    w[..., h1] = c * x1 + s * x2
+    w[..., h2] = -s * x1 + c * x2
+    n, f, j, _ = w.shape
+    return (w.reshape(n, -1) / np.sqrt(f * j)).astype(np.float32)
+
+
+def exact_hash(desc, body: BodyFrame, *, tol: float = EXACT_TOL_M) -> str:
+    """SHA-256 (hex) of a clip descriptor ``desc [T, Jb, 3]`` canonicalized at its first frame
+    (hip midpoint to the origin, hip axis onto a fixed axis) and quantized to ``tol`` metres;
+    the shape is hashed too."""
+    pos = np.asarray(desc, np.float64)
+    pos = pos - 0.5 * (pos[0, body.left] + pos[0, body.right])
+    lat = pos[0, body.right] - pos[0, body.left]
+    h1, h2 = (body.up_axis + 2) % 3, (body.up_axis + 1) % 3
+    norm = np.hypot(lat[h1], lat[h2])
+    c, s = (lat[h1] / norm, lat[h2] / norm) if norm > 1e-6 else (1.0, 0.0)
+    x1, x2 = pos[..., h1].copy(), pos[..., h2].copy()
+    pos[..., h1], pos[..., h2] = c * x1 + s * x2, -s * x1 + c * x2
+    q = np.rint(pos / tol).astype(np.int64)
+    h = hashlib.sha256(np.asarray(q.shape, np.int64).tobytes())
+    h.update(q.tobytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus
+
+
+@dataclasses.dataclass
+class DedupReport:
+    """What :func:`find_duplicates` found.
+
+    Attributes:
+      drop: clip name -> why it is dropped (``"exact duplicate of X"`` or
+        ``"near duplicate of X (RMS d cm over f% of windows)"``); X is a kept clip.
+      groups: clips linked by duplicate pairs (connected components, >= 2 clips each), each
+        listed kept-first in keep order (longest, then input order). A group can hold more
+        than one kept clip when it is a chain (a~b, b~c, but c is no duplicate of a).
+      pairs: every duplicate pair found, ``{"a", "b", "kind": "exact"|"near", "rms_cm",
+        "fraction"}``: ``rms_cm`` the mean over matched windows of the RMS distance to the
+        nearest window of the other clip, ``fraction`` the larger of the two clips' fractions
+        of matched windows (1.0 for hash matches).
+      stats: counts (clips, windows, candidate and verified window pairs, pca_dim).
+    """
+
+    drop: dict[str, str]
+    groups: list[list[str]]
+    pairs: list[dict]
+    stats: dict
+
+    def to_dict(self) -> dict:
+        """JSON-ready, for the dataset index and the prepare summary."""
+        return dataclasses.asdict(self)
+
+
+class _UnionFind:
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, i: int, j: int) -> None:
+        self.parent[self.find(i)] = self.find(j)
+
+
+def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int, stride: int,
+                    subsample: int, pca_dim: int, seed: int, stats: dict, batch: int = 4096):
+    """For clip descriptors ``descs`` (one skeleton width): every (sparse window ``i``, clip
+    ``b``) such that a window of clip ``b`` at *any* start frame lies within ``threshold`` of
+    window ``i`` (of another clip), with the smallest such distance.
+
+    Index: each clip's windows every ``stride`` frames (full descriptors for the check, their
+    PCA projection in a KD-tree). Queries: each clip's windows at every start frame, streamed
+    clip by clip, so a copy trimmed by any number of frames still lines up with the index.
+    Returns ``(window_owner [N], window [M], clip [M], dist [M])``.
+    """
+    from sklearn.neighbors import KDTree
+
+    starts = [window_starts(len(d), window, stride) for d in descs]
+    x = np.concatenate([windows(d, body, st, window=window, subsample=subsample)
+                        for d, st in zip(descs, starts, strict=True)])
+    owner = np.repeat(np.arange(len(descs)), [len(st) for st in starts])
+    n, d = x.shape
+    if d > pca_dim and n > pca_dim:
+        # PCA by an eigendecomposition of the covariance of <= 5000 windows ([D, D], D ~ 650):
+        # ~10x faster than a randomized SVD here, and the basis only has to prune well.
+        fit = x[np.random.default_rng(seed).choice(n, size=min(n, 5000), replace=False)].astype(np.float64)
+        center = fit.mean(0)
+        _, vecs = np.linalg.eigh((fit - center).T @ (fit - center))
+        basis = np.ascontiguousarray(vecs[:, ::-1][:, :pca_dim], np.float32)  # [D, k] orthonormal
+        center = center.astype(np.float32)
+
+        def project(a):
+            return (a - center) @ basis
+    else:
+        def project(a):
+            return a
+    stats["pca_dim"] = min(pca_dim, d) if n > pca_dim else d
+    stats["index_windows"] = n
+    tree = KDTree(project(x))
+    # The projection only shrinks distances; the slack covers float32 rounding in it.
+    radius = threshold * (1 + 1e-3) + 1e-6
+    out = []
+
+    def run(queries, q_clip):
+        zq = project(queries)
+        hits = tree.query_radius(zq, r=radius)
+        lens = np.fromiter((len(h) for h in hits), np.int64, len(hits))
+        q = np.repeat(np.arange(len(hits)), lens)
+        i = np.concatenate(hits).astype(np.int64) if len(hits) else np.zeros(0, np.int64)
+        other = owner[i] != q_clip[q]
+        q, i = q[other], i[other]
+        stats["candidate_pairs"] += int(q.size)
+        dist = np.empty(q.size, np.float32)
+        for a in range(0, q.size, 65536):  # full-dimension distances, in bounded memory
+            dist[a:a + 65536] = np.linalg.norm(queries[q[a:a + 65536]] - x[i[a:a + 65536]], axis=1)
+        keep = dist <= threshold
+        i, b, dist = i[keep], q_clip[q[keep]], dist[keep]
+        stats["verified_pairs"] += int(i.size)
+        out.append(_min_per_key(i, b, dist, len(descs)))
+
+    pending, pending_clip, size = [], [], 0
+    for k, desc in enumerate(descs):
+        t = max(len(desc), window)
+        q = windows(desc, body, np.arange(t - window + 1), window=window, subsample=subsample)
+        pending.append(q)
+        pending_clip.append(np.full(len(q), k))
+        size += len(q)
+        stats["query_windows"] += len(q)
+        if size >= batch or k == len(descs) - 1:
+            run(np.concatenate(pending), np.concatenate(pending_clip))
+            pending, pending_clip, size = [], [], 0
+    i, b, dist = (np.concatenate(parts) for parts in zip(*out, strict=True))
+    return owner, i, b, dist  # each clip's queries ran in one batch: (i, b) pairs are unique
+
+
+def _min_per_key(i, b, dist, num_clips: int):
+    """Keep the smallest ``dist`` per ``(i, b)`` pair."""
+    key = i * num_clips + b
+    order = np.lexsort((dist, key))
+    first = np.ones(order.size, bool)
+    first[1:] = key[order][1:] != key[order][:-1]
+    sel = order[first]
+    return i[sel], b[sel], dist[sel]
+
+
+def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: BodyFrame,
+                    threshold_m: float = THRESHOLD_M, min_fraction: float = MIN_FRACTION,
+                    window: int = WINDOW, stride: int = STRIDE, subsample: int = SUBSAMPLE,
+                    exact_tol_m: float = EXACT_TOL_M, pca_dim: int = PCA_DIM, seed: int = 0) -> DedupReport:
+    """Exact and near-duplicate clips of a corpus.
+
+    Args:
+      descriptors: clip name -> :func:`clip_descriptor` ``[T, Jb, 3]``, in corpus order. All on
+        skeletons with the same :class:`BodyFrame` ``body`` (bone lengths may differ); call once
+        per skeleton group.
+      hashes: clip name -> :func:`exact_hash`; ``None`` skips hash matching.
+      threshold_m: two windows match when their RMS joint distance is at most this (m). The
+        default, 2 cm, is twice the worst window distance of a copy with 3 mm of noise per
+        coordinate (mean 0.57 cm, max 1.03 cm over Bandai-1's clips) and below the distance of
+        different takes: on Bandai-1 (no repeats) no clip pair matches more than 22% of windows
+        at 2 cm (shared idle poses at the ends of the "sad" clips); at 3 cm a near-still clip
+        (byebye_not-confident) matches another, at 4 cm two styles of one walk do.
+      min_fraction: two clips are near-duplicates when at least this fraction of the windows of
+        either one has a match in the other (0.5: half of the shorter clip, e.g. a trimmed copy).
+      window, stride, subsample: windows of ``window`` frames every ``stride`` frames in the
+        index (the fractions count these), every ``subsample``-th pose kept; queries use every
+        start frame.
+      exact_tol_m: near-duplicates of equal length whose windows all match within this RMS
+        are reported as exact (re-encoded copies that the hash misses).
+      pca_dim: components of the projection the KD-tree searches in.
+
+    Keep rule: clips go in order longest first (ties: corpus order); a clip is dropped when it
+    is a duplicate of a clip already kept, and its reason names that clip. A clip linked only
+    to dropped clips is kept (a chain is not collapsed), but stays in their group, so
+    :func:`resolve_leakage` still keeps the group in one split.
+    """
+    names = list(descriptors)
+    descs = [np.asarray(descriptors[k], np.float32) for k in names]
+    width = {d.shape[1:] for d in descs}
+    if len(width) > 1 or (descs and descs[0].shape[1] != len(body.joints)):
+        raise ValueError(f"descriptors must all be [T, {len(body.joints)}, 3] for this body frame; "
+                         f"got shapes {sorted(width)}")
+    frames = [len(d) for d in descs]
+    rank = sorted(range(len(names)), key=lambda i: (-frames[i], i))
+    stats = {"clips": len(names), "frames": int(sum(frames)), "index_windows": 0, "query_windows": 0,
+             "candidate_pairs": 0, "verified_pairs": 0, "threshold_m": threshold_m,
+             "min_fraction": min_fraction}
+    edges: dict[tuple[int, int], dict] = {}  # (i, j) with i < j -> pair record
+
+    if hashes is not None:
+        missing = set(names) ^ set(hashes)
+        if missing:
+            raise ValueError(f"descriptors and hashes name different clips: {sorted(missing)[:5]}")
+        by_hash: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            by_hash.setdefault(hashes[name], []).append(i)
+        for members in by_hash.values():
+            for i, j in itertools.combinations(members, 2):
+                edges[(i, j)] = {"kind": "exact", "rms_cm": 0.0, "fraction": 1.0}
+
+    if len(names) > 1:
+        # One BLAS thread: the matrices are small, and on shared cores OpenBLAS threads spinning
+        # against other processes made the [D, D] eigh 60x slower (6.5 s instead of 0.1 s).
+        with threadpoolctl.threadpool_limits(1, user_api="blas"):
+            owner, row, clip, dist = _window_matches(descs, body, threshold_m, window, stride, subsample,
+                                                     pca_dim, seed, stats)
+        nwin = np.bincount(owner, minlength=len(names))
+        m = len(names)
+        a = owner[row]
+        # Per directed pair (a -> b): a's windows with a match in b, mean and worst distance.
+        code, inv = np.unique(a * m + clip, return_inverse=True)
+        count = np.bincount(inv, minlength=code.size)
+        mean = np.bincount(inv, dist, minlength=code.size) / np.maximum(count, 1)
+        worst = np.zeros(code.size)
+        np.maximum.at(worst, inv, dist)
+        directed = {(int(c // m), int(c % m)): (count[k] / nwin[c // m], mean[k], worst[k])
+                    for k, c in enumerate(code)}
+        for (i, j) in directed:
+            key = (min(i, j), max(i, j))
+            if key in edges or (i > j and (j, i) in directed):
+                continue
+            f_ij, d_ij, w_ij = directed[(i, j)]
+            f_ji, d_ji, w_ji = directed.get((j, i), (0.0, 0.0, 0.0))
+            if max(f_ij, f_ji) < min_fraction:
+                continue
+            exact = f_ij == 1 and f_ji == 1 and frames[i] == frames[j] and max(w_ij, w_ji) <= exact_tol_m
+            frac, rms = (f_ij, d_ij) if f_ij >= f_ji else (f_ji, d_ji)
+            edges[key] = {"kind": "exact" if exact else "near", "rms_cm": round(100 * float(rms), 3),
+                          "fraction": round(float(frac), 3)}
+
+    uf = _UnionFind(len(names))
+    for i, j in edges:
+        uf.union(i, j)
+    kept: list[int] = []
+    drop: dict[str, str] = {}
+    for i in rank:
+        partners = [(k, edges[(min(i, k), max(i, k))]) for k in kept if (min(i, k), max(i, k)) in edges]
+        if not partners:
+            kept.append(i)
+            continue
+        k, e = max(partners, key=lambda p: (p[1]["kind"] == "exact", p[1]["fraction"], -p[1]["rms_cm"]))
+        drop[names[i]] = (f"exact duplicate of {names[k]}" if e["kind"] == "exact" else
+                          f"near duplicate of {names[k]} (RMS {e['rms_cm']:.2f} cm over "
+                          f"{100 * e['fraction']:.0f}% of windows)")
+    components: dict[int, list[int]] = {}
+    for i in rank:
+        components.setdefault(uf.find(i), []).append(i)
+    groups = sorted(([names[i] for i in g] for g in components.values() if len(g) > 1),
+                    key=lambda g: names.index(g[0]))
+    pairs = [{"a": names[i], "b": names[j], **e} for (i, j), e in sorted(edges.items())]
+    return DedupReport(drop, groups, pairs, stats)
+
+
+def resolve_leakage(groups, split_of: dict, *, into: str | None = None):
+    """Keep every duplicate group inside one split.
+
+    Args:
+      groups: :attr:`DedupReport.groups` (kept-first lists of clip names).
+      split_of: clip name -> split name (e.g. ``"train"``, ``"validation"``, ``"test"``).
+      into: where a leaking group goes: ``None`` (default) the split of its first member (the
+        clip the group keeps), so the split that holds the kept copy keeps the content; or a
+        split name (e.g. ``"train"``) for all leaking groups.
+
+    Returns ``(new_split_of, leakage)``: a new mapping (the input is not changed) and one report
+    per leaking group: ``{"group", "splits": {name: old split}, "moved_to", "moved": [names]}``.
+    Clips of a group missing from ``split_of`` are ignored.
+    """
+    new = dict(split_of)
+    leakage = []
+    for group in groups:
+        members = [name for name in group if name in split_of]
+        splits = {name: split_of[name] for name in members}
+        if len(set(splits.values())) <= 1:
+            continue
+        target = into if into is not None else splits[members[0]]
+        moved = [name for name in members if splits[name] != target]
+        for name in moved:
+            new[name] = target
+        leakage.append({"group": members, "splits": splits, "moved_to": target, "moved": moved})
+    return new, leakage
+
+
+# --------------------------------------------------------------------------------------------
+# Scale check: python -m motionjax.data.dedup [--bandai DIR]
+
+
+def _main(argv=None) -> None:
+    import argparse
+    import glob
+    import resource
+    import time
+
+    from motionjax.data.synthetic import synthetic_clip
+    from motionjax.kinematics import forward_kinematics
+    from motionjax.skeleton import deepmimic_humanoid
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clips", type=int, default=3000)
+    parser.add_argument("--frames", type=int, default=133, help="per synthetic clip (3000 x 133 ~ 400k)")
+    parser.add_argument("--copies", type=int, default=20, help="planted copies of each kind")
+    parser.add_argument("--bandai", default=None, help="a BVH corpus directory (centimetres) to run on too")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD_M)
+    args = parser.parse_args(argv)
+
+    def run(name, descs, body):
+        t = time.perf_counter()
+        hashes = {k: exact_hash(d, body) for k, d in descs.items()}
+        t_hash = time.perf_counter() - t
+        t = time.perf_counter()
+        report = find_duplicates(descs, hashes, body=body, threshold_m=args.threshold)
+        t_find = time.perf_counter() - t
+        print(f"{name}: {report.stats['clips']} clips, {report.stats['frames']} frames: "
+              f"hashes {t_hash:.1f} s, "
+              f"find_duplicates {t_find:.1f} s; {len(report.drop)} dropped, {len(report.groups)} groups; "
+              f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB; {report.stats}")
+        return report
+
+    skeleton = deepmimic_humanoid()
+    body = body_frame(skeleton)
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    descs = {}
+    for i in range(args.clips):
+        root, rots = synthetic_clip(skeleton, i, frames=args.frames)
+        descs[f"clip{i:05d}"] = clip_descriptor(forward_kinematics(skeleton, rots, root)[0], body)
+    planted = {}
+    for i in range(args.copies):  # exact (float noise), noised 3 mm, trimmed by 5 frames
+        src = [f"clip{rng.integers(args.clips):05d}" for _ in range(3)]
+        planted[f"exact{i}"] = descs[src[0]] + rng.normal(0, 1e-6, descs[src[0]].shape).astype(np.float32)
+        planted[f"noisy{i}"] = descs[src[1]] + rng.normal(0, 3e-3, descs[src[1]].shape).astype(np.float32)
+        planted[f"trim{i}"] = descs[src[2]][5:]
+    descs.update(planted)
+    print(f"synthetic corpus built in {time.perf_counter() - t:.1f} s")
+    report = run("synthetic", descs, body)
+    found = sum(name in report.drop for name in planted)
+    print(f"planted copies dropped: {found}/{len(planted)}")
+
+    if args.bandai:
+        from motionjax.formats import read_bvh
+        descs = {}
+        for path in sorted(glob.glob(f"{args.bandai}/*.bvh")):
+            motion = read_bvh(path, scale=0.01)
+            body = body_frame(motion.skeleton)
+            descs[motion.name] = clip_descriptor(motion.positions(), body)
+        report = run("bandai", descs, body)
+        for name, reason in report.drop.items():
+            print(f"  drop {name}: {reason}")
+
+
+if __name__ == "__main__":
+    _main()
