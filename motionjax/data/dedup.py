@@ -125,7 +125,10 @@ def body_frame(skeleton: Skeleton) -> BodyFrame:
                          "joints with mirrored rest offsets (hips) to canonicalize the heading with; "
                          "build a dedup.BodyFrame by hand")
     _, parent, left, right = best
-    joints = tuple(int(j) for j in np.flatnonzero(skeleton.ancestor_mask[:, parent]))
+    in_body = np.arange(skeleton.num_joints) == parent
+    for j in range(parent + 1, skeleton.num_joints):  # parents precede children
+        in_body[j] |= in_body[skeleton.parents[j]]
+    joints = tuple(int(j) for j in np.flatnonzero(in_body))
     return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis)
 
 
