@@ -31,6 +31,7 @@ are taken with ``psum``, so the value equals the unsharded one.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import jax
@@ -113,6 +114,71 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     return predicted_velocity - velocity, generalized, jerk
 
 
+def _quat_log_tree(q):
+    """:func:`motionjax.rotations.quat_to_axis_angle` on ``[4, ...]`` (component-major)."""
+    q = jnp.where(q[:1] < 0, -q, q)
+    w, u = q[:1], q[1:]
+    sq = jnp.sum(u * u, axis=0, keepdims=True)
+    nonzero = sq > 0
+    s = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+    small = s < rot._SMALL
+    safe_s = jnp.where(small, 1.0, s)
+    safe_w = jnp.where(small, w, 1.0)
+    k = jnp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)), 2.0 * jnp.arctan2(s, w) / safe_s)
+    return k * u
+
+
+def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None):
+    """:func:`_motion_terms` of the blocked backend, in the tree layout of
+    :mod:`motionjax.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss.
+
+    Returns ``(velocity residual [3, J, B, T], generalized forces [3, J + 1, B, T], jerk [3, J, B, T])``.
+    """
+    tree = lambda x: K.to_tree_layout(skeleton, x, custom_vjp=True)
+    length = rotations.shape[1]
+    q = tree(rotations)
+    if fk is None:
+        positions, world = K.forward_kinematics_tree(skeleton, rotations, root_position, custom_vjp=True)
+    else:
+        positions, world = tree(fk[0]), tree(fk[1])
+    time_axis = 3
+    positions_pad = pad_with_halos(positions, HALO, axis=time_axis, axis_name=time_axis_name)
+    rot_pad = pad_with_halos(q, 1, axis=time_axis, axis_name=time_axis_name)
+    p = lambda s: jax.lax.slice_in_dim(positions_pad, HALO + s, HALO + s + length, axis=time_axis)
+
+    velocity = (p(1) - p(-1)) * (fps / 2)
+    acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
+    gravity = jnp.zeros((3, 1, 1, 1), q.dtype).at[skeleton.up_axis].set(-GRAVITY)
+    mass = K.to_tree_layout(skeleton, np.asarray(skeleton.masses, float)[:, None] / np.sum(skeleton.masses))
+    forces = jnp.asarray(mass[..., None, None], q.dtype) * (acceleration - gravity)
+
+    # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
+    before, after = rot_pad[..., :-2], rot_pad[..., 2:]
+    local_omega = _quat_log_tree(K.quat_mul(after, K.quat_conj(before)))
+    parent = K.quat_mul(world, K.quat_conj(q))
+    joint_velocity = K.world_to_dofs_tree(skeleton, world, K.quat_rotate(parent, local_omega * (fps / 2)))
+    root_velocity = velocity[:, 0]
+
+    torques, root_force = K.jacobian_transpose_product_tree(skeleton, positions, world, forces,
+                                                            custom_vjp=True)
+    generalized = jnp.concatenate([root_force[:, None], torques], axis=1)
+    if forces_only:
+        return None, generalized, None
+    predicted_velocity = K.jacobian_vector_product_tree(skeleton, positions, world, joint_velocity,
+                                                        root_velocity, custom_vjp=True)
+    jerk = (p(2) - 2 * p(1) + 2 * p(-1) - p(-2)) * (fps**3 / 2)
+    return predicted_velocity - velocity, generalized, jerk
+
+
+def _masked_mean_tree(squared, mask, time_axis_name):
+    """Mean of ``squared [N, B, T]`` over N, batch and frames with ``mask [T]`` (global over time)."""
+    total = jnp.sum(jnp.where(mask, squared, 0.0))
+    count = jnp.sum(mask) * squared.shape[0] * squared.shape[1]
+    if time_axis_name is not None:
+        total, count = jax.lax.psum((total, count), time_axis_name)
+    return total / count
+
+
 def _masked_mean(squared, mask, time_axis_name):
     """Mean of ``squared [B, T, N]`` over batch, frames with ``mask [T]`` and N (global over time)."""
     total = jnp.sum(jnp.where(mask[None, :, None], squared, 0.0))
@@ -147,17 +213,23 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
     unknown = set(weights) - set(TERMS)
     if unknown:
         raise ValueError(f"unknown dynamics loss terms {sorted(unknown)}; expected {TERMS}")
-    residual, pred_tau, jerk = _motion_terms(skeleton, pred_root, pred_rot, fps, jacobian, time_axis_name,
-                                             forces_only=False, fk=pred_fk)
-    _, target_tau, _ = _motion_terms(skeleton, target_root, target_rot, fps, jacobian, time_axis_name,
-                                     forces_only=True, fk=target_fk)
+    if jacobian not in JACOBIANS:
+        raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
     length = pred_rot.shape[1]
-    inner = valid_frames(length, 1, time_axis_name)
-    sq = lambda x: jnp.sum(x * x, axis=-1)
+    inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
+    if jacobian == "blocked":  # the tree layout end to end: components first, frames last
+        terms_of, mean, sq = _motion_terms_tree, _masked_mean_tree, lambda x: jnp.sum(x * x, axis=0)
+    else:
+        terms_of = functools.partial(_motion_terms, jacobian=jacobian)
+        mean, sq = _masked_mean, lambda x: jnp.sum(x * x, axis=-1)
+    residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
+                                        forces_only=False, fk=pred_fk)
+    _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
+                                forces_only=True, fk=target_fk)
     terms = {
-        "velocity": _masked_mean(sq(residual), inner, time_axis_name),
-        "force": _masked_mean(sq(pred_tau - target_tau), inner, time_axis_name),
-        "jerk": _masked_mean(sq(jerk), valid_frames(length, HALO, time_axis_name), time_axis_name),
+        "velocity": mean(sq(residual), inner, time_axis_name),
+        "force": mean(sq(pred_tau - target_tau), inner, time_axis_name),
+        "jerk": mean(sq(jerk), outer, time_axis_name),
     }
     loss = sum(weights.get(name, 0.0) * value for name, value in terms.items())
     return loss, terms

@@ -171,7 +171,7 @@ def subtree_sum(skeleton: Skeleton, x, custom_vjp: bool = False):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _permute(x, perm, axis):
-    return jnp.take(x, perm, axis=axis)
+    return jnp.take(x, np.asarray(perm), axis=axis)
 
 
 _permute.defvjp(lambda x, perm, axis: (_permute(x, perm, axis), None),
