@@ -24,8 +24,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
     c.data.dynamics_weight = 0.5       # window sampling: weight of the accel/jerk score vs uniform
     c.data.strict = False              # True: a bad file/record raises instead of being skipped+counted
-    # Clips never trained on (each has a sibling in training); see motionjax.data.prepare.
-    c.data.heldout_clips = ("humanoid3d_dance_b", "humanoid3d_getup_faceup", "humanoid3d_spinkick")
+    # Corpus conventions (motionjax.data.corpus); a change needs a new data.dir (prepared data is immutable).
+    c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"
+    c.data.up_axis = "auto"            # "auto" (the files': y for BVH/DeepMimic) | "x" | "y" | "z"
+    c.data.dedup = True                # drop exact duplicate clips; near-duplicates stay in one split
+    c.data.near_threshold = 0.02       # m: RMS joint distance of near-duplicate windows (motionjax.data.dedup)
+    c.data.prepare_workers = 2         # processes converting files at prepare time
+    # Split rules (motionjax.data.corpus): "rest" (train), "clips:a,b", "pattern:GLOB", "label:K=V",
+    # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on
+    # (each has a sibling motion in training) are the test split; the last 20% of the others validate.
+    c.data.splits = ml_collections.ConfigDict({
+        "train": "rest", "validation": "tail:0.2",
+        "test": "clips:humanoid3d_dance_b,humanoid3d_getup_faceup,humanoid3d_spinkick"})
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
@@ -88,8 +98,30 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
     c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
-    # Evaluated splits: training frames (the generalization gap), unseen clips, last 20% of training clips.
-    c.train.eval_splits = ("train", "heldout_clips", "heldout_tail")
+    # Evaluated during training (learning curves; validation/mpjpe picks the best checkpoint) and once
+    # at the end (the test split only there: nothing is chosen on it).
+    c.train.eval_splits = ("validation",)
+    c.train.final_splits = ("train", "validation", "test")
     c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
+    return c
+
+
+# The Bandai Namco Research Motion Dataset 1 (CC BY-NC 4.0; Kobayashi et al., arXiv:2306.08861):
+# 174 BVH clips, centimetres, a placeholder root, content/style labels. Not in this repository:
+# ../shared/data/bandai-namco-1 in the development checkout; elsewhere point data.source at a copy.
+BANDAI_SOURCE = "../shared/data/bandai-namco-1/data"
+
+
+def use_bandai(c: ml_collections.ConfigDict, window: int | None = None) -> ml_collections.ConfigDict:
+    """Point ``c.data`` at Bandai-1: clips stratified by content, ~10% validation, ~10% test.
+
+    The prepared directory is named by the window (its feature statistics are per window), so
+    configs with other windows never share one."""
+    if window is not None:
+        c.data.window = window
+    c.data.source = BANDAI_SOURCE
+    c.data.dir = f"data_cache/bandai1_w{c.data.window}"
+    c.data.splits = ml_collections.ConfigDict({"train": "rest", "validation": "stratified:content:0.1",
+                                               "test": "stratified:content:0.1"})
     return c

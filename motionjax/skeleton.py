@@ -17,8 +17,15 @@ import numpy as np
 BALL, HINGE, FIXED = "ball", "hinge", "fixed"
 DOF = {BALL: 3, HINGE: 1, FIXED: 0}
 
-# Left/right name pairs: "left_hip"/"right_hip", "LeftArm"/"RightArm", "L_Hip"/"R_Hip", "lhip"/"rhip".
-_SIDE_PATTERNS = [(r"left", "right"), (r"Left", "Right"), (r"L(?=[_A-Z])", "R"), (r"^l(?=[a-z_])", "r")]
+# Left/right name pairs: "left_hip"/"right_hip", "LeftArm"/"RightArm", "L_Hip"/"R_Hip", "lhip"/"rhip",
+# "Shoulder_L"/"Shoulder_R" (Bandai Namco).
+# Each side is a regex; its replacement text is the regex without anchors and lookaheads.
+_SIDE_PATTERNS = [(r"left", r"right"), (r"Left", r"Right"), (r"L(?=[_A-Z])", r"R(?=[_A-Z])"),
+                  (r"^l(?=[a-z_])", r"^r(?=[a-z_])"), (r"_L(?=$|_)", r"_R(?=$|_)")]
+
+
+def _side_text(pattern: str) -> str:
+    return re.sub(r"\(\?=[^)]*\)|\^", "", pattern)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -137,7 +144,7 @@ class Skeleton:
         for i, name in enumerate(self.names):
             for a, b in _SIDE_PATTERNS:
                 for x, y in ((a, b), (b, a)):
-                    twin = re.sub(x, y, name, count=1)
+                    twin = re.sub(x, _side_text(y), name, count=1)
                     if twin != name and twin in index and re.search(x, name):
                         out[i] = index[twin]
                         break

@@ -201,6 +201,9 @@ def test_moments_match_numpy():
     np.testing.assert_allclose(m.std(), x.std(0, ddof=1))
 
 
+SPLITS = {"train": "rest", "validation": "tail:0.2"}  # a corpus without DeepMimic's test clips
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     return prepare.prepare(out_dir=tmp_path_factory.mktemp("dm"), window=WINDOW, progress=False)
@@ -209,11 +212,11 @@ def prepared(tmp_path_factory):
 def test_prepare_deepmimic_splits_and_stats(prepared):
     info = prepared
     assert len(info.names) == 15 and info.fps == 30.0
-    held = {info.names[c] for c, _, _ in info.splits["heldout_clips"]}
-    assert held == set(prepare.HELDOUT_CLIPS)
+    held = {info.names[c] for c, _, _ in info.splits["test"]}
+    assert held == set(prepare.DEEPMIMIC_SPLITS["test"].removeprefix("clips:").split(","))
     train = {info.names[c] for c, _, _ in info.splits["train"]}
-    assert not train & held and len(train) == 12
-    for (c, b, e), (c2, b2, e2) in zip(info.splits["train"], info.splits["heldout_tail"], strict=True):
+    assert not train & held and len(train) == 12 and info.train_split == "train"
+    for (c, b, e), (c2, b2, e2) in zip(info.splits["train"], info.splits["validation"], strict=True):
         assert c == c2 and b == 0 and e == b2 == round(0.8 * info.frames[c]) and e2 == info.frames[c]
     # Stats = direct mean/std over every canonicalized training window (stride window/4).
     from motionjax.data.pipeline import ClipSource
@@ -240,15 +243,15 @@ def test_prepare_is_idempotent_and_skips_bad_files(tmp_path, prepared):
     doc["Frames"][3][5] = float("nan")
     (src / "nan_clip.txt").write_text(json.dumps(doc))
     out = tmp_path / "out"
-    info = prepare.prepare(src, out, window=WINDOW, progress=False)
+    info = prepare.prepare(src, out, window=WINDOW, progress=False, splits=SPLITS)
     assert info.names == ("humanoid3d_punch",)
     assert sorted(s["path"].rsplit("/", 1)[-1] for s in info.skipped) == ["broken.txt", "nan_clip.txt"]
     assert all(s["reason"] for s in info.skipped)
     stamp = (out / prepare.INDEX).stat().st_mtime_ns
-    prepare.prepare(src, out, window=WINDOW, progress=False)
+    prepare.prepare(src, out, window=WINDOW, progress=False, splits=SPLITS)
     assert (out / prepare.INDEX).stat().st_mtime_ns == stamp  # nothing rewritten
     with pytest.raises(Exception, match="broken.txt"):
-        prepare.prepare(src, tmp_path / "strict", window=WINDOW, strict=True, progress=False)
+        prepare.prepare(src, tmp_path / "strict", window=WINDOW, strict=True, progress=False, splits=SPLITS)
 
 
 def test_bad_records_are_detected_counted_and_strict_raises(caplog):

@@ -124,7 +124,7 @@ def test_one_worker_process_yields_the_in_process_stream(cfg, info):
 
 
 def test_eval_batches_cover_the_split_deterministically(cfg, info):
-    for split in prepare.SPLITS:
+    for split in info.splits:
         wins = pipeline.eval_windows(info, split, cfg.window, cfg.eval_stride)
         covered = {(c, s + k) for c, s, e in wins for k in range(cfg.window) if s + k < e}
         assert covered == {(c, t) for c, b, e in info.splits[split] for t in range(b, e)}
@@ -135,8 +135,8 @@ def test_eval_batches_cover_the_split_deterministically(cfg, info):
         for b in batches:
             np.testing.assert_array_equal(b["noisy"], b["clean"])  # noise level 0: clean input
             assert b["mask"].sum() == 0
-    noisy = pipeline.make_eval_batches(cfg, info, "heldout_clips", noise_level=1.0)
-    assert _equal(noisy, pipeline.make_eval_batches(cfg, info, "heldout_clips", noise_level=1.0))
+    noisy = pipeline.make_eval_batches(cfg, info, "test", noise_level=1.0)
+    assert _equal(noisy, pipeline.make_eval_batches(cfg, info, "test", noise_level=1.0))
     assert not np.array_equal(noisy[0]["noisy"], noisy[0]["clean"])
 
 
@@ -194,7 +194,7 @@ def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog)
     from array_record.python.array_record_module import ArrayRecordWriter
     motions = [read_deepmimic(p) for p in deepmimic_clip_paths()[:2]]
     motions.append(Motion(motions[0].skeleton, 30.0, motions[0].root_position, motions[0].rotations,
-                          name="humanoid3d_spinkick"))  # a held-out name keeps it out of the stats
+                          name="humanoid3d_spinkick"))  # a test clip: out of the stats
     info = prepare.write_dataset(motions, tmp_path, fps=cfg.fps, window=cfg.window, progress=False)
     # Corrupt clip 1 on disk after preparation (bit rot, a buggy writer): NaNs in its root.
     src = pipeline.ClipSource(info)
@@ -236,5 +236,5 @@ def test_synthetic_corpus_streams_without_storage(cfg):
     assert batch["noisy"].shape == (c.batch_size, c.window // c.chunk, c.chunk, info.feature_dim)
     assert np.isfinite(batch["noisy"]).all() and batch["valid"].all()
     # The held-out tails (13 frames each) evaluate as padded windows.
-    batches = pipeline.make_eval_batches(c, info, "heldout_tail")
+    batches = pipeline.make_eval_batches(c, info, "validation")
     assert len(batches) == 40 // c.batch_size and sum(float(b["valid"].sum()) for b in batches) == 40 * 13

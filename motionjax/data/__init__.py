@@ -1,9 +1,10 @@
 """The input pipeline: motion files -> ArrayRecord shards -> Grain -> batches on the mesh.
 
-Modules: ``prepare`` (files -> shards + index + stats), ``synthetic`` (procedural corpus of any
+Modules: ``corpus`` (units, root folding, performers, labels, split rules), ``dedup`` (exact and
+near-duplicate clips), ``prepare`` (files -> shards + index + stats), ``synthetic`` (procedural corpus of any
 size), ``transforms`` (numpy window transforms and their model-side inverse), ``pipeline`` (the
 Grain graph, device prefetch, eval batches, the naive baseline loader), ``records``.
 """
-from motionjax.data.prepare import HELDOUT_CLIPS, SPLITS, TRAIN_FRACTION, DatasetInfo, load_info
+from motionjax.data.prepare import DEEPMIMIC_SPLITS, DatasetInfo, Settings, load_info
 
-__all__ = ["HELDOUT_CLIPS", "SPLITS", "TRAIN_FRACTION", "DatasetInfo", "load_info"]
+__all__ = ["DEEPMIMIC_SPLITS", "DatasetInfo", "Settings", "load_info"]

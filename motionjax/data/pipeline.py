@@ -46,8 +46,8 @@ def dataset_info(cfg) -> DatasetInfo:
     if cfg.source == "synthetic":
         return synthetic.synthetic_info(cfg.synthetic_clips, window=cfg.window, frames=cfg.synthetic_frames,
                                         fps=cfg.fps, seed=cfg.synthetic_seed)
-    return prep.prepare(cfg.source, cfg.dir, fps=cfg.fps, window=cfg.window, strict=cfg.strict,
-                        heldout=tuple(cfg.heldout_clips), progress=False)
+    return prep.prepare(cfg.source, cfg.dir, settings=prep.Settings.from_config(cfg), strict=cfg.strict,
+                        workers=cfg.prepare_workers, progress=False)
 
 
 def _check(cfg, info: DatasetInfo) -> None:
@@ -62,7 +62,8 @@ def _check(cfg, info: DatasetInfo) -> None:
 class ClipSource:
     """Random access to clip records: the ArrayRecord shards, or the synthetic generator.
 
-    Pickles as paths (the reader opens lazily in each worker).
+    Pickles as paths (the readers open lazily in each worker). One reader per shard, so a shard
+    that fails to read is named (:class:`records.DamagedShardError`).
     """
 
     def __init__(self, info: DatasetInfo):
@@ -74,7 +75,7 @@ class ClipSource:
         return dict(self.__dict__, _reader=None)
 
     def __len__(self) -> int:
-        return len(self._open())
+        return len(self._open()) if self.synthetic else int(self._open()[1][-1])
 
     def _open(self):
         if self._reader is None:
@@ -83,12 +84,27 @@ class ClipSource:
                 self._reader = synthetic.SyntheticClips(s["num_clips"], frames=s["frames"], fps=s["fps"],
                                                         seed=s["seed"], skeleton=s["skeleton"])
             else:
-                self._reader = grain.sources.ArrayRecordDataSource(self.paths)
+                shards = []
+                for path in self.paths:
+                    try:
+                        shards.append(grain.sources.ArrayRecordDataSource([path]))
+                    except (RuntimeError, OSError) as e:  # Riegeli: truncated file, bad footer
+                        raise records.DamagedShardError(path, e) from None
+                self._reader = shards, np.cumsum([len(r) for r in shards])
         return self._reader
 
     def __getitem__(self, index: int) -> dict:
-        item = self._open()[int(index)]
-        return item if isinstance(item, dict) else records.decode_record(item)
+        if self.synthetic:
+            return self._open()[int(index)]
+        shards, ends = self._open()
+        shard = int(np.searchsorted(ends, int(index), side="right"))
+        if shard == len(shards):
+            raise IndexError(f"clip {index} of {int(ends[-1])}")
+        try:
+            item = shards[shard][int(index) - (int(ends[shard - 1]) if shard else 0)]
+        except (RuntimeError, OSError) as e:  # Riegeli: chunk hash mismatch, short read
+            raise records.DamagedShardError(self.paths[shard], e) from None
+        return records.decode_record(item)
 
 
 SLOTS = 4096  # slot table size for small corpora (grain's index shuffle costs ~40 ms / size per element)
@@ -111,7 +127,7 @@ def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.nd
         raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
                          f"holds {window} frames")
     slots = []
-    for seg, (n, score_sum) in zip(info.splits["train"], info.train_windows, strict=True):
+    for seg, (n, score_sum) in zip(info.splits[info.train_split], info.train_windows, strict=True):
         if n:
             hot = score_sum / total if total > 0 else n / num
             share = (1 - dynamics_weight) * n / num + dynamics_weight * hot
@@ -298,13 +314,15 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     ``noise_level`` scales the training noise std (``rot_noise`` rad, ``pos_noise`` m): 0 = clean
     input, 1 = the training corruption; no masking, time warp or mirroring. A segment shorter than a
     window is edge-padded and the padding has ``valid = 0``; the last batch is filled up with
-    ``valid = 0`` windows, so every batch has ``batch_size`` rows (one compiled shape).
+    ``valid = 0`` windows, so every batch has ``batch_size`` rows (one compiled shape). Each batch
+    also holds ``"clip" [B]`` int32: the window's clip id (``info.names``, ``info.labels``; -1 for fill).
     """
     _check(cfg, info)
     t, source = cfg.window, ClipSource(info)
     noise = transforms.Noise(rot_std=cfg.rot_noise * noise_level, pos_std=cfg.pos_noise * noise_level)
-    windows = []
+    windows, clip_ids = [], []
     for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
+        clip_ids.append(clip_id)
         clip = source[clip_id]
         records.check_clip(clip, info.skeleton)
         rng = np.random.default_rng([seed, clip_id, start])  # a window's noise whatever its batch
@@ -313,10 +331,12 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
         return []
     pad = (-len(windows)) % cfg.batch_size
     windows += [(dict(windows[0][0], valid=np.zeros(t, np.float32)), windows[0][1]) for _ in range(pad)]
+    clip_ids = np.array(clip_ids + [-1] * pad, np.int32)
     make = MakeExample(info, cfg, noise)
     stack = lambda dicts: {k: np.stack([d[k] for d in dicts]) for k in dicts[0]}
     batches = []
     for i in range(0, len(windows), cfg.batch_size):
         group = windows[i:i + cfg.batch_size]
         batches.append(make.transform(stack([w for w, _ in group]), stack([d for _, d in group])))
+        batches[-1]["clip"] = clip_ids[i:i + cfg.batch_size]
     return batches

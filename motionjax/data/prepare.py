@@ -1,47 +1,60 @@
-"""Motion files -> ArrayRecord shards + ``index.json`` (clips, splits, skeleton, feature stats).
+"""Motion files -> ArrayRecord shards + ``index.json`` (clips, labels, splits, skeleton, feature stats).
 
 Layout of a prepared directory::
 
-    clips-00000-of-0000N.array_record   one record per clip (:mod:`motionjax.data.records`),
-                                        resampled to the dataset fps, with per-frame dynamics scores
-    index.json                          written last: its presence means the directory is complete
+    clips-00000-of-0000N.array_record   one record per converted clip (:mod:`motionjax.data.records`):
+                                        resampled, in metres, with its own bone offsets and
+                                        per-frame dynamics scores
+    index.json                          written last (atomically): its presence means complete
 
-Splits (fixed; :data:`HELDOUT_CLIPS`, :data:`TRAIN_FRACTION`, repeated in index.json):
-  ``train``         the first 80% of the frames of every clip not held out,
-  ``heldout_tail``  the last 20% of those clips (same motions, unseen frames),
-  ``heldout_clips`` the held-out clips entirely (each has a sibling motion in training).
-Segments are ``(clip index, begin frame, end frame)``. Windows never cross a segment end (no
-wrapping: a loop would leak tail frames into training). A segment shorter than a window (at 30
-fps and window 32: the training parts of walk and run, most tails) is edge-padded, the padding
-marked ``valid = 0``; training skips segments under half a window
-(:data:`motionjax.data.transforms.SHORT_SEGMENT`).
+What :func:`prepare` does, streaming (peak memory: a few clips per worker, plus small per-clip
+summaries), in ``workers`` processes:
 
-Feature statistics are a streaming Welford/Chan pass over the canonicalized training windows
-(stride window/4), so no pass ever holds the corpus in memory.
+1. Each file is read and conformed (:func:`motionjax.data.corpus.conform`: units detected from
+   the bone lengths or given, a static root folded, constant per-joint position channels baked
+   into bone offsets), resampled to ``fps``, checked, scored; its sidecar labels are read.
+2. Clips on one tree with other bone lengths (several performers) are one skeleton: each record
+   keeps its own offsets and the dataset skeleton gets the per-joint median (the training body).
+   A clip on another tree is skipped with a reason saying what differs; the kept tree is the one
+   most clips share (never the first file's), and the summary lists every group.
+3. Duplicates (:mod:`motionjax.data.dedup`): exact copies are dropped; near-duplicate clips are
+   grouped, and a group spread over several splits (leakage) is moved into one split and reported.
+4. Splits come from the config's rules (:mod:`motionjax.data.corpus`, ``config.data.splits``);
+   the feature statistics merge per-clip moments of the training split (Chan et al. 1979).
+
+Prepared data is never destroyed: a rebuild writes a sibling ``<out>.partial`` directory and only
+replaces ``out`` once complete; a complete directory prepared with other settings is refused (not
+overwritten) unless ``force``. Shards are checked against their recorded sizes and CRC-32s.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
+import shutil
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from motionjax import features
-from motionjax.data import records, transforms
+from motionjax.data import corpus, records, transforms
 from motionjax.formats import Motion, MotionFormatError, deepmimic_clip_paths, load
+from motionjax.kinematics import forward_kinematics
 from motionjax.skeleton import Skeleton
 
-HELDOUT_CLIPS = ("humanoid3d_dance_b", "humanoid3d_getup_faceup", "humanoid3d_spinkick")
-TRAIN_FRACTION = 0.8
-SPLITS = ("train", "heldout_tail", "heldout_clips")
+# DeepMimic's default splits: three clips never trained on (each has a sibling motion in training) are
+# the test split; the last 20% of every other clip is the validation split.
+DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
+                    "test": "clips:humanoid3d_dance_b,humanoid3d_getup_faceup,humanoid3d_spinkick"}
 INDEX = "index.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MIN_STD = 1e-3  # features constant in the data (e.g. hinge 6D components) standardize with std 1
 
 
@@ -66,17 +79,19 @@ class DatasetInfo:
 
     Attributes:
       data_dir: the prepared directory ("" for the synthetic corpus).
-      skeleton: the one skeleton of every clip.
+      skeleton: the tree of every clip, with the median bone offsets over clips.
       fps: frame rate of every record.
       mean, std: ``[F]`` float32 feature stats (std floored at :data:`MIN_STD` -> 1).
-      names, frames: per clip.
+      names, frames: per record (clip id = record index); dropped clips are in no split.
       splits: split name -> list of ``(clip, begin, end)`` segments.
       window: window length the stats were computed with (must equal ``config.data.window``).
       shards: ArrayRecord file names, relative to ``data_dir``.
-      train_windows: per ``splits["train"]`` segment, ``(number of windows, sum of their mean
+      train_windows: per segment of the ``train`` split, ``(number of windows, sum of their mean
         dynamics scores)`` for ``window``: the normalizers of dynamics-weighted sampling.
-      skipped: ``[{"path", "reason"}]`` files that did not convert.
+      skipped: ``[{"path", "reason"}]`` files or clips that were not kept.
       synthetic: ``{"num_clips", "frames", "seed"}`` for the generated corpus, else None.
+      labels: per record, a dict of label names (``{"content": "walk", "style": "happy"}``).
+      train_split: the split the model trains on (the ``rest`` rule).
     """
 
     data_dir: str
@@ -92,6 +107,8 @@ class DatasetInfo:
     shards: tuple[str, ...] = ()
     skipped: tuple = ()
     synthetic: dict | None = None
+    labels: tuple = ()
+    train_split: str = "train"
 
     @property
     def feature_dim(self) -> int:
@@ -113,28 +130,16 @@ def load_info(data_dir) -> DatasetInfo:
     doc = json.loads(path.read_text())
     if doc.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format version {doc.get('version')}, expected {FORMAT_VERSION}; "
-                         "re-run scripts/prepare_data.py")
+                         f"prepare it again into a new directory (or delete {data_dir})")
+    clips = doc["clips"]
     return DatasetInfo(
         data_dir=str(data_dir), skeleton=skeleton_from_dict(doc["skeleton"]), fps=doc["fps"],
         mean=np.array(doc["stats"]["mean"], np.float32), std=np.array(doc["stats"]["std"], np.float32),
-        names=tuple(c["name"] for c in doc["clips"]), frames=tuple(c["frames"] for c in doc["clips"]),
+        names=tuple(c["name"] for c in clips), frames=tuple(c["frames"] for c in clips),
         splits={k: [tuple(s) for s in v] for k, v in doc["splits"].items()}, window=doc["stats"]["window"],
         train_windows=tuple(tuple(w) for w in doc["train_windows"]),
-        shards=tuple(doc["shards"]), skipped=tuple(doc["skipped"]))
-
-
-def split_segments(names, frames, heldout=HELDOUT_CLIPS, train_fraction=TRAIN_FRACTION) -> dict:
-    """The fixed split rule: held-out clips whole; every other clip cut at ``train_fraction``."""
-    out = {s: [] for s in SPLITS}
-    for i, (name, n) in enumerate(zip(names, frames, strict=True)):
-        if name in heldout:
-            out["heldout_clips"].append((i, 0, n))
-        else:
-            cut = int(round(n * train_fraction))
-            out["train"].append((i, 0, cut))
-            if cut < n:
-                out["heldout_tail"].append((i, cut, n))
-    return out
+        shards=tuple(s["file"] for s in doc["shards"]), skipped=tuple(doc["skipped"]),
+        labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,14 +155,19 @@ class Moments:
     def update(self, x: np.ndarray) -> None:
         """Add rows ``x [n, F]``."""
         x = np.asarray(x, np.float64).reshape(-1, self.mean.size)
-        n = x.shape[0]
-        if n == 0:
+        if x.shape[0]:
+            other = Moments(self.mean.size)
+            other.count, other.mean, other.m2 = x.shape[0], x.mean(0), ((x - x.mean(0)) ** 2).sum(0)
+            self.merge(other)
+
+    def merge(self, other: Moments) -> None:
+        """Add another set's moments (exact: the result equals one pass over both)."""
+        if other.count == 0:
             return
-        mean, m2 = x.mean(0), ((x - x.mean(0)) ** 2).sum(0)
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * n / total
-        self.m2 = self.m2 + m2 + delta**2 * self.count * n / total
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.mean = self.mean + delta * other.count / total
+        self.m2 = self.m2 + other.m2 + delta**2 * self.count * other.count / total
         self.count = total
 
     def std(self) -> np.ndarray:
@@ -176,7 +186,30 @@ def window_features(skeleton: Skeleton, root, rotations, window: int, stride: in
 
 
 # --------------------------------------------------------------------------------------------
-# Conversion
+# Settings and sources
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that decides the content of a prepared directory (recorded in the index)."""
+
+    fps: float = 30.0
+    window: int = 32
+    units: str = "auto"        # "auto" | "m" | "cm" | "mm" | "inch"
+    up_axis: str = "auto"      # "auto" (the reader's: y for BVH and DeepMimic) | "x" | "y" | "z"
+    splits: tuple = tuple(DEEPMIMIC_SPLITS.items())  # ((split, rule), ...): corpus split rules
+    dedup: bool = True         # drop exact duplicates; group near-duplicates into one split
+    near_threshold: float = 0.02  # m: RMS joint distance under which windows count as near-duplicates
+
+    def to_json(self) -> dict:
+        return dict(dataclasses.asdict(self), splits=dict(self.splits))
+
+    @classmethod
+    def from_config(cls, cfg) -> Settings:
+        """From ``config.data``."""
+        return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
+                   splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
+                   near_threshold=float(cfg.near_threshold))
 
 
 def resolve_sources(source=None) -> list[Path]:
@@ -185,125 +218,350 @@ def resolve_sources(source=None) -> list[Path]:
         return deepmimic_clip_paths()
     p = Path(source)
     if p.is_dir():
-        return sorted(q for q in p.rglob("*") if q.suffix.lower() in (".bvh", ".txt", ".json"))
+        # .json files in a directory are label sidecars; a JSON DeepMimic clip is read by naming it.
+        return sorted(q for q in p.rglob("*") if q.suffix.lower() in (".bvh", ".txt"))
     return sorted(Path(q) for q in glob.glob(str(source), recursive=True))
 
 
-def _fingerprint(paths, fps, window, heldout) -> str:
-    h = hashlib.sha256(json.dumps([FORMAT_VERSION, fps, window, list(heldout), TRAIN_FRACTION]).encode())
+def _sources_digest(paths) -> str:
+    h = hashlib.sha256()
     for p in paths:
-        st = os.stat(p)
-        h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}".encode())
+        for q in (p, Path(p).with_suffix(".json")):  # label sidecars count as sources too
+            if q.exists():
+                st = os.stat(q)
+                h.update(f"{q}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
-def _load_files(paths, strict: bool, skipped: list) -> Iterator[Motion]:
-    for path in paths:
-        try:
-            yield load(path)
-        except (MotionFormatError, OSError, ValueError) as e:
-            if strict:
-                raise
-            logging.warning("skipping %s: %s", path, e)
-            skipped.append({"path": str(path), "reason": str(e)})
+# --------------------------------------------------------------------------------------------
+# One clip (runs in a worker process)
 
 
-def write_dataset(motions: Iterable[Motion], out_dir, *, fps: float, window: int, strict: bool = False,
-                  heldout=HELDOUT_CLIPS, records_per_shard: int = 4096, skipped: list | None = None,
-                  fingerprint: str = "", progress: bool = True, total: int | None = None) -> DatasetInfo:
-    """Resample, check and write clips to shards; stream the training-split stats; write the index.
+def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> dict:
+    """A motion -> the compact record + summaries the writer needs (no file I/O).
 
-    A clip that fails the checks (:func:`motionjax.data.records.check_clip`, another skeleton) is
-    skipped and listed in ``index.json["skipped"]``; ``strict`` raises instead.
+    Raises :class:`records.BadRecordError` for a clip that cannot train (zero frames, NaNs).
     """
+    from motionjax.data import dedup
+
+    motion, decided = corpus.conform(motion, units=settings.units, up_axis=settings.up_axis)
+    sk = motion.skeleton
+    if motion.num_frames == 0:
+        raise records.BadRecordError(f"clip {motion.name!r}: zero frames")
+    root, rots = transforms.resample(motion.root_position, motion.rotations, motion.fps, settings.fps)
+    root, rots = root.astype(np.float32), rots.astype(np.float32)
+    score = transforms.dynamics_score(sk, root, rots, settings.fps)
+    clip = {"name": motion.name, "root_position": root, "rotations": rots, "score": score}
+    records.check_clip(clip, sk)
+    positions, _ = forward_kinematics(sk, rots.astype(np.float64), root.astype(np.float64))
+    body = dedup.body_frame(sk)
+    descriptor = dedup.clip_descriptor(positions, body)
+    tail = corpus.tail_fraction(corpus.parse_rules(dict(settings.splits)))
+    cut = corpus.train_cut(root.shape[0], tail)
+    stats = {}
+    for name, end in (("whole", root.shape[0]), ("cut", cut)):
+        m = Moments(features.feature_dim(sk))
+        m.update(window_features(sk, root[:end], rots[:end], settings.window, max(settings.window // 4, 1)))
+        scores = transforms.segment_windows(score[:end], settings.window)
+        stats[name] = {"moments": (m.count, m.mean, m.m2), "windows": (int(scores.size), float(scores.sum()))}
+    return {"name": motion.name, "record": records.encode_record(motion.name, root, rots, score, sk.offsets),
+            "frames": int(root.shape[0]), "source_fps": float(motion.fps), "skeleton": sk,
+            "units": decided["units"], "notes": decided["notes"], "labels": dict(labels or {}),
+            "stats": stats, "up_axis": corpus.detect_up_axis(positions[:: max(1, len(positions) // 64)]),
+            "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor}
+
+
+def _convert_file(task) -> dict:
+    """Worker entry: ``(path, settings)`` -> :func:`convert`'s dict, or ``{"path", "error"}``."""
+    path, settings = task
+    try:
+        return dict(convert(load(path), settings, corpus.read_labels(path)), path=str(path))
+    except (MotionFormatError, OSError, ValueError) as e:  # BadRecordError is a ValueError
+        return {"path": str(path), "error": str(e)}
+
+
+def _converted(paths, settings: Settings, workers: int, strict: bool) -> Iterator[dict]:
+    """Converted clips in file order, from ``workers`` spawned processes (0: this process)."""
+    tasks = [(p, settings) for p in paths]
+    if workers <= 1 or len(tasks) < 4:
+        results = map(_convert_file, tasks)
+        yield from results
+        return
+    # spawn: the parent may hold JAX's threads, which fork would copy in a locked state.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        yield from pool.imap(_convert_file, tasks, chunksize=4)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def _crc32(path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def verify_shards(data_dir) -> list[str]:
+    """Problems with the shards of a complete directory (missing, other size or CRC-32); [] if intact."""
+    doc = json.loads((Path(data_dir) / INDEX).read_text())
+    problems = []
+    for shard in doc["shards"]:
+        path = Path(data_dir) / shard["file"]
+        if not path.exists():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != shard["bytes"]:
+            problems.append(f"{path}: {path.stat().st_size} bytes, the index recorded {shard['bytes']}")
+        elif _crc32(path) != shard["crc32"]:
+            problems.append(f"{path}: CRC-32 differs from the index (the file is damaged)")
+    return problems
+
+
+def _describe(skeleton: Skeleton) -> str:
+    return f"{skeleton.num_joints} joints from {skeleton.names[0]!r}"
+
+
+def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | None = None, strict: bool = False,
+                  records_per_shard: int = 4096, progress: bool = True, total: int | None = None,
+                  **fields) -> DatasetInfo:
+    """Prepare in-memory motions (e.g. :func:`motionjax.data.synthetic.synthetic_motions`) in this
+    process; ``fields`` override :class:`Settings` fields (``window=64``)."""
+    settings = dataclasses.replace(settings or Settings(), **fields)
+
+    def converted():
+        for m in motions:
+            try:
+                yield convert(m, settings)
+            except (MotionFormatError, ValueError) as e:
+                yield {"path": m.name, "error": str(e)}
+
+    return write_converted(converted(), out_dir, settings=settings, strict=strict,
+                           records_per_shard=records_per_shard, progress=progress, total=total)
+
+
+def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, strict: bool = False,
+                    records_per_shard: int = 4096, skipped: list | None = None, sources_digest: str = "",
+                    progress: bool = True, total: int | None = None) -> DatasetInfo:
+    """Write converted clips (:func:`convert`; dicts with ``"error"`` are skipped and listed) into
+    ``out_dir`` via a ``.partial`` sibling; dedup, split, merge the training stats, write the index.
+    Returns the new directory's :class:`DatasetInfo`."""
     from array_record.python.array_record_module import ArrayRecordWriter
     from tqdm import tqdm
 
+    from motionjax.data import dedup
+
+    rules = corpus.parse_rules(dict(settings.splits))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / INDEX).unlink(missing_ok=True)  # the directory is incomplete until the index is back
-    for old in out.glob("clips-*.array_record"):
-        old.unlink()
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a previous build that never finished
+    partial.mkdir(parents=True)
     skipped = [] if skipped is None else skipped
-    skeleton, moments, clips, names, train_windows = None, None, [], set(), []
-    shard_files, writer = [], None
-    for motion in tqdm(motions, total=total, desc="clips", unit="clip", disable=not progress):
-        try:
-            if skeleton is None:
-                skeleton, moments = motion.skeleton, Moments(features.feature_dim(motion.skeleton))
-            if motion.skeleton != skeleton:
-                raise records.BadRecordError(f"clip {motion.name!r}: skeleton {motion.skeleton} differs "
-                                             f"from the dataset's {skeleton}")
-            if motion.name in names:
-                raise records.BadRecordError(f"clip {motion.name!r}: duplicate clip name")
-            if motion.num_frames == 0:
-                raise records.BadRecordError(f"clip {motion.name!r}: zero frames")
-            root, rots = transforms.resample(motion.root_position, motion.rotations, motion.fps, fps)
-            root, rots = root.astype(np.float32), rots.astype(np.float32)
-            clip = {"name": motion.name, "root_position": root, "rotations": rots,
-                    "score": transforms.dynamics_score(skeleton, root, rots, fps)}
-            records.check_clip(clip, skeleton)
-        except records.BadRecordError as e:
+    kept: list[dict] = []  # per written record: summaries (the record bytes are on disk)
+    shard_files, writer, seen = [], None, set()
+    for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress):
+        if "error" in clip or clip["name"] in seen:
+            reason = clip.get("error") or f"duplicate clip name {clip['name']!r}"
             if strict:
-                raise
-            logging.warning("skipping %s", e)
-            skipped.append({"path": motion.name, "reason": str(e)})
+                raise ValueError(f"{clip.get('path', clip.get('name'))}: {reason}")
+            logging.warning("skipping %s: %s", clip.get("path", clip.get("name")), reason)
+            skipped.append({"path": clip.get("path", clip.get("name")), "reason": reason})
             continue
-        if writer is None or len(clips) % records_per_shard == 0:
+        for note in clip["notes"]:
+            if "vary" in note:
+                logging.warning("%s: %s", clip.get("path", clip["name"]), note)
+        if writer is None or len(kept) % records_per_shard == 0:
             if writer is not None:
                 writer.close()
             shard_files.append(f"clips-{len(shard_files):05d}.array_record")
-            writer = ArrayRecordWriter(str(out / shard_files[-1]), "group_size:1")
-        writer.write(records.encode_record(motion.name, root, rots, clip["score"]))
-        names.add(motion.name)
-        clips.append({"name": motion.name, "frames": int(root.shape[0]), "source_fps": float(motion.fps)})
-        if motion.name not in heldout:
-            cut = int(round(root.shape[0] * TRAIN_FRACTION))
-            moments.update(window_features(skeleton, root[:cut], rots[:cut], window, max(window // 4, 1)))
-            scores = transforms.segment_windows(clip["score"][:cut], window)
-            train_windows.append([int(scores.size), float(scores.sum())])
+            writer = ArrayRecordWriter(str(partial / shard_files[-1]), "group_size:1")
+        writer.write(clip.pop("record"))
+        seen.add(clip["name"])
+        kept.append(clip)
     if writer is not None:
         writer.close()
-    if not clips:
+    if not kept:
+        shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(f"{out}: no clip converted; skipped: {skipped}")
+
+    # One tree: the one most clips share (ties: the first seen), never the first file's by order.
+    groups = collections.OrderedDict()
+    for i, c in enumerate(kept):
+        groups.setdefault(corpus.topology(c["skeleton"]), []).append(i)
+    main_key = max(groups, key=lambda k: len(groups[k]))
+    main = kept[groups[main_key][0]]["skeleton"]
+    status = ["kept"] * len(kept)
+    if len(groups) > 1:
+        lines = [f"{len(v)} clips on {_describe(kept[v[0]]['skeleton'])} (e.g. "
+                 f"{', '.join(kept[i]['name'] for i in v[:3])})" for v in groups.values()]
+        message = f"{out}: the clips use {len(groups)} different skeleton trees: " + "; ".join(lines)
+        if strict:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ValueError(message + ". Prepare each tree into its own directory.")
+        logging.warning("%s. Keeping the %d clips of the most common tree.", message, len(groups[main_key]))
+        for key, members in groups.items():
+            if key != main_key:
+                for i in members:
+                    why = corpus.topology_difference(kept[i]["skeleton"], main)
+                    status[i] = f"skeleton tree differs from the dataset's ({why})"
+    skeleton = main.replace(offsets=corpus.canonical_offsets(
+        [kept[i]["skeleton"].offsets for i in groups[main_key]]))
+
+    names = [c["name"] for c in kept]
+    labels = [c["labels"] for c in kept]
+    live = [i for i, s in enumerate(status) if s == "kept"]
+    leakage, near_groups, pairs = [], [], []
+    if settings.dedup:
+        report = dedup.find_duplicates({names[i]: kept[i]["descriptor"] for i in live},
+                                       {names[i]: kept[i]["hash"] for i in live},
+                                       body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold)
+        index_of = {n: i for i, n in enumerate(names)}
+        for name, reason in report.drop.items():
+            status[index_of[name]] = reason
+        near_groups = [g for g in report.groups if len(g) > 1]
+        pairs = report.pairs
+    clip_splits = corpus.assign_clips(rules, names, labels)
+    if settings.dedup and near_groups:
+        split_of = {n: s for n, s in zip(names, clip_splits, strict=True)}
+        split_of, leakage = dedup.resolve_leakage(near_groups, split_of)
+        clip_splits = [split_of[n] for n in names]
+        for item in leakage:
+            logging.warning("leakage: %s", item)
+    for i, s in enumerate(status):
+        if s != "kept":
+            skipped.append({"path": kept[i].get("path", names[i]), "reason": s})
+    frames = [c["frames"] for c in kept]
+    all_segments = corpus.segments(rules, clip_splits, frames)
+    splits = {k: [seg for seg in v if status[seg[0]] == "kept"] for k, v in all_segments.items()}
+    train = corpus.rest_split(rules)
+    tail = corpus.tail_fraction(rules)
+    moments, train_windows = Moments(features.feature_dim(skeleton)), []
+    for clip_id, _, end in splits[train]:
+        part = kept[clip_id]["stats"]["cut" if tail and end < frames[clip_id] else "whole"]
+        m = Moments(moments.mean.size)
+        m.count, m.mean, m.m2 = part["moments"]
+        moments.merge(m)
+        train_windows.append(list(part["windows"]))
     if moments.count == 0:
-        raise ValueError(f"{out}: no training segment holds a {window}-frame window; use a shorter window")
-    # Final names carry the shard count, as ArrayRecord datasets usually do.
+        shutil.rmtree(partial, ignore_errors=True)
+        longest = max((e - b for _, b, e in splits[train]), default=0)
+        raise ValueError(f"{out}: no segment of the '{train}' split holds a {settings.window}-frame window "
+                         f"(the longest has {longest} frames); use a shorter config.data.window")
+
     final = [f"clips-{i:05d}-of-{len(shard_files):05d}.array_record" for i in range(len(shard_files))]
+    shards = []
     for a, b in zip(shard_files, final, strict=True):
-        os.replace(out / a, out / b)
-    splits = split_segments([c["name"] for c in clips], [c["frames"] for c in clips], heldout)
-    doc = {"version": FORMAT_VERSION, "fingerprint": fingerprint, "fps": fps,
-           "skeleton": skeleton_to_dict(skeleton), "clips": clips, "shards": final,
-           "heldout_clips": list(heldout), "train_fraction": TRAIN_FRACTION,
-           "splits": {k: [list(s) for s in v] for k, v in splits.items()}, "train_windows": train_windows,
-           "stats": {"window": window, "frames": moments.count, "mean": moments.mean.tolist(),
+        os.replace(partial / a, partial / b)
+        shards.append({"file": b, "bytes": (partial / b).stat().st_size, "crc32": _crc32(partial / b)})
+    units = collections.Counter(c["units"] for c in kept)
+    up_votes = collections.Counter(c["up_axis"] for c in kept)
+    doc = {"version": FORMAT_VERSION, "settings": settings.to_json(), "sources": sources_digest,
+           "fps": settings.fps, "skeleton": skeleton_to_dict(skeleton), "train_split": train,
+           "clips": [{"name": c["name"], "frames": c["frames"], "source_fps": c["source_fps"],
+                      "labels": c["labels"], "units": c["units"], "status": status[i],
+                      "notes": c["notes"]} for i, c in enumerate(kept)],
+           "shards": shards, "splits": {k: [list(s) for s in v] for k, v in splits.items()},
+           "train_windows": train_windows, "duplicate_groups": near_groups, "duplicate_pairs": pairs,
+           "leakage": leakage,
+           "detected": {"units": dict(units), "up_axis_votes": {"xyz"[k]: v for k, v in up_votes.items()},
+                        "skeleton_trees": len(groups)},
+           "stats": {"window": settings.window, "frames": moments.count, "mean": moments.mean.tolist(),
                      "std": moments.std().tolist()},
            "skipped": skipped}
-    tmp = out / (INDEX + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, out / INDEX)
+    if up_votes and up_votes.most_common(1)[0][0] != skeleton.up_axis and settings.up_axis == "auto":
+        logging.warning("%s: the bodies look tallest along %s, but the files' skeleton says %s is up; set "
+                        "config.data.up_axis if that is wrong", out, "xyz"[up_votes.most_common(1)[0][0]],
+                        "xyz"[skeleton.up_axis])
+    (partial / INDEX).write_text(json.dumps(doc, indent=1))
+    _replace_dir(partial, out)
     return load_info(out)
 
 
-def prepare(source=None, out_dir="data_cache/deepmimic", *, fps: float = 30.0, window: int = 32,
-            strict: bool = False, heldout=HELDOUT_CLIPS, records_per_shard: int = 4096,
-            progress: bool = True, force: bool = False) -> DatasetInfo:
+def _replace_dir(new: Path, out: Path) -> None:
+    """Put the complete ``new`` at ``out``; an old ``out`` is removed only after the swap."""
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(new, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, out)
+
+
+# --------------------------------------------------------------------------------------------
+# The entry point
+
+
+class PreparedElsewhere(ValueError):
+    """A complete prepared directory made with other settings (never overwritten implicitly)."""
+
+
+def prepare(source=None, out_dir="data_cache/deepmimic", *, settings: Settings | None = None,
+            strict: bool = False, records_per_shard: int = 4096, workers: int | None = None,
+            progress: bool = True, force: bool = False, **fields) -> DatasetInfo:
     """Convert motion files (see :func:`resolve_sources`) into a prepared directory.
 
-    Idempotent: when ``index.json`` already records the same inputs (paths, sizes, mtimes, fps,
-    window, split) nothing is rewritten. Unreadable files are skipped and listed (``strict``
-    raises on the first one).
+    Idempotent: a complete directory with the same settings and unchanged sources (paths, sizes,
+    mtimes, label sidecars) and intact shards is returned as is. Changed sources or damaged shards
+    rebuild it (the old one stays until the new one is complete); other settings raise
+    :class:`PreparedElsewhere` unless ``force``. Unreadable files are skipped and listed
+    (``strict`` raises on the first one). ``workers``: processes (default: the CPU count);
+    ``fields`` override :class:`Settings` fields (``window=64``).
     """
+    settings = dataclasses.replace(settings or Settings(), **fields)
+    corpus.parse_rules(dict(settings.splits))  # a bad rule fails before any work
     paths = resolve_sources(source)
     if not paths:
         raise FileNotFoundError(f"no motion files found for source {source!r}")
-    fingerprint = _fingerprint(paths, fps, window, heldout)
+    digest = _sources_digest(paths)
     index = Path(out_dir) / INDEX
-    if not force and index.exists() and json.loads(index.read_text()).get("fingerprint") == fingerprint:
-        logging.info("%s is up to date", out_dir)
-        return load_info(out_dir)
+    if index.exists() and not force:
+        doc = json.loads(index.read_text())
+        if doc.get("version") == FORMAT_VERSION and doc.get("settings") != settings.to_json():
+            diff = {k: (doc["settings"].get(k), v) for k, v in settings.to_json().items()
+                    if doc["settings"].get(k) != v}
+            raise PreparedElsewhere(
+                f"{out_dir} was prepared with other settings ("
+                + ", ".join(f"{k}: {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
+                + "); it is left untouched. Point config.data.dir (--out) at a new directory, or rebuild "
+                "it with scripts/prepare_data.py --force")
+        if doc.get("version") == FORMAT_VERSION and doc.get("sources") == digest:
+            problems = verify_shards(out_dir)
+            if not problems:
+                logging.info("%s is up to date", out_dir)
+                return load_info(out_dir)
+            logging.warning("%s: rebuilding: %s", out_dir, "; ".join(problems))
+        else:
+            logging.info("%s: sources changed; rebuilding", out_dir)
+    workers = (os.cpu_count() or 1) if workers is None else workers
     skipped: list = []
-    return write_dataset(_load_files(paths, strict, skipped), out_dir, fps=fps, window=window, strict=strict,
-                         heldout=heldout, records_per_shard=records_per_shard, skipped=skipped,
-                         fingerprint=fingerprint, progress=progress, total=len(paths))
+    return write_converted(_converted(paths, settings, workers, strict), out_dir, settings=settings, strict=strict,
+                         records_per_shard=records_per_shard, skipped=skipped, sources_digest=digest,
+                         progress=progress, total=len(paths))
+
+
+def summary_table(info: DatasetInfo) -> str:
+    """The prepare report: clips, frames and hours per split and per label; what was not kept."""
+    def row(name, clips, frames):
+        return f"  {name:<28} {clips:>7} {frames:>10} {frames / info.fps / 3600:>8.2f}"
+
+    lines = [f"  {'':<28} {'clips':>7} {'frames':>10} {'hours':>8}"]
+    kept = sorted({c for segs in info.splits.values() for c, _, _ in segs})
+    lines.append(row("kept", len(kept), sum(info.frames[c] for c in kept)))
+    for split, segs in info.splits.items():
+        lines.append(row(f"split {split}", len({c for c, _, _ in segs}), info.split_frames(split)))
+    keys = sorted({k for lab in info.labels for k in lab})
+    for key in keys:
+        values = collections.Counter()
+        frames = collections.Counter()
+        for c in kept:
+            v = info.labels[c].get(key, "?")
+            values[v] += 1
+            frames[v] += info.frames[c]
+        for v in sorted(values):
+            lines.append(row(f"{key} {v}", values[v], frames[v]))
+    reasons = collections.Counter(s["reason"].split(" of ")[0].split(":")[0][:40] for s in info.skipped)
+    lines.append(f"  not kept: {len(info.skipped)}" + "".join(f"; {n} × {r}" for r, n in reasons.items()))
+    return "\n".join(lines)

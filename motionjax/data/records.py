@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 
@@ -18,27 +19,47 @@ class BadRecordError(ValueError):
     """A clip record that cannot be trained on; the message names the clip and the problem."""
 
 
-def encode_record(name: str, root_position: np.ndarray, rotations: np.ndarray, score: np.ndarray) -> bytes:
-    """``root_position [T, 3]``, ``rotations [T, J, 4]``, ``score [T]`` -> record bytes."""
+class DamagedShardError(RuntimeError):
+    """An ArrayRecord shard that cannot be read (truncated, bit-flipped): names the file and the fix."""
+
+    def __init__(self, path, reason):
+        data_dir = os.path.dirname(os.fspath(path)) or "."
+        super().__init__(f"damaged shard {os.fspath(path)}: {reason}. Rebuild the prepared data: "
+                         f"python scripts/prepare_data.py --out {data_dir} --force (with the --source, "
+                         "--fps and --window it was prepared with)")
+        self.path = os.fspath(path)
+
+
+def encode_record(name: str, root_position: np.ndarray, rotations: np.ndarray, score: np.ndarray,
+                  offsets: np.ndarray | None = None) -> bytes:
+    """``root_position [T, 3]``, ``rotations [T, J, 4]``, ``score [T]`` and the clip's own rest
+    ``offsets [J, 3]`` (its performer's bone lengths; ``None``: the dataset skeleton's) -> bytes."""
     t, j = rotations.shape[:2]
-    header = json.dumps({"name": name, "frames": t, "joints": j}).encode()
-    return b"".join([len(header).to_bytes(4, "little"), header,
-                     np.ascontiguousarray(root_position, "<f4").tobytes(),
-                     np.ascontiguousarray(rotations, "<f4").tobytes(),
-                     np.ascontiguousarray(score, "<f4").tobytes()])
+    header = json.dumps({"name": name, "frames": t, "joints": j, "offsets": offsets is not None}).encode()
+    parts = [len(header).to_bytes(4, "little"), header, np.ascontiguousarray(root_position, "<f4").tobytes(),
+             np.ascontiguousarray(rotations, "<f4").tobytes(), np.ascontiguousarray(score, "<f4").tobytes()]
+    if offsets is not None:
+        parts.append(np.ascontiguousarray(offsets, "<f4").reshape(j, 3).tobytes())
+    return b"".join(parts)
 
 
 def decode_record(data: bytes) -> dict:
-    """Record bytes -> ``{"name", "root_position" [T,3], "rotations" [T,J,4], "score" [T]}``."""
+    """Record bytes -> ``{"name", "root_position" [T,3], "rotations" [T,J,4], "score" [T]}`` plus
+    ``"offsets" [J,3]`` when the record carries the clip's own bone offsets."""
     n = int.from_bytes(data[:4], "little")
     head = json.loads(data[4:4 + n])
-    t, j = head["frames"], head["joints"]
+    t, j, has_offsets = head["frames"], head["joints"], head.get("offsets", False)
     body = np.frombuffer(data, "<f4", offset=4 + n)
-    if body.size != t * (3 + 4 * j + 1):
+    expected = t * (3 + 4 * j + 1) + (3 * j if has_offsets else 0)
+    if body.size != expected:
         raise BadRecordError(f"clip {head['name']!r}: record holds {body.size} floats, "
-                             f"expected {t * (3 + 4 * j + 1)} for {t} frames x {j} joints")
-    return {"name": head["name"], "root_position": body[:3 * t].reshape(t, 3),
-            "rotations": body[3 * t:3 * t + 4 * t * j].reshape(t, j, 4), "score": body[3 * t + 4 * t * j:]}
+                             f"expected {expected} for {t} frames x {j} joints")
+    out = {"name": head["name"], "root_position": body[:3 * t].reshape(t, 3),
+           "rotations": body[3 * t:3 * t + 4 * t * j].reshape(t, j, 4),
+           "score": body[3 * t + 4 * t * j:t * (3 + 4 * j + 1)]}
+    if has_offsets:
+        out["offsets"] = body[t * (3 + 4 * j + 1):].reshape(j, 3)
+    return out
 
 
 def check_clip(clip: dict, skeleton: Skeleton) -> None:

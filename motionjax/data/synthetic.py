@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from motionjax import rotations as rot
-from motionjax.data import prepare, records, transforms
+from motionjax.data import corpus, prepare, records, transforms
 from motionjax.formats import Motion
 from motionjax.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid
 
+SPLITS = {"train": "rest", "validation": "tail:0.2"}
 BALL_LIMIT = 0.5  # rad per axis
 HINGE_LIMITS = {"knee": (-2.0, 0.0), "elbow": (0.0, 2.0)}  # DeepMimic sign conventions
 
@@ -96,12 +97,13 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
                    stats_clips: int = 64, skeleton: Skeleton | None = None) -> prepare.DatasetInfo:
     """Metadata of the generated corpus; stats from the first ``stats_clips`` clips' windows.
 
-    Splits follow the same rule as files (first 80% of every clip trains, last 20% is
-    ``heldout_tail``); no clip is held out whole.
+    Splits: the first 80% of every clip trains, the last 20% is ``validation``; no clip is held
+    out whole (every synthetic clip is drawn from the same distribution).
     """
     source = SyntheticClips(num_clips, frames=frames, fps=fps, seed=seed, skeleton=skeleton)
     moments = prepare.Moments(transforms.features.feature_dim(source.skeleton))
-    cut = int(round(frames * prepare.TRAIN_FRACTION))
+    rules = corpus.parse_rules(SPLITS)
+    cut = corpus.train_cut(frames, corpus.tail_fraction(rules))
     score_sums = []
     for i in range(min(stats_clips, num_clips)):
         clip = source[i]
@@ -116,6 +118,6 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
     return prepare.DatasetInfo(
         data_dir="", skeleton=source.skeleton, fps=fps, mean=moments.mean.astype(np.float32),
         std=moments.std().astype(np.float32), names=tuple(names), frames=(frames,) * num_clips,
-        splits=prepare.split_segments(names, [frames] * num_clips, heldout=()), window=window,
+        splits=corpus.segments(rules, ["train"] * num_clips, [frames] * num_clips), window=window,
         train_windows=train_windows,
         synthetic={"num_clips": num_clips, "frames": frames, "seed": seed})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import numpy as np
 
@@ -149,6 +150,21 @@ def uncanonicalize(root_position, rotations, yaw, origin, *, scale: float = 1.0)
     xp = rot._xp(rotations, yaw)
     root_rot = rot.quat_mul(yaw[..., None, :], rotations[..., :, 0, :])
     return root, xp.concatenate([root_rot[..., :, None, :], rotations[..., :, 1:, :]], axis=-2)
+
+
+@functools.lru_cache(maxsize=16)
+def mirrorable(skeleton: Skeleton, tol: float = 1e-3) -> bool:
+    """Whether :func:`mirror` is exact for this skeleton: every joint's rest offset is its twin's
+    reflected across ``lateral_axis`` (within ``tol`` m). Rigs whose left and right joint frames
+    differ (Bandai Namco's bones point along +x on the left and -x on the right) are not, and are
+    never mirrored (the pipeline warns once)."""
+    flip = np.ones(3)
+    flip[skeleton.lateral_axis] = -1
+    ok = np.abs(skeleton.offsets[skeleton.symmetry] - skeleton.offsets * flip).max() <= tol
+    if not ok:
+        logging.warning("mirror augmentation is off: the rest offsets of %s are not left/right mirror "
+                        "images (joint frames differ between sides)", skeleton)
+    return bool(ok)
 
 
 def mirror(skeleton: Skeleton, root_position, rotations):
@@ -287,7 +303,7 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
     masked-out frames).
     """
-    m = np.asarray(draws["mirror"])
+    m = np.asarray(draws["mirror"]) & mirrorable(skeleton)
     if m.ndim == 0 and m:
         root_position, rotations = mirror(skeleton, root_position, rotations)
     elif m.any():

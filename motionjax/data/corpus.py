@@ -1,0 +1,362 @@
+"""Corpus conventions, decided per clip at prepare time: units, a static root, per-joint channels,
+performers' bone lengths, up axis, labels and the split rules of a config.
+
+Every function is numpy and pure; :mod:`motionjax.data.prepare` calls them and records in
+``index.json`` what was decided and why (the notes of :func:`conform`).
+
+Conventions inside motionjax: metres; joint 0 carries the world translation; a clip's rest offsets
+are its own (several performers share one tree with other bone lengths); the dataset skeleton has
+the per-joint median offsets over its clips (the canonical body the model trains on).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+
+from motionjax import rotations as rot
+from motionjax.formats import Motion
+from motionjax.skeleton import Skeleton
+
+UNITS = {"m": 1.0, "cm": 0.01, "mm": 0.001, "inch": 0.0254}
+NOMINAL_SPAN = 1.8  # m: bone-length path between the two farthest joints of an adult (≈ height)
+AXES = {"x": 0, "y": 1, "z": 2}
+
+
+# --------------------------------------------------------------------------------------------
+# One clip
+
+
+def tree_span(skeleton: Skeleton) -> float:
+    """Bone-length distance between the two farthest joints of the tree (its weighted diameter),
+    in the skeleton's units: the same for a T-pose, an A-pose or bones laid along any axis."""
+    length = np.linalg.norm(skeleton.offsets, axis=-1)
+    length[0] = 0.0
+    depth = np.zeros(skeleton.num_joints)  # distance from the root along the tree
+    for j, p in enumerate(skeleton.parents[1:], 1):
+        depth[j] = depth[p] + length[j]
+    anc = skeleton.ancestor_mask  # [J, J]: k is j or an ancestor of j
+    # Lowest common ancestor depth of every pair: the deepest joint that is an ancestor of both.
+    common = (anc[:, None, :] & anc[None, :, :]) * depth[None, None, :]  # [J, J, J]
+    return float((depth[:, None] + depth[None, :] - 2 * common.max(-1)).max())
+
+
+def detect_units(skeleton: Skeleton) -> str:
+    """``"m" | "cm" | "mm" | "inch"``: the unit that makes :func:`tree_span` closest (in log
+    scale) to an adult's ~1.8 m. Neighbouring units are ≥ 2.5× apart, so a body between ~1.1 and
+    ~2.9 m (or a child's, in metres) is still read right."""
+    span = tree_span(skeleton)
+    if span <= 0:
+        return "m"
+    return min(UNITS, key=lambda u: abs(np.log(span * UNITS[u] / NOMINAL_SPAN)))
+
+
+def detect_up_axis(positions: np.ndarray) -> int:
+    """The world axis along which the body is tallest on average (``positions [T, J, 3]``):
+    standing, walking and dancing people are taller than wide; a corpus votes over its clips."""
+    extent = positions.max(axis=1) - positions.min(axis=1)  # [T, 3]
+    return int(np.argmax(np.median(extent, axis=0)))
+
+
+def _is_static(motion: Motion, tol: float) -> bool:
+    q = rot.quat_canonical(motion.rotations[:, 0])
+    return (np.ptp(motion.root_position, axis=0).max() <= tol and np.ptp(q, axis=0).max() <= 1e-6)
+
+
+def fold_static_root(motion: Motion, tol: float = 1e-6) -> tuple[Motion, str | None]:
+    """A root that is only a placeholder becomes its one child: the child's world transform (the
+    root's composed with its own, per frame: exact) moves into joint 0, so joint 0 carries the
+    body's translation. Placeholder: exactly one child, and either the root never moves (constant
+    position and rotation) or the child has moving position channels of its own (it carries the
+    translation; some exporters split it between the two). Returns the motion unchanged (and
+    ``None``) otherwise."""
+    sk = motion.skeleton
+    kids = sk.children[0]
+    if sk.num_joints < 2 or len(kids) != 1:
+        return motion, None
+    c = kids[0]
+    child_moves = motion.offsets is not None and np.ptp(motion.offsets[:, c], axis=0).max() > tol
+    if not (_is_static(motion, tol) or child_moves):
+        return motion, None
+    offsets = motion.offsets if motion.offsets is not None else np.broadcast_to(
+        sk.offsets, (motion.num_frames, *sk.offsets.shape))
+    q0 = motion.rotations[:, 0]
+    root_position = motion.root_position + rot.quat_rotate(q0, offsets[:, c])
+    rotations = motion.rotations.copy()
+    rotations[:, c] = rot.quat_mul(q0, rotations[:, c])
+    keep = np.arange(1, sk.num_joints)
+    parents = [-1] + [p - 1 for p in np.asarray(sk.parents)[keep[1:]]]
+    rest = sk.offsets[keep].copy()
+    rest[0] = 0.0
+    skeleton = Skeleton([sk.names[j] for j in keep], parents, rest, [sk.kinds[j] for j in keep],
+                        sk.axes[keep], sk.masses[keep], sk.up_axis)
+    new_offsets = None
+    if motion.offsets is not None:
+        new_offsets = motion.offsets[:, keep].copy()
+        new_offsets[:, 0] = 0.0
+    folded = dataclasses.replace(motion, skeleton=skeleton, root_position=root_position,
+                                 rotations=rotations[:, keep], offsets=new_offsets)
+    what = "static" if _is_static(motion, tol) else "placeholder"
+    return folded, f"folded the {what} root {sk.names[0]!r}: {sk.names[c]!r} is the root"
+
+
+def bake_offsets(motion: Motion, tol: float) -> tuple[Motion, list[str]]:
+    """Per-joint position channels (``Motion.offsets [T, J, 3]``) -> rest offsets.
+
+    Constant channels (within ``tol``) become the joint's rest offset (as in BVH exporters that
+    write every joint with 6 channels); varying ones (stretching bones) cannot train with a fixed
+    skeleton: their per-clip mean becomes the rest offset and a note names the joint and its range.
+    """
+    if motion.offsets is None:
+        return motion, []
+    sk, off = motion.skeleton, motion.offsets
+    notes = []
+    spread = np.ptp(off[:, 1:], axis=0).max(-1)  # [J-1]
+    for j in np.flatnonzero(spread > tol) + 1:
+        notes.append(f"joint {sk.names[j]!r}: position channels vary by up to {spread[j - 1]:.4g} (m); "
+                     "training uses their mean as a fixed bone")
+    rest = off.mean(axis=0)
+    rest[0] = sk.offsets[0]
+    return dataclasses.replace(motion, skeleton=sk.replace(offsets=rest), offsets=None), notes
+
+
+def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple[Motion, dict]:
+    """A clip as motionjax wants it: metres, joint 0 carrying the translation, fixed bones.
+
+    ``units``: ``"auto"`` (:func:`detect_units`) or a key of :data:`UNITS`; ``up_axis``:
+    ``"auto"`` (keep the skeleton's, which the readers set to y for BVH and DeepMimic) or
+    ``"x" | "y" | "z"``. Returns ``(motion, decisions)`` with the detected ``units`` and
+    ``notes`` (strings for the prepare report).
+    """
+    notes = []
+    motion, note = fold_static_root(motion)
+    if note:
+        notes.append(note)
+    if units == "auto":
+        units = detect_units(motion.skeleton)
+    elif units not in UNITS:
+        raise ValueError(f"units={units!r}; expected 'auto' or one of {sorted(UNITS)}")
+    s = UNITS[units]
+    sk = motion.skeleton.replace(offsets=motion.skeleton.offsets * s)
+    motion = dataclasses.replace(motion, skeleton=sk, root_position=motion.root_position * s,
+                                 offsets=None if motion.offsets is None else motion.offsets * s)
+    motion, more = bake_offsets(motion, tol=1e-5)
+    notes += more
+    if up_axis != "auto":
+        if up_axis not in AXES:
+            raise ValueError(f"up_axis={up_axis!r}; expected 'auto', 'x', 'y' or 'z'")
+        motion = dataclasses.replace(motion, skeleton=motion.skeleton.replace(up_axis=AXES[up_axis]))
+    return motion, {"units": units, "notes": notes}
+
+
+# --------------------------------------------------------------------------------------------
+# Several clips: one tree, performers' bone lengths
+
+
+def topology(skeleton: Skeleton) -> tuple:
+    """What must match for two clips to share a skeleton: the tree, joint kinds and hinge axes
+    (rest offsets may differ: performers' bone lengths are kept per clip)."""
+    return (skeleton.names, skeleton.parents, skeleton.kinds, skeleton.up_axis,
+            tuple(np.round(skeleton.axes, 6).ravel()))
+
+
+def topology_difference(a: Skeleton, b: Skeleton) -> str:
+    """A short human-readable reason why ``topology(a) != topology(b)``."""
+    if a.num_joints != b.num_joints:
+        extra = sorted(set(a.names) ^ set(b.names))[:4]
+        return f"{a.num_joints} vs {b.num_joints} joints (e.g. {', '.join(extra)} in one only)"
+    for i, (x, y) in enumerate(zip(a.names, b.names, strict=True)):
+        if x != y:
+            return f"joint {i} is {x!r} vs {y!r}"
+    for i, (x, y) in enumerate(zip(a.parents, b.parents, strict=True)):
+        if x != y:
+            return f"joint {a.names[i]!r} hangs from {a.names[x]!r} vs {b.names[y]!r}"
+    for i, (x, y) in enumerate(zip(a.kinds, b.kinds, strict=True)):
+        if x != y:
+            return f"joint {a.names[i]!r} is a {x} vs a {y} joint"
+    if a.up_axis != b.up_axis:
+        return f"up axis {'xyz'[a.up_axis]} vs {'xyz'[b.up_axis]}"
+    return "hinge axes differ"
+
+
+def canonical_offsets(offsets: list[np.ndarray]) -> np.ndarray:
+    """``[J, 3]`` per-joint, per-component median of the clips' rest offsets (the training body)."""
+    return np.median(np.stack(offsets), axis=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Labels
+
+
+def read_labels(path) -> dict[str, str]:
+    """Labels of a motion file from a JSON sidecar with its stem (``clip.json`` next to
+    ``clip.bvh``): ``{"content": 6, "style": 11}``. Integer ids become names from
+    ``<dataset>/cfg/<key>_label.txt`` (one name per line, 0-based; Bandai Namco's layout) when that
+    file exists; a ``dataset-N_`` prefix is dropped. Missing sidecar: ``{}``."""
+    path = Path(path)
+    sidecar = path.with_suffix(".json")
+    if path.suffix.lower() == ".json" or not sidecar.exists():
+        return {}
+    try:
+        doc = json.loads(sidecar.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{sidecar}: labels are not readable JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"{sidecar}: labels must be a JSON object like {{\"content\": 6}}")
+    out = {}
+    for key, value in doc.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            names = _label_names(str(path.parent.parent / "cfg" / f"{key}_label.txt"))
+            if names is not None:
+                if not 0 <= value < len(names):
+                    raise ValueError(f"{sidecar}: {key} id {value} is outside the {len(names)} names of "
+                                     f"{path.parent.parent / 'cfg' / f'{key}_label.txt'}")
+                value = names[value]
+        out[str(key)] = str(value)
+    return out
+
+
+_LABEL_CACHE: dict[str, list[str] | None] = {}
+
+
+def _label_names(path: str) -> list[str] | None:
+    if path not in _LABEL_CACHE:
+        p = Path(path)
+        _LABEL_CACHE[path] = ([re.sub(r"^dataset-\d+_", "", line.strip())
+                               for line in p.read_text().splitlines() if line.strip()]
+                              if p.exists() else None)
+    return _LABEL_CACHE[path]
+
+
+# --------------------------------------------------------------------------------------------
+# Split rules (declared in the experiment config: config.data.splits)
+#
+#   "rest"                          every clip no other rule took (exactly one split, the train split)
+#   "clips:a,b,c"                   named clips (file stems), whole
+#   "pattern:*walk*"                clips whose name matches a glob, whole
+#   "label:style=happy"             clips with that label value, whole
+#   "stratified:content:0.1"        per value of a label, round(fraction × group size) clips drawn
+#   "stratified:content:0.1:seed=3"   with a seeded shuffle (default seed 0), whole
+#   "tail:0.2"                      the last 20% of the frames of every "rest" clip
+# Whole-clip rules apply in the config's order, each to the clips still unassigned.
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    kind: str
+    args: tuple
+
+
+def parse_rule(split: str, text: str) -> Rule:
+    """``"stratified:content:0.1"`` -> ``Rule("stratified", ("content", 0.1, 0))``; errors name the split."""
+    kind, _, rest = str(text).partition(":")
+    bad = ValueError(f"config.data.splits.{split}={text!r}: expected 'rest', 'clips:a,b', 'pattern:GLOB', "
+                     "'label:KEY=VALUE', 'stratified:KEY:FRACTION[:seed=N]' or 'tail:FRACTION'")
+    try:
+        if kind == "rest" and not rest:
+            return Rule(kind, ())
+        if kind == "clips" and rest:
+            return Rule(kind, tuple(n.strip() for n in rest.split(",") if n.strip()))
+        if kind == "pattern" and rest:
+            return Rule(kind, (rest,))
+        if kind == "label" and "=" in rest:
+            key, value = rest.split("=", 1)
+            return Rule(kind, (key, value))
+        if kind == "stratified":
+            parts = rest.split(":")
+            seed = int(parts[2].removeprefix("seed=")) if len(parts) == 3 else 0
+            fraction = float(parts[1])
+            if len(parts) in (2, 3) and 0 < fraction < 1:
+                return Rule(kind, (parts[0], fraction, seed))
+        if kind == "tail":
+            fraction = float(rest)
+            if 0 < fraction < 1:
+                return Rule(kind, (fraction,))
+    except ValueError:
+        pass
+    raise bad
+
+
+def parse_rules(splits: dict) -> dict[str, Rule]:
+    """Parse and check a whole ``{split: rule}`` table (exactly one ``rest``, at most one ``tail``)."""
+    rules = {name: parse_rule(name, text) for name, text in dict(splits).items()}
+    kinds = [r.kind for r in rules.values()]
+    if kinds.count("rest") != 1:
+        raise ValueError(f"config.data.splits={dict(splits)}: exactly one split must be 'rest' (the "
+                         f"training split), found {kinds.count('rest')}")
+    if kinds.count("tail") > 1:
+        raise ValueError(f"config.data.splits={dict(splits)}: at most one 'tail:' split")
+    return rules
+
+
+def rest_split(rules: dict[str, Rule]) -> str:
+    return next(name for name, r in rules.items() if r.kind == "rest")
+
+
+def tail_fraction(rules: dict[str, Rule]) -> float:
+    return next((r.args[0] for r in rules.values() if r.kind == "tail"), 0.0)
+
+
+def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict]) -> list[str]:
+    """The split of every clip (whole-clip rules in order; the rest to the ``rest`` split).
+
+    A ``tail`` split is not a clip assignment: :func:`segments` cuts it from the rest clips.
+    """
+    out: list[str | None] = [None] * len(names)
+    for split, rule in rules.items():
+        free = [i for i, s in enumerate(out) if s is None]
+        if rule.kind == "clips":
+            unknown = sorted(set(rule.args) - set(names))
+            if unknown:
+                logging.warning("config.data.splits.%s names clips that are not in the data (ignored): %s",
+                                split, ", ".join(unknown[:5]) + (" …" if len(unknown) > 5 else ""))
+            take = [i for i in free if names[i] in rule.args]
+        elif rule.kind == "pattern":
+            take = [i for i in free if fnmatch.fnmatchcase(names[i], rule.args[0])]
+        elif rule.kind == "label":
+            key, value = rule.args
+            take = [i for i in free if labels[i].get(key) == value]
+        elif rule.kind == "stratified":
+            key, fraction, seed = rule.args
+            take = []
+            groups: dict[str, list[int]] = {}
+            for i, lab in enumerate(labels):
+                groups.setdefault(lab.get(key, ""), []).append(i)
+            for value in sorted(groups):
+                members = groups[value]
+                want = int(round(fraction * len(members)))
+                order = np.random.default_rng([seed, len(value), *value.encode()]).permutation(members)
+                take += [int(i) for i in order if out[i] is None][:want]
+        else:
+            continue
+        for i in take:
+            out[i] = split
+    rest = rest_split(rules)
+    return [s if s is not None else rest for s in out]
+
+
+def segments(rules: dict[str, Rule], clip_splits: list[str], frames: list[int]) -> dict[str, list[tuple]]:
+    """``{split: [(clip, begin, end)]}``: whole clips, and the ``tail`` split's last frames of every
+    clip of the rest split (the rest keeps the first ``1 - fraction``)."""
+    out = {name: [] for name in rules}
+    rest, tail = rest_split(rules), tail_fraction(rules)
+    tail_name = next((n for n, r in rules.items() if r.kind == "tail"), None)
+    for i, (split, n) in enumerate(zip(clip_splits, frames, strict=True)):
+        if split == rest and tail_name:
+            cut = train_cut(n, tail)
+            out[rest].append((i, 0, cut))
+            if cut < n:
+                out[tail_name].append((i, cut, n))
+        else:
+            out[split].append((i, 0, n))
+    return out
+
+
+def train_cut(frames: int, tail: float) -> int:
+    """First frame of a rest clip's tail (``frames`` when there is no tail rule)."""
+    return int(round(frames * (1 - tail))) if tail else frames
