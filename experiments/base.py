@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"
     c.data.up_axis = "auto"            # "auto" (the files': y for BVH/DeepMimic) | "x" | "y" | "z"
     c.data.dedup = True                # drop exact duplicate clips; near-duplicates stay in one split
-    c.data.near_threshold = 0.02       # m: RMS joint distance of near-duplicate windows (motionjax.data.dedup)
+    c.data.near_threshold = 0.02       # m: RMS joint distance of near-duplicate windows (data.dedup)
     c.data.prepare_workers = 2         # processes converting files at prepare time
     # Split rules (motionjax.data.corpus): "rest" (train), "clips:a,b", "pattern:GLOB", "label:K=V",
     # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on

@@ -269,9 +269,11 @@ def parse_rule(split: str, text: str) -> Rule:
             return Rule(kind, (key, value))
         if kind == "stratified":
             parts = rest.split(":")
+            if len(parts) not in (2, 3):
+                raise bad
             seed = int(parts[2].removeprefix("seed=")) if len(parts) == 3 else 0
             fraction = float(parts[1])
-            if len(parts) in (2, 3) and 0 < fraction < 1:
+            if 0 < fraction < 1:
                 return Rule(kind, (parts[0], fraction, seed))
         if kind == "tail":
             fraction = float(rest)

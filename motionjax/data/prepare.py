@@ -258,10 +258,14 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
     descriptor = dedup.clip_descriptor(positions, body)
     tail = corpus.tail_fraction(corpus.parse_rules(dict(settings.splits)))
     cut = corpus.train_cut(root.shape[0], tail)
+    # One canonicalization serves both parts: the windows of frames [0, cut) are a prefix of the clip's.
+    stride = max(settings.window // 4, 1)
+    feats = window_features(sk, root, rots, settings.window, stride).reshape(-1, settings.window,
+                                                                              features.feature_dim(sk))
     stats = {}
     for name, end in (("whole", root.shape[0]), ("cut", cut)):
         m = Moments(features.feature_dim(sk))
-        m.update(window_features(sk, root[:end], rots[:end], settings.window, max(settings.window // 4, 1)))
+        m.update(feats[:len(range(0, end - settings.window + 1, stride))])
         scores = transforms.segment_windows(score[:end], settings.window)
         stats[name] = {"moments": (m.count, m.mean, m.m2), "windows": (int(scores.size), float(scores.sum()))}
     return {"name": motion.name, "record": records.encode_record(motion.name, root, rots, score, sk.offsets),
@@ -323,7 +327,8 @@ def _describe(skeleton: Skeleton) -> str:
     return f"{skeleton.num_joints} joints from {skeleton.names[0]!r}"
 
 
-def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | None = None, strict: bool = False,
+def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | None = None,
+                  strict: bool = False,
                   records_per_shard: int = 4096, progress: bool = True, total: int | None = None,
                   **fields) -> DatasetInfo:
     """Prepare in-memory motions (e.g. :func:`motionjax.data.synthetic.synthetic_motions`) in this
@@ -394,7 +399,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     status = ["kept"] * len(kept)
     if len(groups) > 1:
         lines = [f"{len(v)} clips on {_describe(kept[v[0]]['skeleton'])} (e.g. "
-                 f"{', '.join(kept[i]['name'] for i in v[:3])})" for v in groups.values()]
+                 f"{', '.join(kept[i]['name'] for i in v[:3])})"
+                 for v in sorted(groups.values(), key=len, reverse=True)]
         message = f"{out}: the clips use {len(groups)} different skeleton trees: " + "; ".join(lines)
         if strict:
             shutil.rmtree(partial, ignore_errors=True)
@@ -537,7 +543,8 @@ def prepare(source=None, out_dir="data_cache/deepmimic", *, settings: Settings |
             logging.info("%s: sources changed; rebuilding", out_dir)
     workers = (os.cpu_count() or 1) if workers is None else workers
     skipped: list = []
-    return write_converted(_converted(paths, settings, workers, strict), out_dir, settings=settings, strict=strict,
+    return write_converted(_converted(paths, settings, workers, strict), out_dir, settings=settings,
+                           strict=strict,
                          records_per_shard=records_per_shard, skipped=skipped, sources_digest=digest,
                          progress=progress, total=len(paths))
 

@@ -33,8 +33,11 @@ from motionjax.skeleton import BALL, HINGE, Skeleton
 def resample(root_position, rotations, src_fps: float, dst_fps: float):
     """Resample a clip ``[T, 3]``, ``[T, J, 4]`` to ``dst_fps``: lerp the root, slerp rotations.
 
-    The output covers the same duration, ``floor((T-1)·dst/src) + 1`` frames.
+    The output covers the same duration, ``floor((T-1)·dst/src) + 1`` frames. Rates within 10 ppm
+    are the same rate written with rounding (BVH ``Frame Time: 0.0333333``): returned unchanged.
     """
+    if abs(src_fps / dst_fps - 1) < 1e-5:
+        return root_position, rotations
     t = root_position.shape[0]
     n = int(np.floor((t - 1) * dst_fps / src_fps + 1e-6)) + 1
     u = np.arange(n) * (src_fps / dst_fps)
