@@ -175,13 +175,21 @@ class Moments:
         return np.where(std < MIN_STD, 1.0, std)
 
 
-def window_features(skeleton: Skeleton, root, rotations, window: int, stride: int):
-    """Canonicalized (unstandardized) features of the windows of one segment, ``[n·window, F]``."""
+def window_features(skeleton: Skeleton, root, rotations, window: int, stride: int, positions=None):
+    """Canonicalized (unstandardized) features of the windows of one segment, ``[n·window, F]``.
+
+    With the segment's FK ``positions [T, J, 3]``, the floor of each window comes from them: the
+    height of the lowest joint does not change when the window turns about the up axis or slides
+    horizontally, so no window needs FK of its own (the windows overlap 4x)."""
     starts = np.arange(0, root.shape[0] - window + 1, stride)
     if starts.size == 0:
         return np.zeros((0, features.feature_dim(skeleton)))
     idx = starts[:, None] + np.arange(window)
-    r, q, _, _ = transforms.canonicalize(skeleton, root[idx], rotations[idx])
+    if positions is None:
+        r, q, _, _ = transforms.canonicalize(skeleton, root[idx], rotations[idx])
+    else:
+        r, q, _, _ = transforms.canonicalize(skeleton, root[idx], rotations[idx], floor=False)
+        r[..., skeleton.up_axis] -= positions[idx][..., skeleton.up_axis].min(axis=(-1, -2))[:, None]
     return features.encode(skeleton, r, q).reshape(-1, features.feature_dim(skeleton))
 
 
@@ -250,18 +258,18 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
         raise records.BadRecordError(f"clip {motion.name!r}: zero frames")
     root, rots = transforms.resample(motion.root_position, motion.rotations, motion.fps, settings.fps)
     root, rots = root.astype(np.float32), rots.astype(np.float32)
-    score = transforms.dynamics_score(sk, root, rots, settings.fps)
+    positions, _ = forward_kinematics(sk, rots, root)  # once per clip: score, stats floor, dedup
+    score = transforms.dynamics_score(sk, root, rots, settings.fps, positions)
     clip = {"name": motion.name, "root_position": root, "rotations": rots, "score": score}
     records.check_clip(clip, sk)
-    positions, _ = forward_kinematics(sk, rots.astype(np.float64), root.astype(np.float64))
     body = dedup.body_frame(sk)
     descriptor = dedup.clip_descriptor(positions, body)
     tail = corpus.tail_fraction(corpus.parse_rules(dict(settings.splits)))
     cut = corpus.train_cut(root.shape[0], tail)
     # One canonicalization serves both parts: the windows of frames [0, cut) are a prefix of the clip's.
     stride = max(settings.window // 4, 1)
-    feats = window_features(sk, root, rots, settings.window, stride).reshape(-1, settings.window,
-                                                                              features.feature_dim(sk))
+    feats = window_features(sk, root, rots, settings.window, stride, positions).reshape(
+        -1, settings.window, features.feature_dim(sk))
     stats = {}
     for name, end in (("whole", root.shape[0]), ("cut", cut)):
         m = Moments(features.feature_dim(sk))

@@ -49,12 +49,13 @@ def resample(root_position, rotations, src_fps: float, dst_fps: float):
     return root, rot.quat_normalize(quats).astype(rotations.dtype)
 
 
-def dynamics_score(skeleton: Skeleton, root_position, rotations, fps: float):
+def dynamics_score(skeleton: Skeleton, root_position, rotations, fps: float, positions=None):
     """``[T]`` per-frame abruptness: mean joint |acceleration| + |jerk|·dt (both m/s²).
 
-    Central differences of FK positions; edge frames repeat their neighbour's value.
+    Central differences of FK positions (``positions [T, J, 3]`` when the caller has them);
+    edge frames repeat their neighbour's value.
     """
-    pos, _ = forward_kinematics(skeleton, rotations, root_position)
+    pos = forward_kinematics(skeleton, rotations, root_position)[0] if positions is None else positions
     t = pos.shape[0]
     score = np.zeros(t, np.float32)
     if t >= 4:
