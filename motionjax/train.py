@@ -9,7 +9,14 @@ optimizer come back from the last checkpoint (the data stream keeps moving, past
 
 Checkpoints (orbax, async) hold the train state, the Grain iterator state and the metric history,
 so a restarted run continues bit for bit. The last ``train.keep_checkpoints`` are kept plus the best
-by held-out MPJPE. SIGTERM/SIGINT save a checkpoint and return cleanly.
+by held-out MPJPE (its metric is stored with each checkpoint, so keep-best survives restarts); a
+checkpoint that does not read completely is moved aside and the previous one restored.
+SIGTERM/SIGINT save a checkpoint and return cleanly; a watchdog ends the process
+``train.stop_timeout_s`` after the signal whatever blocks it.
+
+Faults end a run with one-line errors, never a hang: a bad config value (:mod:`motionjax.config_checks`),
+a second trainer on the same workdir (:func:`workdir_lock`), a failed write (:class:`StorageError`:
+``No space left on device: PATH``; the previous checkpoints stay intact).
 
 Process 0 writes the run directory: TensorBoard events, ``summary.json``, learning curves, a
 held-out clip's skeleton (noisy / reconstructed / truth) and BVH exports of it.
@@ -18,9 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import faulthandler
+import fcntl
 import functools
 import json
+import os
+import re
 import signal
+import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,8 +48,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from motionjax import config_checks, losses, models, parallel
 from motionjax import eval as evaluation
-from motionjax import losses, models, parallel
 from motionjax.data import pipeline as data
 from motionjax.features import feature_dim
 
@@ -187,8 +200,11 @@ def make_checkpoint_manager(workdir: Path, cfg: ml_collections.ConfigDict) -> oc
         policy.BestN(get_metric_fn=lambda m: m[BEST_METRIC], reverse=True, n=1,
                      keep_checkpoints_without_metrics=False),
     ])
+    # best_fn makes orbax store each checkpoint's metrics on disk (checkpoints/N/metrics): without
+    # them a restarted manager sees earlier steps as metric-less and BestN deletes the best one.
     options = ocp.CheckpointManagerOptions(preservation_policy=keep, enable_async_checkpointing=True,
-                                           cleanup_tmp_directories=True)
+                                           cleanup_tmp_directories=True, best_fn=lambda m: m[BEST_METRIC],
+                                           best_mode="min")
     return ocp.CheckpointManager((workdir / "checkpoints").absolute(), options=options)
 
 
@@ -214,6 +230,72 @@ def restore_checkpoint(mngr, step: int, state, iterator=None):
     return restored["state"], restored["history"]
 
 
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run directory reads completely; the message lists each step and why."""
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    """A library error in one line: TensorStore appends its whole spec and source locations."""
+    text = str(e).split("\n")[0].split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
+    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def restore_latest(mngr, workdir: Path, state, iterator=None):
+    """``(step, state, history)`` of the newest checkpoint that reads completely (``(None, state,
+    {})`` without checkpoints). Newer unreadable ones (a missing manifest, truncated data, a torn
+    write) move to ``workdir/checkpoints_unreadable/`` with a message naming the step and the reason,
+    so the run continues from the previous step and later saves don't collide with them."""
+    skipped = []
+    _ignore_abandoned_reads()
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            restored_state, history = restore_checkpoint(mngr, step, state, iterator)
+        except Exception as e:  # noqa: BLE001 - whatever orbax/TensorStore raise for damaged files
+            skipped.append((step, _first_line(e)))
+            continue
+        if skipped:
+            _move_aside(mngr, workdir, [s for s, _ in skipped])
+            if parallel.is_main_process():
+                for s, why in skipped:
+                    print(f"checkpoint step {s} does not read completely ({why}); moved it to "
+                          f"{workdir / 'checkpoints_unreadable'}; resuming from step {step}", flush=True)
+        return step, restored_state, history
+    if skipped:
+        raise CheckpointError(f"no checkpoint in {workdir / 'checkpoints'} reads completely: " + "; ".join(
+            f"step {s}: {why}" for s, why in skipped) + ". Move that directory away to start the run over")
+    return None, state, {}
+
+
+def _ignore_abandoned_reads() -> None:
+    """A failed orbax restore leaves TensorStore reads in flight whose callbacks later find their
+    event loop closed, each printing a traceback: drop those (only those) from the unraisable hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_closed_loops", False):
+        return
+
+    def hook(unraisable):
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._drops_closed_loops = True
+    sys.unraisablehook = hook
+
+
+def _move_aside(mngr, workdir: Path, steps) -> None:
+    aside = workdir / "checkpoints_unreadable"
+    if parallel.is_main_process():
+        aside.mkdir(parents=True, exist_ok=True)
+        for s in steps:
+            dest = aside / f"{s}-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.replace(workdir / "checkpoints" / str(s), dest)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("unreadable checkpoints moved aside")
+    mngr.reload()
+
+
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
     """Training batches as global arrays on ``mesh``: the Grain pipeline, or (``data.loader =
     "naive"``, the baseline) numpy batches from the main thread placed on the mesh per step."""
@@ -226,20 +308,178 @@ def make_iterator(config: ml_collections.ConfigDict, info, mesh):
     raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
 
 
+# ---------------------------------------------------------------------------------------------
+# Faults: one trainer per workdir, failed writes, signals
+
+
+class WorkdirLockedError(RuntimeError):
+    """Another live trainer holds the workdir; the message names it (pid, host, start time)."""
+
+
+class StorageError(OSError):
+    """A failed write of the run (a full disk, a lost mount): ``No space left on device: PATH``."""
+
+    def __str__(self):
+        return f"{self.strerror}: {self.filename}"
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_TS_PATH = re.compile(r'(?:Failed writing:|local file) "([^"]+)"')
+
+
+def storage_error(e: BaseException, where) -> StorageError | None:
+    """``e`` (or its cause) as a :class:`StorageError` when it is a file-system failure: an
+    ``OSError`` with an errno, or orbax/TensorStore's error text with an ``os_error_code``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, StorageError):
+            return e
+        if isinstance(e, OSError) and e.errno:
+            return StorageError(e.errno, os.strerror(e.errno), e.filename or str(where))
+        code = _OS_ERROR_CODE.search(str(e))
+        if code:
+            paths = _TS_PATH.findall(str(e))
+            number = int(code.group(1))
+            return StorageError(number, os.strerror(number), paths[-1] if paths else str(where))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+LOCK_FILE = "trainer.lock"
+
+
 @contextlib.contextmanager
-def _stop_on_signals():
-    """Yields a dict whose ``"signal"`` is set by SIGTERM/SIGINT (checked between steps)."""
-    stop = {"signal": None}
+def workdir_lock(workdir: Path):
+    """Hold ``workdir/trainer.lock`` for the run, or raise :class:`WorkdirLockedError`.
+
+    An ``flock`` on the file: the kernel drops it when its process ends, kill -9 included, so a lock
+    left by a dead trainer is stale by construction (its pid/host, still in the file, is reported
+    and taken over). The file holds the holder's pid, host and start time for the message.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(path)
+        os.close(fd)
+        raise WorkdirLockedError(
+            f"workdir {workdir} is in use by another trainer ({holder}; lock file {path}): wait for it to "
+            "end or stop it, or train in another --workdir") from None
+    previous = _lock_holder(path)
+    if previous:
+        print(f"taking over the stale lock of a trainer that ended without releasing it ({previous})",
+              flush=True)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # released cleanly: an empty file
+        os.close(fd)
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        h = json.loads(path.read_text() or "null")
+    except (OSError, ValueError):
+        return ""
+    return f"pid {h['pid']} on {h['host']}, started {h['started']}" if isinstance(h, dict) else ""
+
+
+class EventWriter:
+    """TensorBoard scalars written and flushed in the calling thread (tensorboardX's record format).
+
+    tensorboardX's ``SummaryWriter`` hands events to a writer thread through a bounded queue: when
+    that thread dies on a full disk, the next ``add_scalar`` blocks forever. Here a failed write
+    raises ``OSError`` (naming the events file) where it happens.
+    """
+
+    def __init__(self, logdir: Path):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self._writer = EventsWriter(str(logdir / "events"))
+        self.path = self._writer._file_name
+        self._io(self._writer.flush)
+
+    def _io(self, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as e:
+            raise StorageError(e.errno, os.strerror(e.errno), e.filename or self.path) from e
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.proto import event_pb2
+        from tensorboardX.summary import scalar
+
+        self._io(self._writer.write_event,
+                 event_pb2.Event(wall_time=time.time(), step=int(step), summary=scalar(tag, value)))
+
+    def flush(self) -> None:
+        self._io(self._writer.flush)
+
+    def close(self) -> None:
+        self._io(self._writer.close)
+
+
+def _exit_now(message: str, code: int) -> None:
+    """Last resort of a run that cannot stop: every thread's stack, the reason, ``os._exit``."""
+    with contextlib.suppress(Exception):
+        faulthandler.dump_traceback(all_threads=True)
+        print(f"error: {message}; exiting without a final checkpoint (the previous ones are intact)",
+              file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def _watchdog(seconds: float, message: str, code: int) -> threading.Timer:
+    timer = threading.Timer(seconds, _exit_now, (message, code))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+@contextlib.contextmanager
+def _stop_on_signals(timeout_s: float):
+    """Yields a dict whose ``"signal"`` is set by SIGTERM/SIGINT (checked between steps).
+
+    The first signal also arms a watchdog: when the run has not ended ``timeout_s`` later (a write
+    blocked on a dead disk, a hung collective) the process exits with ``128 + signal``; a second
+    SIGINT (Ctrl-C twice) exits at once. Leaving the context disarms it.
+    """
+    stop = {"signal": None, "watchdog": None}
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    handler = lambda signum, _: stop.update(signal=signal.Signals(signum).name)
+
+    def handler(signum, _):
+        name = signal.Signals(signum).name
+        if stop["signal"] is None:
+            stop["signal"] = name
+            message = f"{name}: the run did not stop within train.stop_timeout_s={timeout_s:g} s"
+            stop["watchdog"] = _watchdog(timeout_s, message, 128 + signum)
+        elif signum == signal.SIGINT:
+            _exit_now("a second SIGINT", 128 + signum)
+
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield stop
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if stop["watchdog"] is not None:
+            stop["watchdog"].cancel()
+
+
+def _quietly(fn, *args) -> None:
+    """Cleanup after a failure: the first error is the one to report."""
+    if fn is not None:
+        with contextlib.suppress(Exception):
+            fn(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,34 +490,58 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     """Train ``config`` in ``workdir`` (resuming from its checkpoints), evaluate, write artefacts.
 
     Safe under several processes: every process runs the same steps and saves its checkpoint
-    shards; process 0 alone logs, plots and writes ``summary.json``. Returns the summary dict.
+    shards; process 0 alone holds the workdir lock, logs, plots and writes ``summary.json``.
+    Returns the summary dict. Raises :class:`config_checks.ConfigError`, :class:`WorkdirLockedError`,
+    :class:`StorageError` (a failed write, after closing the checkpoint manager and the data
+    iterator within ``train.stop_timeout_s``) or :class:`CheckpointError`.
     """
+    config_checks.check_config(config, jax.device_count(), jax.process_count())
     workdir = Path(workdir)
+    lock = workdir_lock(workdir) if parallel.is_main_process() else contextlib.nullcontext()
+    with lock, _stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
+        try:
+            summary = _train_and_evaluate(config, workdir, stop, cleanup)
+        except Exception as e:
+            error = storage_error(e, workdir)
+            if error is None:
+                raise
+            # Close what is open (orbax's writer threads, the data iterator) but never hang on it.
+            _ignore_abandoned_reads()
+            watchdog = _watchdog(config.train.stop_timeout_s, f"{error} (cleanup blocked)", 1)
+            cleanup.close()
+            watchdog.cancel()
+            raise error from e
+        cleanup.pop_all()  # closed on the way out already
+        return summary
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: dict,
+                        cleanup: contextlib.ExitStack) -> dict:
     main = parallel.is_main_process()
     cfg = config.train
     if cfg.retain_host_memory:
         parallel.retain_host_memory()
     mesh = parallel.make_mesh(config.mesh)
     info = data.dataset_info(config.data)  # prepares the dataset on first use
+    config_checks.check_data(config, info)
     train_step, state, shardings, eval_graphdef = build_train_step(config, info, mesh)
     predict = make_predict(eval_graphdef, mesh, shardings)
     iterator = make_iterator(config, info, mesh)
+    cleanup.callback(_quietly, getattr(iterator, "close", None))
     eval_sets = _eval_sets(config, info)
 
     mngr = make_checkpoint_manager(workdir, cfg)
-    history: dict[str, list] = {}
-    start = mngr.latest_step()
+    cleanup.callback(_quietly, mngr.close)
+    start, state, history = restore_latest(mngr, workdir, state, iterator)
     if start is None:
         start = 0
         save_checkpoint(mngr, 0, state, iterator, history)  # the first "last good" state for the NaN guard
-    else:
-        state, history = restore_checkpoint(mngr, start, state, iterator)
 
     writer = None
     if main:
-        from tensorboardX import SummaryWriter
         workdir.mkdir(parents=True, exist_ok=True)
-        writer = SummaryWriter(str(workdir / "tensorboard"))
+        writer = EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
+        cleanup.callback(_quietly, writer.close)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
     def log(step, values, prefix):
@@ -285,6 +549,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
             history.setdefault(f"{prefix}/{k}", []).append((step, float(v)))
             if writer:
                 writer.add_scalar(f"{prefix}/{k}", float(v), step)
+        if writer:
+            writer.flush()
 
     def run_eval(step):
         """Held-out metrics from clean input (the learning curves and the best checkpoint)."""
@@ -307,6 +573,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     if main:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc=workdir.name, dynamic_ncols=True, smoothing=0.1)
+        cleanup.callback(_quietly, bar.close)
 
     def drain(metrics):
         """Read one step's metrics (one step late, so the device always has a step queued)."""
@@ -330,42 +597,42 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
                 print(f"step {done_step}: {int(m['nonfinite_run'])} non-finite steps in a row; "
                       f"restored the model and optimizer of step {last_good}", flush=True)
 
-    with _stop_on_signals() as stop:
-        while step < cfg.steps and stop["signal"] is None:
-            t_data = time.perf_counter()
-            batch = next(iterator)
-            timing["data_wait"] += time.perf_counter() - t_data
-            inputs = {k: batch[k] for k in ("noisy", "clean")}
-            if timing["compile"] is None:
-                t_compile = time.perf_counter()
-                state, metrics = train_step(state, inputs)
-                jax.block_until_ready(metrics)
-                timing["compile"] = time.perf_counter() - t_compile
-                t0, timing["data_wait"] = time.perf_counter(), 0.0
-            else:
-                state, metrics = train_step(state, inputs)
-                timing["steps"] += 1
-            step += 1
-            if pending is not None:
-                drain(pending)
-            # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
-            # or use is still queued blocks the host until the device gets there.
-            pending = (step, metrics, batch)
-            if bar:
-                bar.update(1)
-            eval_now = step % cfg.eval_every == 0 or step == cfg.steps
-            if eval_now or step % cfg.checkpoint_every == 0:
-                drain(pending)
-                pending, t_pause = None, time.perf_counter()
-                held_out = run_eval(step) if eval_now else None
-                save_checkpoint(mngr, step, state, iterator, history,
-                                {BEST_METRIC: held_out[BEST_METRIC]} if held_out else None)
-                timing["paused"] += time.perf_counter() - t_pause
+    # SIGTERM/SIGINT (train_and_evaluate's handler) end the loop at the next step.
+    while step < cfg.steps and stop["signal"] is None:
+        t_data = time.perf_counter()
+        batch = next(iterator)
+        timing["data_wait"] += time.perf_counter() - t_data
+        inputs = {k: batch[k] for k in ("noisy", "clean")}
+        if timing["compile"] is None:
+            t_compile = time.perf_counter()
+            state, metrics = train_step(state, inputs)
+            jax.block_until_ready(metrics)
+            timing["compile"] = time.perf_counter() - t_compile
+            t0, timing["data_wait"] = time.perf_counter(), 0.0
+        else:
+            state, metrics = train_step(state, inputs)
+            timing["steps"] += 1
+        step += 1
         if pending is not None:
             drain(pending)
-        elapsed, interrupted = train_time(), stop["signal"]
-        if interrupted and mngr.latest_step() != step:
-            save_checkpoint(mngr, step, state, iterator, history)
+        # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
+        # or use is still queued blocks the host until the device gets there.
+        pending = (step, metrics, batch)
+        if bar:
+            bar.update(1)
+        eval_now = step % cfg.eval_every == 0 or step == cfg.steps
+        if eval_now or step % cfg.checkpoint_every == 0:
+            drain(pending)
+            pending, t_pause = None, time.perf_counter()
+            held_out = run_eval(step) if eval_now else None
+            save_checkpoint(mngr, step, state, iterator, history,
+                            {BEST_METRIC: held_out[BEST_METRIC]} if held_out else None)
+            timing["paused"] += time.perf_counter() - t_pause
+    if pending is not None:
+        drain(pending)
+    elapsed, interrupted = train_time(), stop["signal"]
+    if interrupted and mngr.latest_step() != step:
+        save_checkpoint(mngr, step, state, iterator, history)
     mngr.wait_until_finished()
     if hasattr(iterator, "close"):
         iterator.close()
@@ -383,9 +650,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     }
     if not interrupted:
         summary["results"] = final_evaluation(config, info, state, predict, eval_sets, workdir, main)
-        # mngr.best_step() is the latest step unless options.best_fn is set; read it off the history.
-        evals = history.get(f"eval/{BEST_METRIC}", [])
-        summary["best_step"] = min(evals, key=lambda sv: sv[1])[0] if evals else None
+        summary["best_step"] = mngr.best_step()  # by BEST_METRIC among the checkpoints on disk (kept)
     summary["history"] = history
     mngr.close()
     if main:

@@ -3,8 +3,16 @@
 Any config field can be overridden on the command line (``--config.train.steps=100``); a key the
 config does not have is an error. The dataset is prepared first when ``config.data.dir`` lacks it.
 Re-running with the same ``--workdir`` resumes from its last checkpoint; SIGTERM/SIGINT save a
-checkpoint and exit 0.
+checkpoint and exit 0 (or, blocked for ``train.stop_timeout_s``, exit 128 + the signal number).
+
+A user error (a bad config value or override, a workdir in use by another trainer, a damaged
+shard or checkpoint) prints one ``error: ...`` line and exits 2; a failed write (``No space left
+on device: PATH``) exits 1. No tracebacks for either.
 """
+import ast
+import contextlib
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,26 +34,77 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; the progress bar says enough
+    logging.get_absl_handler().addFilter(_one_line_library_logs)
     parallel.initialize()  # a no-op for one process; must precede any device use
+    import jax
     from jax.experimental import multihost_utils
 
-    from motionjax import train
-    from motionjax.data import pipeline
+    from motionjax import config_checks, train
+    from motionjax.data import pipeline, records
 
     config = _CONFIG.value
-    if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
-        pipeline.dataset_info(config.data)
-    multihost_utils.sync_global_devices("dataset prepared")
-    train.run_experiment(config, _WORKDIR.value)
+    try:
+        config_checks.check_config(config, jax.device_count(), jax.process_count())
+        if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
+            pipeline.dataset_info(config.data)
+        multihost_utils.sync_global_devices("dataset prepared")
+        train.run_experiment(config, _WORKDIR.value)
+    except (config_checks.ConfigError, train.WorkdirLockedError, train.CheckpointError,
+            records.DamagedShardError) as e:
+        _fail(e, 2)
+    except Exception as e:
+        error = train.storage_error(e, _WORKDIR.value)
+        if error is None:
+            raise
+        _fail(error, 1)
+
+
+def _one_line_library_logs(record) -> bool:
+    """orbax logs a failed background save with full tracebacks from three threads before the run
+    reports it as one ``error:`` line: keep their first lines only. Drops orbax's warning for every
+    checkpoint saved without metrics (only evaluation steps have them)."""
+    if "/orbax/" not in record.pathname:
+        return True
+    if "did not provide metrics" in str(record.msg):
+        return False
+    record.exc_info = record.exc_text = None
+    record.msg, record.args = record.getMessage().split("\n")[0][:300], None
+    return True
+
+
+def _fail(error: Exception | str, code: int):
+    """One line and out. The run has closed its files already; os._exit skips interpreter shutdown,
+    where the callbacks of reads a failed orbax restore abandoned would print tracebacks."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def parse_flags(argv):
-    """absl parsing, with a one-line error for an override of a key the config lacks."""
+    """absl parsing, with one ``error: ...`` line (exit 2) for an override of a key the config lacks
+    or a value of the wrong type."""
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
-        overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-        sys.exit(f"error: unknown config key {e} in the overrides {overrides}")
+        # KeyError's str() is the repr of its message ("'stepz'\nDid you mean ..."): use the message.
+        message = str(e.args[0]) if e.args else str(e)
+        with contextlib.suppress(ValueError, SyntaxError):  # absl re-wraps it: str(KeyError) again
+            message = ast.literal_eval(message) if message.startswith("'") else message
+        message = message.replace("\n", "; ")
+        key = re.match(r"'([^']+)'", message)
+        hits = [a.split("=")[0] for a in argv[1:] if key and a.startswith("--config.")
+                and key.group(1) in a.split("=")[0].split(".")]
+        _fail(f"unknown config key {message}" + (f" in {', '.join(hits)}" if hits else ""), 2)
+    except flags.IllegalFlagValueError as e:
+        bad = re.match(r"flag --config\.([\w.]+)=(.*?): (.*)", str(e), re.S)
+        if not bad:
+            _fail(str(e).replace("\n", "; "), 2)
+        key, value, why = bad.groups()
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false"}
+        kind = next((v for k, v in expected.items() if re.search(rf"\b{k}\b", why)), "another type")
+        _fail(f"config key {key}={value!r}: expected {kind} ({why.strip()})", 2)
+    except flags.Error as e:
+        _fail(str(e).replace("\n", "; "), 2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""Start-up checks of an experiment config: every bad value named by its key, with what was expected.
+
+:func:`check_config` runs before any device or file is touched (types, ranges, the mesh against
+the devices, the batch against the data axis); :func:`check_data` once the dataset is known (the
+window against the longest training segment, the evaluated splits). Both collect every problem
+and raise one :class:`ConfigError`, so a user fixes a config in one pass instead of meeting the
+problems one library traceback at a time.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+from motionjax import parallel
+from motionjax.data import transforms
+
+
+class ConfigError(ValueError):
+    """Bad config values; the message has one line per key: ``key=value: expected ...``."""
+
+    def __init__(self, problems: Sequence[str]):
+        super().__init__("invalid config:\n  " + "\n  ".join(problems))
+        self.problems = list(problems)
+
+
+def _get(config, key: str):
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# key -> (predicate, what was expected)
+_RULES = {
+    "seed": (_is_int, "an integer"),
+    "data.fps": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "data.window": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "data.chunk": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "data.batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "data.worker_count": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "data.prefetch": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "data.eval_stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
+    "model.name": (lambda v: v in ("transformer", "tconv"), "'transformer' or 'tconv'"),
+    "model.stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.learning_rate": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "train.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "train.grad_accum_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.max_nonfinite_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.log_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.eval_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.checkpoint_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.keep_checkpoints": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.stop_timeout_s": (lambda v: _is_number(v) and v > 0, "a positive number of seconds"),
+    "train.eval_splits": (lambda v: isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
+                          and all(isinstance(s, str) for s in v), "a non-empty tuple of split names"),
+}
+
+
+def check_config(config, num_devices: int, num_processes: int = 1) -> None:
+    """Raise :class:`ConfigError` naming every bad value of ``config`` for ``num_devices`` devices."""
+    problems, bad = [], set()
+    for key, (ok, expected) in _RULES.items():
+        try:
+            value = _get(config, key)
+        except (KeyError, AttributeError):
+            problems.append(f"{key}: missing; expected {expected}")
+            bad.add(key)
+            continue
+        if not ok(value):
+            problems.append(f"{key}={value!r}: expected {expected}")
+            bad.add(key)
+    d = config.data
+    try:
+        sizes = parallel.mesh_shape(config.mesh.shape, num_devices)
+    except (ValueError, TypeError) as e:
+        sizes = None
+        problems.append(f"mesh.shape={tuple(config.mesh.shape)!r}: expected (name, size) pairs whose sizes "
+                        f"multiply to the {num_devices} devices (one size may be -1) [{e}]")
+    if sizes is not None:
+        for axis in ("data", "time"):
+            if axis not in sizes:
+                problems.append(f"mesh.shape={tuple(config.mesh.shape)!r}: expected a {axis!r} axis")
+        if "data.batch_size" not in bad and sizes.get("data") and d.batch_size % sizes["data"]:
+            problems.append(f"data.batch_size={d.batch_size}: expected a multiple of the 'data' mesh axis "
+                            f"size {sizes['data']} (mesh.shape={tuple(config.mesh.shape)!r} on "
+                            f"{num_devices} devices)")
+        if {"data.window", "data.chunk"}.isdisjoint(bad) and sizes.get("time") and \
+                d.window % d.chunk == 0 and (d.window // d.chunk) % sizes["time"]:
+            problems.append(f"data.window={d.window}: expected window / chunk ({d.window // d.chunk} chunks) "
+                            f"to be a multiple of the 'time' mesh axis size {sizes['time']}")
+    if "data.batch_size" not in bad and d.batch_size % num_processes:
+        problems.append(f"data.batch_size={d.batch_size}: expected a multiple of the {num_processes} "
+                        "processes")
+    if {"data.window", "data.chunk"}.isdisjoint(bad) and d.window % d.chunk:
+        problems.append(f"data.window={d.window}: expected a multiple of data.chunk={d.chunk}")
+    if {"data.chunk", "model.stride"}.isdisjoint(bad) and d.chunk % config.model.stride:
+        problems.append(f"data.chunk={d.chunk}: expected a multiple of model.stride={config.model.stride}")
+    if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
+            config.train.steps < config.train.grad_accum_steps:
+        problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="
+                        f"{config.train.grad_accum_steps} (one optimizer update)")
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_data(config, info) -> None:
+    """Raise :class:`ConfigError` when ``config`` asks for more than the dataset ``info`` holds."""
+    problems = []
+    where = info.data_dir or "the synthetic corpus"
+    train = info.splits.get(getattr(info, "train_split", "train"), ())
+    longest = max((end - begin for _, begin, end in train), default=0)
+    # A segment shorter than a window still gives one edge-padded window down to this fraction.
+    most = int(longest / transforms.SHORT_SEGMENT)
+    if config.data.window > most:
+        problems.append(f"data.window={config.data.window}: expected at most {most} frames (the longest "
+                        f"training segment of {where} has {longest})")
+    for key in ("eval_splits", "final_splits"):
+        splits = tuple(config.train.get(key, ()))
+        unknown = [s for s in splits if s not in info.splits]
+        if unknown:
+            problems.append(f"train.{key}={splits!r}: unknown {unknown}; expected splits of {where}: "
+                            f"{sorted(info.splits)}")
+    if problems:
+        raise ConfigError(problems)
