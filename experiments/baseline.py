@@ -1,16 +1,32 @@
-"""The honest straightforward setup, for speed comparisons against ``deepmimic_denoise``.
+"""The honest straightforward setup of any experiment, for speed comparisons against it.
 
 Same data, model and loss, done the plain way: the dense ``jax.jacfwd`` Jacobian in the dynamics
 loss, the main-thread numpy loader (no Grain, no prefetch), fp32 compute.
+
+``get_config()`` is the plain ``deepmimic_denoise`` (``scripts/bench.py``); ``get_config("NAME")``
+or ``get_config("NAME:VARIANT")`` is the plain ``experiments/NAME.py`` (e.g. ``"bandai_autoencoder"``,
+``"deepmimic_denoise:runlocal"``; plain ``"runlocal"`` is the latter); :func:`plain` makes any config plain.
 """
-from experiments import deepmimic_denoise
+import importlib
+
+import ml_collections
 
 
-def get_config(arg: str | None = None):
-    c = deepmimic_denoise.get_config(arg)
+def plain(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``c`` done the plain way (in place; returns it). Everything that decides accuracy stays."""
     c.loss.jacobian = "dense"
     c.data.loader = "naive"
     c.data.prefetch = 0
     c.model.dtype = "float32"
     c.train.references = ()
     return c
+
+
+def get_config(arg: str | None = None):
+    name, _, variant = (arg or "deepmimic_denoise").partition(":")
+    if name == "runlocal":  # the old spelling: the default experiment's tiny variant
+        name, variant = "deepmimic_denoise", "runlocal"
+    if not name.isidentifier() or name == "baseline":
+        raise ValueError(f"baseline: {arg!r} is not an experiment name (experiments/NAME.py[:VARIANT])")
+    module = importlib.import_module(f"experiments.{name}")
+    return plain(module.get_config(variant or None))

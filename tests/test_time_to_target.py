@@ -1,0 +1,89 @@
+"""The time-to-target harness (benchmarks/time_to_target.py) on the tiny ``runlocal`` config: it
+stops at the first evaluation at or below the target, and reports a miss (never drops it) when the
+budget ends first."""
+import math
+import sys
+from pathlib import Path
+
+import orbax.checkpoint as ocp
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
+
+from benchmarks import time_to_target as ttt  # noqa: E402
+from motionjax.data import pipeline  # noqa: E402
+
+
+def _config(data_dir, steps=6, eval_every=2):
+    from experiments import deepmimic_denoise
+
+    config = deepmimic_denoise.get_config("runlocal")
+    config.data.dir = str(data_dir)
+    config.train.update(steps=steps, eval_every=eval_every, log_every=1)
+    return config
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data")
+    pipeline.dataset_info(_config(path).data)  # prepare the DeepMimic clips once
+    return path
+
+
+def _checkpoint_steps(workdir):
+    with ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints") as mngr:
+        return sorted(mngr.all_steps())
+
+
+def test_stops_at_the_first_evaluation_at_or_below_target(tmp_path, data_dir):
+    run = ttt.run_to_target(_config(data_dir), tmp_path / "run", target=1e4)  # any model beats 100 m
+    assert run["reached"] and run["status"] == "stopped by on_eval"
+    assert run["step"] == 2 and [p["step"] for p in run["curve"]] == [2]
+    assert run["frames"] == 2 * 8 * 32  # steps x batch x window
+    assert _checkpoint_steps(tmp_path / "run")[-1] == 2  # training really ended there, not at step 6
+    assert min(run[k] for k in ttt.SPLIT_KEYS) >= 0 and run["compile_s"] > 0
+    assert math.isclose(sum(run[k] for k in ttt.SPLIT_KEYS), run["wall_s"], rel_tol=1e-9)  # parts of a whole
+    assert set(run["final"]) == {"validation/mpjpe", "test/mpjpe"}  # the stopped model, test once
+    assert math.isclose(run["final"]["validation/mpjpe"], run["value"], rel_tol=1e-4)
+
+
+def test_a_missed_target_is_reported_as_a_miss(tmp_path, data_dir):
+    miss = ttt.run_to_target(_config(data_dir, steps=4), tmp_path / "miss", target=1e-6)  # 10 nm: impossible
+    assert not miss["reached"] and miss["status"] == "done"
+    assert miss["step"] == 4 and [p["step"] for p in miss["curve"]] == [2, 4]  # evaluated every K, to the end
+    hit = dict(miss, reached=True, wall_s=1.0, step=2, frames=512)
+    s = ttt.summarize([miss, hit, miss])
+    assert s["runs"] == 3 and s["reached"] == 1
+    assert s["wall_s"] == math.inf and s["wall_s_range"] == [1.0, 1.0]  # counted, as infinitely slow
+    assert ttt.summarize([miss, hit, hit])["step"] == 2  # a majority reached: the median is finite
+
+
+def test_side_by_side_alternates_seed_by_seed_and_keeps_misses(tmp_path, monkeypatch):
+    configs = ttt.variants(_config(tmp_path), ["optimized", "uniform", "batch2x"])
+    assert configs["uniform"].data.dynamics_weight == 0 and configs["optimized"].data.dynamics_weight > 0
+    assert configs["batch2x"].data.batch_size == 16 and configs["batch2x"].train.eval_every == 1
+    order = []
+
+    def fake_run(config, workdir, target, **_):  # uniform misses at seed 1; others reach at 0.1 s/step
+        name = Path(workdir).parent.name
+        order.append((name, config.seed))
+        miss = (name, config.seed) == ("uniform", 1)
+        step = 4 if miss else 2 + config.seed
+        curve = [{"step": s, "wall_s": 0.1 * s, "value": (50.0 if miss else 10.0) / s}
+                 for s in range(1, step + 1)]
+        return {"reached": not miss, "step": step, "frames": 256 * step, "wall_s": 0.1 * step,
+                "value": curve[-1]["value"],
+                "curve": curve, "final": {"test/mpjpe": 3.0 + config.seed}, "seed": config.seed,
+                **dict.fromkeys(ttt.SPLIT_KEYS, 0.02 * step)}
+
+    monkeypatch.setattr(ttt, "run_to_target", fake_run)
+    result = ttt.compare(configs, 5.0, [0, 1], tmp_path, log=lambda _: None)
+    assert order == [(n, s) for s in (0, 1) for n in ("optimized", "uniform", "batch2x")]
+    assert result["summary"]["uniform"]["reached"] == 1 and len(result["runs"]["uniform"]) == 2
+    assert result["summary"]["uniform"]["wall_s"] == math.inf and result["ratios"]["uniform"]["time"] is None
+    assert result["summary"]["optimized"]["step"] == 2.5 and result["ratios"]["batch2x"]["steps"] == 1.0
+    assert result["summary"]["optimized"]["final"]["test/mpjpe"] == {"mean": 3.5, "range": [3.0, 4.0]}
+    table = ttt.markdown(result)
+    assert "| optimized | 2/2 |" in table and "| uniform | 1/2 | miss" in table
+    ttt.plot(result, tmp_path / "ttt.png")
+    assert (tmp_path / "ttt.png").stat().st_size > 1000
