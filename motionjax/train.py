@@ -268,8 +268,9 @@ def restore_latest(mngr, workdir: Path, state, iterator=None):
 
 
 def _ignore_abandoned_reads() -> None:
-    """A failed orbax restore leaves TensorStore reads in flight whose callbacks later find their
-    event loop closed, each printing a traceback: drop those (only those) from the unraisable hook."""
+    """A failed orbax restore leaves TensorStore reads in flight: their callbacks later find their
+    event loop closed, and their tasks' errors are never retrieved, each printing a traceback. Drop
+    those (only those): from the unraisable hook and asyncio's log."""
     previous = sys.unraisablehook
     if getattr(previous, "_drops_closed_loops", False):
         return
@@ -281,6 +282,11 @@ def _ignore_abandoned_reads() -> None:
 
     hook._drops_closed_loops = True
     sys.unraisablehook = hook
+    import logging
+
+    logging.getLogger("asyncio").addFilter(
+        lambda r: not (r.getMessage().startswith("Task exception was never retrieved")
+                       and "/orbax/checkpoint/" in r.getMessage()))
 
 
 def _move_aside(mngr, workdir: Path, steps) -> None:
