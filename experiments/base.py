@@ -61,6 +61,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.stride = 2                 # frames pooled into one latent vector; divides data.chunk
     c.model.latent_dim = 32            # latent width per `stride` frames (latent_dim / stride per frame)
     c.model.residual = False           # True: predict a correction to the input (bypasses the bottleneck)
+    c.model.stages = 1                 # stride split over this many down/upsampling stages (stride^(1/n))
+    c.model.input_positions = False    # the encoder also sees its input's root-relative FK joint positions
+    c.model.global_rotations = False   # the head predicts window-frame rotations; local ones follow exactly
+    c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
+                                       # many frames (odd; 0 = x itself), so it cannot memorize poses
     c.model.dropout = 0.0
     c.model.dtype = "bfloat16"         # activation/compute dtype
     c.model.param_dtype = "float32"    # parameter (and optimizer state) dtype

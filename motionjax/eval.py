@@ -10,8 +10,18 @@ Metrics compare joint positions after FK, ``[B, T, J, 3]`` in metres:
 * PA-MPJPE (cm): MPJPE after a per-frame similarity Procrustes alignment (rotation, scale,
   translation) of the prediction onto the truth — pose error without global placement;
 * acceleration error (m/s²): mean norm of the difference of second finite differences;
-* foot skate (cm/s): mean speed of the predicted feet on frames where the true foot is planted
-  (the contact rule of :func:`motionjax.losses.foot_contacts`).
+* jitter (m/s³): mean norm of the prediction's third finite difference (the truth's own jitter is
+  the floor a faithful reconstruction reaches);
+* foot skate (cm/s): mean horizontal speed of the predicted feet on frames where the true foot is
+  planted (the contact rule of :func:`motionjax.losses.foot_contacts`);
+* bone-length error (cm): mean ``| |p_j − p_parent| − |t_j − t_parent| |`` over bones. A motion
+  decoded from rotations through FK on the clip's true bones has 0 by construction; the metric
+  bites for position outputs or a model that predicts bone lengths.
+
+Positions come from FK on the clip's rest offsets when the batch carries them (``offsets [B, J, 3]``,
+several performers in one corpus), else on the skeleton's. With the clips' labels
+(``DatasetInfo.labels``: per-clip dicts such as ``{"content": "walk", "style": "happy"}``) and the
+batches' ``clip [B]`` indices, :func:`evaluate` also breaks MPJPE down per label value.
 """
 from __future__ import annotations
 
@@ -27,8 +37,9 @@ from motionjax.features import decode, destandardize
 from motionjax.kinematics import forward_kinematics
 from motionjax.skeleton import Skeleton
 
-METRICS = ("mpjpe", "mpjpe_global", "root_error", "pa_mpjpe", "accel", "foot_skate")
-INPUT_METRICS = ("mpjpe", "mpjpe_global")  # also measured on the noisy input itself (``input_`` prefix)
+METRICS = ("mpjpe", "mpjpe_global", "root_error", "pa_mpjpe", "accel", "jitter", "foot_skate", "bone_error")
+INPUT_METRICS = METRICS  # also measured on the (noisy) input itself, ``input_`` prefix
+LABEL_METRICS = ("mpjpe", "pa_mpjpe", "accel")  # broken down per label value (``by_label``)
 
 
 def procrustes_align(pred, true):
@@ -47,17 +58,24 @@ def procrustes_align(pred, true):
 
 @functools.partial(jax.jit, static_argnames=("skeleton", "fps", "contact_speed"))
 def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed: float):
-    """``pred, true [B, T, J, 3]`` (m), ``valid [B, T]`` (0 = padding frame) -> ``{metric: (sum,
-    count)}`` for the :data:`METRICS`, so batches combine exactly; a time-difference metric only
-    counts frames whose whole stencil is valid."""
+    """``pred, true [B, T, J, 3]`` (m), ``valid [B, T]`` (0 = padding frame) -> ``{metric: (sums [B],
+    counts [B])}`` per window for the :data:`METRICS`, so windows and batches combine exactly (and
+    group by label); a time-difference metric only counts frames whose whole stencil is valid."""
     valid = valid.astype(bool)
     inner = jnp.pad(valid[:, 2:] & valid[:, 1:-1] & valid[:, :-2], ((0, 0), (1, 1)))  # [B, T]
-    total = lambda x, where: (jnp.sum(jnp.where(where, x, 0.0)), jnp.sum(jnp.broadcast_to(where, x.shape)))
+    # Third differences at t-1/2 use frames t-2..t+1: [B, T-3] (the stencils wholly valid).
+    inner3 = valid[:, 3:] & valid[:, 2:-1] & valid[:, 1:-2] & valid[:, :-3]
+    axes = lambda x: tuple(range(1, x.ndim))
+    total = lambda x, where: (jnp.sum(jnp.where(where, x, 0.0), axis=axes(x)),
+                              jnp.sum(jnp.broadcast_to(where, x.shape), axis=axes(x)))
     dist = lambda a, b: jnp.linalg.norm(a - b, axis=-1)
     accel = lambda p: (p[:, 2:] - 2 * p[:, 1:-1] + p[:, :-2]) * fps**2
+    jerk = (pred[:, 3:] - 3 * pred[:, 2:-1] + 3 * pred[:, 1:-2] - pred[:, :-3]) * fps**3
     p_feet, _ = losses.velocity(pred[..., losses.foot_joints(skeleton), :], fps)
     _, planted = losses.foot_contacts(true, skeleton, fps, contact_speed)
     skate = jnp.linalg.norm(jnp.delete(p_feet, skeleton.up_axis, axis=-1), axis=-1)  # horizontal speed
+    parents = np.asarray(skeleton.parents)[1:]
+    bone = lambda p: jnp.linalg.norm(p[..., 1:, :] - p[..., parents, :], axis=-1)  # [B, T, J-1]
     cm = lambda sc: (100 * sc[0], sc[1])
     rel = lambda p: p - p[..., :1, :]  # root-relative (joint 0 is the root)
     return {
@@ -66,7 +84,9 @@ def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed
         "root_error": cm(total(dist(pred[..., 0, :], true[..., 0, :]), valid)),
         "pa_mpjpe": cm(total(dist(procrustes_align(pred, true), true), valid[..., None])),
         "accel": total(dist(accel(pred), accel(true)), inner[:, 1:-1, None]),
+        "jitter": total(jnp.linalg.norm(jerk, axis=-1), inner3[..., None]),
         "foot_skate": cm(total(skate, planted & inner[..., None])),
+        "bone_error": cm(total(jnp.abs(bone(pred) - bone(true)), valid[..., None])),
     }
 
 
@@ -74,34 +94,62 @@ def motion_metrics(skeleton: Skeleton, fps: float, pred, true, valid=None, conta
     """The :data:`METRICS` of one batch ``pred, true [B, T, J, 3]`` (m) as floats."""
     valid = jnp.ones(pred.shape[:2]) if valid is None else valid
     sums = metric_sums(skeleton, float(fps), pred, true, valid, contact_speed)
-    return {k: float(s) / max(float(c), 1.0) for k, (s, c) in sums.items()}
+    return {k: float(jnp.sum(s)) / max(float(jnp.sum(c)), 1.0) for k, (s, c) in sums.items()}
 
 
-def feature_positions(skeleton: Skeleton, features, mean, std):
-    """Standardized features ``[..., T, F]`` -> joint positions ``[..., T, J, 3]`` (m)."""
+def feature_positions(skeleton: Skeleton, features, mean, std, offsets=None):
+    """Standardized features ``[..., T, F]`` -> joint positions ``[..., T, J, 3]`` (m), by FK on
+    ``offsets`` (``[..., J, 3]``, one set per window: a clip's rest offsets) or the skeleton's."""
     root, rotations = decode(skeleton, destandardize(jnp.asarray(features, jnp.float32), mean, std))
-    return forward_kinematics(skeleton, rotations, root)[0]
+    if offsets is not None:
+        offsets = jnp.asarray(offsets, jnp.float32)[..., None, :, :]  # broadcast over time
+    return forward_kinematics(skeleton, rotations, root, offsets)[0]
 
 
-def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float):
+def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float,
+             labels=None):
     """Metrics of ``predict`` (``[B, N, C, F] -> [B, N, C, F]``) over eval ``batches`` (dicts with
-    ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``), over all valid frames; ``input_mpjpe`` and
-    ``input_mpjpe_global`` are the noisy input's own errors."""
-    sums = {}
+    ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``; optional ``offsets [B, J, 3]`` and ``clip
+    [B]``), over all valid frames. ``input_<metric>`` are the (noisy) input's own errors.
+
+    ``labels``: per-clip dicts (``DatasetInfo.labels``); when given (and the batches carry ``clip``),
+    the result also holds ``by_label = {key: {value: {metric: v, "frames": n}}}`` for the
+    :data:`LABEL_METRICS` of the model and its input.
+    """
+    sums, groups = {}, {}
     for batch in batches:
         b = batch["clean"].shape[0]
         flat = lambda x, b=b: np.asarray(x).reshape(b, -1, x.shape[-1])  # [B, N, C, F] -> [B, T, F]
-        true = feature_positions(skeleton, flat(batch["clean"]), mean, std)
+        offsets = batch.get("offsets")
+        true = feature_positions(skeleton, flat(batch["clean"]), mean, std, offsets)
         valid = flat(batch["valid"])[..., 0]
+        rows = []
+        if labels is not None and "clip" in batch:
+            rows = [labels[int(c)] for c in np.asarray(batch["clip"]).reshape(-1)]
         for name, x in (("", predict(batch["noisy"])), ("input_", batch["noisy"])):
-            pos = feature_positions(skeleton, flat(x), mean, std)
-            m = metric_sums(skeleton, float(fps), pos, true, valid, contact_speed)
+            pos = feature_positions(skeleton, flat(x), mean, std, offsets)
+            m = {k: (np.asarray(s, np.float64), np.asarray(c, np.float64))
+                 for k, (s, c) in metric_sums(skeleton, float(fps), pos, true, valid, contact_speed).items()}
             for k in METRICS if not name else INPUT_METRICS:
                 s, c = sums.get(name + k, (0.0, 0.0))
-                sums[name + k] = (s + float(m[k][0]), c + float(m[k][1]))
+                sums[name + k] = (s + m[k][0].sum(), c + m[k][1].sum())
+            for i, row in enumerate(rows):
+                for key, value in row.items():
+                    group = groups.setdefault(key, {}).setdefault(str(value), {})
+                    for k in LABEL_METRICS:
+                        s, c = group.get(name + k, (0.0, 0.0))
+                        group[name + k] = (s + m[k][0][i], c + m[k][1][i])
+                    if not name:
+                        group["frames"] = group.get("frames", 0.0) + float(valid[i].sum())
     if not sums or sums["mpjpe"][1] == 0:
         raise ValueError("evaluate: no valid frames in the eval batches (is the held-out split empty?)")
-    return {k: s / max(c, 1.0) for k, (s, c) in sums.items()}
+    out = {k: s / max(c, 1.0) for k, (s, c) in sums.items()}
+    if labels is not None:
+        mean_of = lambda v: v if isinstance(v, float) else v[0] / max(v[1], 1.0)
+        out["by_label"] = {key: {value: {k: mean_of(v) for k, v in sorted(g.items())}
+                                 for value, g in sorted(values.items()) if g.get("frames", 0) > 0}
+                           for key, values in sorted(groups.items())}
+    return out
 
 
 class PCA:
@@ -145,6 +193,38 @@ def plot_learning_curves(history: dict, path):
     for ax in (ax_loss, ax_eval):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_label_breakdown(by_label: dict, path, title: str = ""):
+    """Bar chart of MPJPE per label value (one panel per label key: content, style), the model's
+    bars next to its input's when the input has an error (a denoiser), from :func:`evaluate`'s
+    ``by_label``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k, v in by_label.items() if v]
+    if not keys:
+        return
+    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 3.2 * len(keys)), squeeze=False)
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        values = by_label[key]
+        names = list(values)
+        x = np.arange(len(names))
+        model = [values[n]["mpjpe"] for n in names]
+        source = [values[n].get("input_mpjpe", 0.0) for n in names]
+        if max(source) > 0:
+            ax.bar(x - 0.2, source, 0.4, label="input", color="C7")
+            ax.bar(x + 0.2, model, 0.4, label="model", color="C0")
+            ax.legend(fontsize=8)
+        else:
+            ax.bar(x, model, 0.6, color="C0")
+        ax.set_xticks(x, names, rotation=40, ha="right", fontsize=8)
+        ax.set(ylabel="MPJPE (cm)", title=f"{title} by {key}".strip())
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -73,7 +73,8 @@ def foot_contacts(positions, skeleton: Skeleton, fps: float, max_speed: float,
 
 
 def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean, std,
-                        time_axis_name: str | None = None, batch_axis_name: str | None = None):
+                        time_axis_name: str | None = None, batch_axis_name: str | None = None,
+                        offsets=None):
     """Weighted loss of predicted vs clean standardized windows.
 
     Args:
@@ -82,6 +83,8 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
       pred, target: ``[B, T, F]`` standardized features (model output and the clean window).
       mean, std: ``[F]`` feature statistics.
       time_axis_name, batch_axis_name: mesh axes when called inside ``shard_map``.
+      offsets: optional ``[B, J, 3]`` rest offsets of each window's clip (m; several performers in
+        one corpus), used by FK for both motions; ``None``: the skeleton's.
 
     Returns:
       ``(loss, metrics)``: scalar total and a dict of the unweighted terms.
@@ -96,8 +99,10 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     terms = {"rotation": masked_mean(1.0 - cos, axis_names=axes)}
 
     (p_root, p_rot), (t_root, t_rot) = decode(skeleton, pred), decode(skeleton, target)
-    p_fk = forward_kinematics(skeleton, p_rot, p_root)
-    t_fk = forward_kinematics(skeleton, t_rot, t_root)
+    if offsets is not None:
+        offsets = jnp.asarray(offsets, jnp.float32)[:, None]  # [B, 1, J, 3]: the same bones every frame
+    p_fk = forward_kinematics(skeleton, p_rot, p_root, offsets)
+    t_fk = forward_kinematics(skeleton, t_rot, t_root, offsets)
     p_pos, t_pos = p_fk[0], t_fk[0]
     terms["position"] = masked_mean(_norm(p_pos - t_pos), axis_names=axes)
 

@@ -27,10 +27,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from motionjax import rotations as rot
+from motionjax.features import decode, destandardize, rotating_joints
 from motionjax.halo import pad_with_halos
+from motionjax.kinematics import forward_kinematics
 
 DATA_AXIS, TIME_AXIS = "data", "time"  # mesh axes that shard the batch and chunk dimensions
 
@@ -127,21 +131,97 @@ class ConvBlock(nnx.Module):
         return x + self.dropout(self.mix(jax.nn.gelu(y)))
 
 
+def stage_strides(stride: int, stages: int) -> tuple[int, ...]:
+    """Split the bottleneck's temporal ``stride`` into ``stages`` equal integer factors (4, 2 -> (2, 2))."""
+    factor = round(stride ** (1 / stages))
+    if stages < 1 or factor**stages != stride:
+        raise ValueError(f"model.stride {stride} is not an integer power of stages={stages} "
+                         "(each stage downsamples by the same integer factor)")
+    return (factor,) * stages
+
+
+POSITION_SCALE = 0.5  # m: root-relative joint positions enter the model divided by this (~unit scale)
+
+
+class Kinematics:
+    """What a model needs to see joint positions or emit world-frame rotations: the skeleton and the
+    feature statistics (static; closed over, never trained).
+
+    ``input_positions``: the encoder also sees root-relative FK positions of its input (``3·J``
+    numbers per frame), the quantity MPJPE scores, instead of having to learn FK from 6D rotations.
+    ``global_rotations``: the rotation head predicts each joint's rotation in the window frame and
+    the local rotations follow as ``R_parentᵀ·R`` (exactly, not learnt), so an error in a hip
+    rotation no longer swings the whole leg chain below it.
+    """
+
+    def __init__(self, skeleton, mean, std, input_positions: bool = False, global_rotations: bool = False):
+        self.skeleton = skeleton
+        self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+        self.input_positions, self.global_rotations = input_positions, global_rotations
+        ids = rotating_joints(skeleton)
+        slot = {int(j): i for i, j in enumerate(ids)}
+        # Nearest rotating ancestor of each rotating joint (fixed joints turn with their parent); -1: none.
+        anc = []
+        for j in ids:
+            a = skeleton.parents[j]
+            while a >= 0 and a not in slot:
+                a = skeleton.parents[a]
+            anc.append(slot.get(a, -1))
+        self.ancestor = np.array(anc)
+
+    @property
+    def extra_inputs(self) -> int:
+        return 3 * self.skeleton.num_joints if self.input_positions else 0
+
+    def positions(self, x):
+        """Standardized features ``[..., F]`` -> root-relative joint positions ``[..., 3·J]`` / scale."""
+        _, rotations = decode(self.skeleton, destandardize(x.astype(jnp.float32), self.mean, self.std))
+        pos = forward_kinematics(self.skeleton, rotations, jnp.zeros(x.shape[:-1] + (3,), jnp.float32))[0]
+        return pos.reshape(*x.shape[:-1], -1) / POSITION_SCALE
+
+    def local_features(self, sixd_global):
+        """World-frame 6D rotations ``[..., R, 6]`` (raw) -> standardized local 6D features ``[..., 6·R]``."""
+        world = rot.sixd_to_matrix(sixd_global)  # [..., R, 3, 3]
+        has_parent = self.ancestor >= 0
+        parent = jnp.where(has_parent[:, None, None], world[..., np.maximum(self.ancestor, 0), :, :],
+                           jnp.eye(3, dtype=world.dtype))
+        local = jnp.swapaxes(parent, -1, -2) @ world
+        sixd = jnp.concatenate([local[..., :, 0], local[..., :, 1]], axis=-1)  # the first two columns
+        sixd = sixd.reshape(*sixd.shape[:-2], -1)
+        return (sixd - self.mean[3:]) / self.std[3:]
+
+
 class ChunkedAutoencoder(nnx.Module):
-    """Embedding, encoder blocks, temporal bottleneck, decoder blocks, heads; blocks set by subclasses."""
+    """Embedding, encoder stages, temporal bottleneck, decoder stages, heads; blocks set by subclasses.
+
+    With ``stages = 1`` every block runs at the frame rate and one strided linear map pools
+    ``stride`` frames into a latent vector. With ``stages = k`` the encoder alternates ``depth``
+    blocks and a ``stride^(1/k)``-fold downsampling k times (a strided linear "conv"), so the
+    coarser blocks see longer spans of motion for the same cost; the decoder mirrors it. The only
+    path from input to output is the latent ``[B, N, C/stride, latent_dim]`` (unless ``residual``).
+    """
 
     def __init__(self, features, chunk, dim, depth, latent_dim, stride, residual, make_block, dtype,
-                 param_dtype, mesh, *, rngs):
+                 param_dtype, mesh, *, rngs, stages=1, kinematics: Kinematics | None = None, highpass=0):
         if chunk % stride:
             raise ValueError(f"bottleneck stride {stride} must divide the chunk length {chunk}")
+        if highpass and not (residual and highpass % 2 and highpass // 2 <= chunk):
+            raise ValueError(f"model.highpass={highpass}: expected an odd number of frames <= 2·chunk + 1 "
+                             "on a residual model (the correction of a skip path)")
+        self.highpass_frames = highpass
         self.features, self.chunk, self.stride, self.latent_dim = features, chunk, stride, latent_dim
-        self.residual, self.mesh = residual, mesh
+        self.residual, self.mesh, self.kinematics = residual, mesh, kinematics
+        self.strides = stage_strides(stride, stages)
         dense = functools.partial(nnx.Linear, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.embed = dense(features, dim)
-        self.encoder = nnx.List([make_block(rngs) for _ in range(depth)])
-        self.down = dense(stride * dim, latent_dim)  # a strided linear "conv": `stride` frames -> 1 latent
-        self.up = dense(latent_dim, stride * dim)
-        self.decoder = nnx.List([make_block(rngs) for _ in range(depth)])
+        self.embed = dense(features + (kinematics.extra_inputs if kinematics else 0), dim)
+        # Stage s runs at chunk / prod(strides[:s]) frames per chunk; make_block(rngs, frames) builds a block.
+        rates = [chunk // int(np.prod(self.strides[:s])) for s in range(stages)]
+        blocks = lambda rate: nnx.List([make_block(rngs, rate) for _ in range(depth)])
+        self.encoder = nnx.List([blocks(r) for r in rates])
+        outs = [dim] * (stages - 1) + [latent_dim]
+        self.downs = nnx.List([dense(k * dim, o) for k, o in zip(self.strides, outs, strict=True)])
+        self.ups = nnx.List([dense(o, k * dim) for k, o in zip(self.strides, outs, strict=True)])
+        self.decoder = nnx.List([blocks(r) for r in rates])
         self.norm = nnx.LayerNorm(dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         # Zero heads: the model starts at the mean pose (or, residual, at the identity).
         zero = functools.partial(dense, kernel_init=nnx.initializers.zeros)
@@ -172,24 +252,46 @@ class ChunkedAutoencoder(nnx.Module):
         b, n, c, _ = x.shape
         if c != self.chunk or x.shape[-1] != self.features:
             raise ValueError(f"expected [B, N, {self.chunk}, {self.features}] input, got {x.shape}")
+        if self.kinematics is not None and self.kinematics.input_positions:
+            x = jnp.concatenate([x, self.kinematics.positions(x).astype(x.dtype)], axis=-1)
         h = self.embed(x)
-        for block in self.encoder:
-            h = block(h, self._windows)
-        return self.down(h.reshape(b, n, c // self.stride, -1))
+        for blocks, down, k in zip(self.encoder, self.downs, self.strides, strict=True):
+            for block in blocks:
+                h = block(h, self._windows)
+            h = down(h.reshape(b, n, h.shape[2] // k, -1))  # k consecutive frames -> one vector
+        return h
 
     def decode(self, z):
         """Latent ``[B, N, C/stride, latent_dim]`` -> features ``[B, N, C, F]`` (fp32, before residual)."""
-        b, n, g, _ = z.shape
-        h = self.up(z).reshape(b, n, g * self.stride, -1)
-        for block in self.decoder:
-            h = block(h, self._windows)
+        b, n = z.shape[:2]
+        h = z
+        for blocks, up, k in zip(self.decoder[::-1], self.ups[::-1], self.strides[::-1], strict=True):
+            h = up(h).reshape(b, n, h.shape[2] * k, -1)  # one vector -> k consecutive frames
+            for block in blocks:
+                h = block(h, self._windows)
         h = self.norm(h)
-        out = jnp.concatenate([self.root_head(h), self.rotation_head(h)], axis=-1)
-        return out.astype(jnp.float32)
+        rotations = self.rotation_head(h).astype(jnp.float32)
+        if self.kinematics is not None and self.kinematics.global_rotations:
+            # Zero head = identity world rotations to start from; Gram-Schmidt makes any output valid.
+            identity = jnp.array([1.0, 0, 0, 0, 1, 0], jnp.float32)
+            rotations = self.kinematics.local_features(rotations.reshape(*h.shape[:-1], -1, 6) + identity)
+        return jnp.concatenate([self.root_head(h).astype(jnp.float32), rotations], axis=-1)
+
+    def highpass(self, x):
+        """``x`` minus its centred moving average over ``highpass_frames`` (valid frames only): the
+        input's high-frequency content, ``[B, N, C, F]``."""
+        windows, valid = self._windows(x, self.highpass_frames // 2)  # [B, N, C + 2h, F], [N, C + 2h]
+        c, w = x.shape[2], windows.shape[2]
+        # Frame i of a chunk averages window slots i .. i + 2h (itself and h neighbours each side).
+        band = (np.arange(w)[None, :] >= np.arange(c)[:, None]) & \
+               (np.arange(w)[None, :] <= np.arange(c)[:, None] + 2 * (self.highpass_frames // 2))  # [C, W]
+        weights = band[None].astype(np.float32) * valid[:, None, :]  # [N, C, W]
+        weights = weights / weights.sum(-1, keepdims=True)
+        return x - jnp.einsum("ncw,bnwf->bncf", weights, windows.astype(jnp.float32)).astype(x.dtype)
 
     def __call__(self, x):
         """Standardized (noised/masked) features ``[B, N, C, F]`` -> clean estimate ``[B, N, C, F]`` fp32."""
-        y = self.decode(self.encode(x))
+        y = self.decode(self.encode(self.highpass(x) if self.highpass_frames else x))
         return x.astype(jnp.float32) + y if self.residual else y
 
 
@@ -199,11 +301,14 @@ class MotionTransformer(ChunkedAutoencoder):
     ``n ± 2·depth`` at most (``n ± 1`` for a single block)."""
 
     def __init__(self, features, chunk, *, dim, depth, heads, mlp_ratio, halo, latent_dim, stride,
-                 residual=False, dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs):
-        block = lambda r: AttentionBlock(dim, heads, mlp_ratio, halo, chunk, dropout, dtype, param_dtype,
-                                         rngs=r)
+                 residual=False, dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs,
+                 stages=1, kinematics=None, highpass=0):
+        # A coarser stage has fewer frames per chunk: its halo shrinks with it (at least 1 frame).
+        block = lambda r, frames: AttentionBlock(dim, heads, mlp_ratio, max(1, halo * frames // chunk),
+                                                 frames, dropout, dtype, param_dtype, rngs=r)
         super().__init__(features, chunk, dim, depth, latent_dim, stride, residual, block, dtype, param_dtype,
-                         mesh, rngs=rngs)
+                         mesh, rngs=rngs, stages=stages, kinematics=kinematics,
+                         highpass=highpass)
 
 
 class TemporalConvNet(ChunkedAutoencoder):
@@ -211,14 +316,30 @@ class TemporalConvNet(ChunkedAutoencoder):
     side (widened by the bottleneck's frame groups), whatever the chunking."""
 
     def __init__(self, features, chunk, *, dim, depth, kernel, latent_dim, stride, residual=False,
-                 dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs):
-        block = lambda r: ConvBlock(dim, kernel, dropout, dtype, param_dtype, rngs=r)
+                 dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs, stages=1,
+                 kinematics=None, highpass=0):
+        block = lambda r, frames: ConvBlock(dim, kernel, dropout, dtype, param_dtype, rngs=r)
         super().__init__(features, chunk, dim, depth, latent_dim, stride, residual, block, dtype, param_dtype,
-                         mesh, rngs=rngs)
+                         mesh, rngs=rngs, stages=stages, kinematics=kinematics,
+                         highpass=highpass)
 
 
-def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, rngs: nnx.Rngs, mesh=None):
+def _kinematics(config, info) -> Kinematics | None:
+    flags = {k: bool(config.get(k, False)) for k in ("input_positions", "global_rotations")}
+    if not any(flags.values()):
+        return None
+    if info is None:
+        raise ValueError(f"model {', '.join(k for k, v in flags.items() if v)} needs the dataset "
+                         "(make_model(..., info=DatasetInfo)) for the skeleton and feature statistics")
+    return Kinematics(info.skeleton, info.mean, info.std, **flags)
+
+
+def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, rngs: nnx.Rngs, mesh=None,
+               info=None):
     """The model named by ``config.name`` (the ``model`` section of the experiment config).
+
+    ``info``: the dataset (skeleton, feature mean/std); needed when ``config.input_positions`` or
+    ``config.global_rotations`` is set (:class:`Kinematics`).
 
     ``mesh``: when given, the chunk axis of the input is expected sharded over its ``'time'`` axis
     (and the batch over ``'data'``) and halos are exchanged between devices.
@@ -226,7 +347,8 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
     common = dict(
         dim=config.dim, depth=config.depth, latent_dim=config.latent_dim, stride=config.stride,
         residual=config.residual, dropout=config.dropout, dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs,
+        param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs, stages=config.get("stages", 1),
+        kinematics=_kinematics(config, info), highpass=config.get("highpass", 0),
     )
     if config.name == "transformer":
         return MotionTransformer(feature_dim, chunk, heads=config.heads, mlp_ratio=config.mlp_ratio,

@@ -157,3 +157,81 @@ def test_config_errors_are_clear():
         model("transformer", halo=9)(features((1, 2, C, F)))
     assert isinstance(model("transformer"), models.MotionTransformer)
     assert isinstance(model("tconv"), models.TemporalConvNet)
+
+
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_staged_bottleneck_is_the_only_path_from_input_to_output(name):
+    """stages=2 (2x then 2x): the latent is [B, N, C/4, latent]; with residual=False the output is
+    decode(encode(x)) and an input change reaches the output only through the latent."""
+    m = perturb(model(name, stride=4, stages=2, latent_dim=8))
+    assert m.strides == (2, 2) and m.latent_per_frame == 2
+    x = features((2, 2, C, F), 1)
+    z = nnx.jit(lambda m, x: m.encode(x))(m, x)
+    assert z.shape == (2, 2, C // 4, 8)
+    np.testing.assert_allclose(apply(m, x), nnx.jit(lambda m, z: m.decode(z))(m, z), atol=1e-6)
+    # The Jacobian of the output w.r.t. the input factors through the 8-number latent per 4 frames:
+    # its rank over one chunk is at most the chunk's latent size.
+    graphdef, state = nnx.split(m)
+    jac = jax.jacobian(lambda v: nnx.merge(graphdef, state)(v.reshape(1, 1, C, F)).reshape(-1))(
+        x[:1, :1].reshape(-1))
+    assert np.linalg.matrix_rank(np.asarray(jac), tol=1e-4) <= (C // 4) * 8
+    with pytest.raises(ValueError, match="integer power"):
+        model(name, stride=4, stages=3)
+
+
+def _kinematics(input_positions=False, global_rotations=False):
+    from motionjax.skeleton import deepmimic_humanoid
+    sk = deepmimic_humanoid()
+    f = 3 + 6 * len(models.rotating_joints(sk))
+    rng = np.random.default_rng(0)
+    mean, std = rng.normal(size=f).astype(np.float32) * 0.1, rng.uniform(0.5, 2, f).astype(np.float32)
+    return sk, f, models.Kinematics(sk, mean, std, input_positions, global_rotations)
+
+
+def test_global_rotations_map_to_the_local_rotations_of_the_same_pose():
+    """Local features computed from world rotations equal the encoding of the local rotations
+    (independent reference: quaternion FK's world rotations of random local rotations)."""
+    from motionjax import features as feat
+    from motionjax import rotations as rot
+    from motionjax.kinematics import forward_kinematics
+    sk, f, kin = _kinematics(global_rotations=True)
+    rng = np.random.default_rng(1)
+    q = rot.quat_normalize(rng.normal(size=(3, sk.num_joints, 4)))
+    q[:, [k == "fixed" for k in sk.kinds]] = [1, 0, 0, 0]
+    q = np.asarray(feat.decode(sk, feat.encode(sk, np.zeros((3, 3)), q))[1])  # hinges as features see them
+    _, world = forward_kinematics(sk, q, np.zeros((3, 3)))
+    ids = models.rotating_joints(sk)
+    got = kin.local_features(jnp.asarray(rot.quat_to_6d(np.asarray(world)[:, ids])))
+    want = feat.standardize(feat.encode(sk, np.zeros((3, 3)), q), kin.mean, kin.std)[:, 3:]
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-4)
+
+
+def test_input_positions_are_root_relative_fk_positions():
+    from motionjax import features as feat
+    from motionjax import rotations as rot
+    from motionjax.kinematics import forward_kinematics
+    sk, f, kin = _kinematics(input_positions=True)
+    rng = np.random.default_rng(2)
+    q = rot.quat_normalize(rng.normal(size=(4, sk.num_joints, 4)))
+    root = rng.normal(size=(4, 3))
+    x = feat.standardize(feat.encode(sk, root, q), kin.mean, kin.std).astype(np.float32)
+    pos, _ = forward_kinematics(sk, np.asarray(feat.decode(sk, feat.encode(sk, root, q))[1]), root)
+    want = (pos - pos[:, :1]).reshape(4, -1) / models.POSITION_SCALE
+    np.testing.assert_allclose(np.asarray(kin.positions(jnp.asarray(x))), want, atol=1e-4)
+    assert kin.extra_inputs == 3 * sk.num_joints
+
+
+def test_highpass_correction_ignores_the_pose_and_sees_a_moving_average_residue():
+    """highpass=k: the correction depends on x minus its centred k-frame moving average only (numpy
+    reference over the whole sequence, fewer frames at the ends), so a pose held constant over
+    time is passed through untouched by the correction."""
+    m = perturb(model("tconv", residual=True, highpass=5, stride=1, latent_dim=16))
+    x = features((2, 3, C, F), 4)
+    seq = np.asarray(x).reshape(2, 3 * C, F)
+    avg = np.stack([seq[:, max(t - 2, 0):t + 3].mean(1) for t in range(3 * C)], 1)
+    got = nnx.jit(lambda m, x: m.highpass(x))(m, x)
+    np.testing.assert_allclose(np.asarray(got).reshape(seq.shape), seq - avg, atol=1e-5)
+    pose = features((1, 1, 1, F), 5)
+    np.testing.assert_allclose(apply(m, x + pose) - (x + pose), apply(m, x) - x, atol=1e-4)
+    with pytest.raises(ValueError, match="highpass"):
+        model("tconv", residual=False, highpass=5)
