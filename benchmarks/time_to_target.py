@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -127,6 +128,9 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
 
     workdir = Path(workdir)
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, never a resumed one
+    # Every run compiles its programs itself, as a fresh process would: without this, module-level
+    # jitted functions (the evaluation metrics) compile in the first run of a process only.
+    jax.clear_caches()
     summary = train.train_and_evaluate(c, workdir, on_eval=on_eval)
     if not curve:
         raise RuntimeError(f"time_to_target: {workdir} ended without an evaluation ({summary.get('status')})")
@@ -197,6 +201,17 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
             "total_s": time.perf_counter() - start}
 
 
+def jsonable(x):
+    """``x`` with every non-finite float (a miss's median) as ``None``: strict JSON."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
 def _fmt(x, spec=".1f") -> str:
     return "miss" if x is None or not math.isfinite(x) else format(x, spec)
 
@@ -254,6 +269,7 @@ def plot(result: dict, path) -> None:
         ax.axhline(result["target_cm"], color="k", linestyle="--", linewidth=1, label="target")
         ax.set(xlabel=xlabel, ylabel=f"{result['metric']} (cm)", yscale="log")
         ax.grid(alpha=0.3, which="both")
+        ax.set_xlim(left=0)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"time to {result['target_cm']} cm; one line per seed; × = missed within budget")
     fig.tight_layout()

@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     result["config"] = args.config
     result["levers"] = {name: ttt.LEVERS[name][0] for name in configs}
     table = ttt.markdown(result, result["levers"])
-    (out / "time_to_target.json").write_text(json.dumps(result, indent=2, default=float))
+    (out / "time_to_target.json").write_text(json.dumps(ttt.jsonable(result), indent=2, allow_nan=False))
     (out / "time_to_target.md").write_text(f"`{args.config}`\n\n{table}\n")
     ttt.plot(result, out / "time_to_target.png")
     print(table, flush=True)

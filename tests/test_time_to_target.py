@@ -1,6 +1,7 @@
 """The time-to-target harness (benchmarks/time_to_target.py) on the tiny ``runlocal`` config: it
 stops at the first evaluation at or below the target, and reports a miss (never drops it) when the
 budget ends first."""
+import json
 import math
 import sys
 from pathlib import Path
@@ -83,6 +84,8 @@ def test_side_by_side_alternates_seed_by_seed_and_keeps_misses(tmp_path, monkeyp
     assert result["summary"]["uniform"]["wall_s"] == math.inf and result["ratios"]["uniform"]["time"] is None
     assert result["summary"]["optimized"]["step"] == 2.5 and result["ratios"]["batch2x"]["steps"] == 1.0
     assert result["summary"]["optimized"]["final"]["test/mpjpe"] == {"mean": 3.5, "range": [3.0, 4.0]}
+    strict = json.loads(json.dumps(ttt.jsonable(result), allow_nan=False))  # a miss median: null
+    assert strict["summary"]["uniform"]["wall_s"] is None
     table = ttt.markdown(result)
     assert "| optimized | 2/2 |" in table and "| uniform | 1/2 | miss" in table
     ttt.plot(result, tmp_path / "ttt.png")
