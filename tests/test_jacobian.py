@@ -152,3 +152,53 @@ def test_products_match_dense_and_loop(name):
                                                    lambda k: axes[k], np.asarray(forces[0], float))
     loop = np.concatenate([root_force, torques.reshape(-1)[K._dof_columns(skeleton)]])
     np.testing.assert_allclose(blocked[0], loop, rtol=1e-5, atol=1e-4)
+
+
+def test_tree_sums_match_the_ancestor_mask_and_transpose_each_other():
+    """prefix_sum / subtree_sum (numpy and jax, reverse mode with the custom gathers) equal products
+    with the dense ancestor mask, in the tree layout."""
+    skeleton = random_tree(40, seed=7)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, skeleton.num_joints, 5))  # [C, J, frames], joint ids in index order
+    mask = skeleton.ancestor_mask.astype(float)  # mask[j, k]: k is j or an ancestor of j
+    want_prefix, want_subtree = np.einsum("jk,ckf->cjf", mask, x), np.einsum("jk,cjf->ckf", mask, x)
+    order = K.tree_plan(skeleton).order
+    assert sorted(order) == list(range(skeleton.num_joints))
+    assert np.all(np.diff(skeleton.depth[order]) >= 0)  # level order
+    tree = x[:, order]
+    for xp, atol in ((np, 1e-12), (jnp, 1e-5)):
+        np.testing.assert_allclose(K.prefix_sum(skeleton, xp.asarray(tree)), want_prefix[:, order], atol=atol)
+        np.testing.assert_allclose(K.subtree_sum(skeleton, xp.asarray(tree)), want_subtree[:, order],
+                                   atol=atol)
+    w = rng.normal(size=x.shape)
+    for custom_vjp in (False, True):
+        grad_prefix = jax.grad(lambda t, c=custom_vjp: jnp.sum(w[:, order] * K.prefix_sum(skeleton, t, c)))
+        grad_subtree = jax.grad(lambda t, c=custom_vjp: jnp.sum(w[:, order] * K.subtree_sum(skeleton, t, c)))
+        t = jnp.asarray(tree, jnp.float32)
+        np.testing.assert_allclose(grad_prefix(t), np.einsum("jk,cjf->ckf", mask, w)[:, order], atol=1e-5)
+        np.testing.assert_allclose(grad_subtree(t), np.einsum("jk,ckf->cjf", mask, w)[:, order], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SKELETONS)
+def test_custom_vjp_gradients_equal_autodiff(name):
+    """FK and the two products in the tree layout: reverse mode through the custom level gathers
+    equals jax's own (scatter-add) reverse mode."""
+    skeleton = SKELETONS[name]()
+    rotations, root = random_pose(skeleton, 4, seed=2)
+    rng = np.random.default_rng(1)
+    velocity = jnp.asarray(rng.normal(size=(3, skeleton.num_joints, 4)), jnp.float32)
+    shapes = [(3, skeleton.num_joints, 4)] * 3 + [(3, 4)]
+    weights = [jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in shapes]
+
+    def f(rotations, root, velocity, custom_vjp):
+        positions, world = K.forward_kinematics_tree(skeleton, rotations, root, custom_vjp=custom_vjp)
+        jv = K.jacobian_vector_product_tree(skeleton, positions, world, velocity, velocity[:, 0], custom_vjp)
+        torques, force = K.jacobian_transpose_product_tree(skeleton, positions, world, velocity, custom_vjp)
+        return sum(jnp.sum(w * y) for w, y in zip(weights, (positions, jv, torques, force), strict=True))
+
+    grad = jax.jit(jax.grad(f, argnums=(0, 1, 2)), static_argnums=3)
+    ours, references = grad(rotations, root, velocity, True), grad(rotations, root, velocity, False)
+    for g, reference in zip(ours, references, strict=True):
+        scale = np.abs(np.asarray(reference)).max()
+        assert scale > 0
+        np.testing.assert_allclose(g, reference, rtol=1e-5, atol=1e-5 * scale)
