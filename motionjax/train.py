@@ -53,7 +53,7 @@ from motionjax import eval as evaluation
 from motionjax.data import pipeline as data
 from motionjax.features import feature_dim
 
-BEST_METRIC = "heldout_tail/mpjpe"  # held-out MPJPE (cm) that picks the best checkpoint
+BEST_METRIC = "validation/mpjpe"  # validation MPJPE (cm) picks the best checkpoint (never the test split)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
 def init_state(config: ml_collections.ConfigDict, info, mesh):
     """Model graph definitions (train and eval mode), the train state and its shardings."""
     model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                              nnx.Rngs(config.seed), mesh=mesh)
+                              nnx.Rngs(config.seed), mesh=mesh, info=info)
     model.eval()
     eval_graphdef = nnx.graphdef(model)
     model.train()
@@ -177,10 +177,10 @@ def make_predict(eval_graphdef, mesh, state_shardings):
     return predict
 
 
-def _eval_sets(config, info):
-    """``{(split, "clean"|"noisy"): [batches]}`` held-out windows, built once per run."""
+def _eval_sets(config, info, splits):
+    """``{(split, "clean"|"noisy"): [batches]}`` evaluation windows of ``splits``."""
     sets = {}
-    for split in config.train.eval_splits:
+    for split in splits:
         for condition, level in (("clean", 0.0), ("noisy", config.train.eval_noise_level)):
             sets[split, condition] = list(data.make_eval_batches(config.data, info, split, level,
                                                                  seed=config.seed))
@@ -492,11 +492,15 @@ def _quietly(fn, *args) -> None:
 # The run
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None) -> dict:
     """Train ``config`` in ``workdir`` (resuming from its checkpoints), evaluate, write artefacts.
 
     Safe under several processes: every process runs the same steps and saves its checkpoint
     shards; process 0 alone holds the workdir lock, logs, plots and writes ``summary.json``.
+    ``on_eval(step, metrics, timing) -> bool``, if given, runs after each evaluation (and its
+    checkpoint) with the validation metrics and the seconds so far (``compile_s``, ``train_s``,
+    ``eval_s``, ``checkpoint_s``, ``data_wait_s``); True ends training there, evaluated as a finished
+    run (``status`` "stopped by on_eval"): a stop at a target accuracy or a time budget.
     Returns the summary dict. Raises :class:`config_checks.ConfigError`, :class:`WorkdirLockedError`,
     :class:`StorageError` (a failed write, after closing the checkpoint manager and the data
     iterator within ``train.stop_timeout_s``) or :class:`CheckpointError`.
@@ -506,7 +510,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     lock = workdir_lock(workdir) if parallel.is_main_process() else contextlib.nullcontext()
     with lock, _stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
         try:
-            summary = _train_and_evaluate(config, workdir, stop, cleanup)
+            summary = _train_and_evaluate(config, workdir, stop, cleanup, on_eval)
         except Exception as e:
             error = storage_error(e, workdir)
             if error is None:
@@ -522,7 +526,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: dict,
-                        cleanup: contextlib.ExitStack) -> dict:
+                        cleanup: contextlib.ExitStack, on_eval=None) -> dict:
     main = parallel.is_main_process()
     cfg = config.train
     if cfg.retain_host_memory:
@@ -534,7 +538,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
     predict = make_predict(eval_graphdef, mesh, shardings)
     iterator = make_iterator(config, info, mesh)
     cleanup.callback(_quietly, getattr(iterator, "close", None))
-    eval_sets = _eval_sets(config, info)
+    eval_sets = _eval_sets(config, info, config.train.eval_splits)  # during training: model selection
 
     mngr = make_checkpoint_manager(workdir, cfg)
     cleanup.callback(_quietly, mngr.close)
@@ -571,7 +575,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
 
     frames_per_step = config.data.batch_size * config.data.window
     # Throughput counts steps after the first (compiling) one and leaves out eval/checkpoint time.
-    timing = {"data_wait": 0.0, "paused": 0.0, "steps": 0, "compile": None}
+    timing = {"data_wait": 0.0, "paused": 0.0, "eval": 0.0, "checkpoint": 0.0, "steps": 0, "compile": None}
     train_time = lambda: max(time.perf_counter() - t0 - timing["paused"], 1e-9)
     restores, pending, step, t0 = 0, None, start, time.perf_counter()
     guard_after = start  # steps dispatched before a restore report the pre-restore run of failures
@@ -604,7 +608,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
                       f"restored the model and optimizer of step {last_good}", flush=True)
 
     # SIGTERM/SIGINT (train_and_evaluate's handler) end the loop at the next step.
-    while step < cfg.steps and stop["signal"] is None:
+    stopped_early = False  # on_eval said stop (a target reached or a budget spent)
+    while step < cfg.steps and stop["signal"] is None and not stopped_early:
         t_data = time.perf_counter()
         batch = next(iterator)
         timing["data_wait"] += time.perf_counter() - t_data
@@ -631,9 +636,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
             drain(pending)
             pending, t_pause = None, time.perf_counter()
             held_out = run_eval(step) if eval_now else None
+            t_checkpoint = time.perf_counter()
             save_checkpoint(mngr, step, state, iterator, history,
                             {BEST_METRIC: held_out[BEST_METRIC]} if held_out else None)
             timing["paused"] += time.perf_counter() - t_pause
+            timing["eval"] += t_checkpoint - t_pause
+            timing["checkpoint"] += time.perf_counter() - t_checkpoint
+            if held_out and on_eval is not None:
+                stopped_early = bool(on_eval(step, held_out, {
+                    "compile_s": timing["compile"] or 0.0, "train_s": train_time(), "eval_s": timing["eval"],
+                    "checkpoint_s": timing["checkpoint"], "data_wait_s": timing["data_wait"]}))
     if pending is not None:
         drain(pending)
     elapsed, interrupted = train_time(), stop["signal"]
@@ -647,15 +659,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
 
     summary = {
         "workdir": str(workdir), "steps": step,
-        "status": f"stopped by {interrupted}" if interrupted else "done",
+        "status": (f"stopped by {interrupted}" if interrupted
+                   else "stopped by on_eval" if stopped_early else "done"),
         "compile_s": timing["compile"], "train_s": elapsed,
         "steps_per_s": timing["steps"] / elapsed, "frames_per_s": timing["steps"] * frames_per_step / elapsed,
         "data_wait_fraction": timing["data_wait"] / elapsed,
+        "eval_s": timing["eval"], "checkpoint_s": timing["checkpoint"], "data_wait_s": timing["data_wait"],
         "nonfinite_steps": int(jax.device_get(state["nonfinite_total"])), "nonfinite_restores": restores,
         "params": int(sum(x.size for x in jax.tree.leaves(state["params"]))),
     }
     if not interrupted:
-        summary["results"] = final_evaluation(config, info, state, predict, eval_sets, workdir, main)
+        # Every split once at the end, the test split included (it chose nothing).
+        final_sets = _eval_sets(config, info, config.train.final_splits)
+        summary["results"] = final_evaluation(config, info, state, predict, final_sets, workdir, main)
         summary["best_step"] = mngr.best_step()  # by BEST_METRIC among the checkpoints on disk (kept)
     summary["history"] = history
     mngr.close()
@@ -675,23 +691,30 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
     # The PCA reference is fitted on every frame of the training split.
     f = info.feature_dim
     frames = np.concatenate([b["clean"].reshape(-1, f)[b["valid"].reshape(-1) > 0]
-                             for b in data.make_eval_batches(config.data, info, "train")])
+                             for b in data.make_eval_batches(config.data, info, info.train_split)])
     latent = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                               nnx.Rngs(0)).latent_per_frame
+                               nnx.Rngs(0), info=info).latent_per_frame
     pca = evaluation.PCA(frames, max(int(round(latent)), 1))
+    labels = getattr(info, "labels", None) or None
     results = {}
     for (split, condition), batches in eval_sets.items():
-        row = {"model": evaluation.evaluate(functools.partial(predict, state), batches, *args),
+        # The model's row also breaks MPJPE down per label (content, style) where clips have labels.
+        row = {"model": evaluation.evaluate(functools.partial(predict, state), batches, *args, labels=labels),
                "pca": evaluation.evaluate(pca, batches, *args)}
+        row["input"] = {k: row["model"].pop(f"input_{k}") for k in evaluation.INPUT_METRICS}
         for k in evaluation.INPUT_METRICS:
-            row[f"input_{k}"] = row["model"].pop(f"input_{k}")
             row["pca"].pop(f"input_{k}")
+        row["input_mpjpe"], row["input_mpjpe_global"] = row["input"]["mpjpe"], row["input"]["mpjpe_global"]
         results.setdefault(split, {})[condition] = row
+        if main and row["model"].get("by_label"):
+            evaluation.plot_label_breakdown(row["model"]["by_label"],
+                                            workdir / f"by_label_{split}_{condition}.png",
+                                            title=f"{split}, {condition} input:")
     results["pca_latent_per_frame"] = pca.basis.shape[1]
     # A residual model also sees its input through the skip path: PCA then matches its bottleneck only.
     results["model_residual"] = bool(config.model.residual)
-    splits = config.train.eval_splits
-    split = "heldout_clips" if "heldout_clips" in splits else splits[-1]
+    splits = config.train.final_splits
+    split = "test" if "test" in splits else splits[-1]
     batch = eval_sets[split, "noisy"][0]
     # Every process joins the prediction (one program over all devices); process 0 alone draws.
     reconstructed = predict(state, batch["noisy"][: batch["clean"].shape[0]])
@@ -748,17 +771,20 @@ def results_table(results: dict) -> list[str]:
     """Text table: one line per split x input x method. MPJPE is root-relative (Human3.6M protocol
     #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.eval`)."""
     lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'global cm':>9s} {'PA-MPJPE':>9s} "
-             f"{'accel m/s2':>10s} {'skate cm/s':>10s}"]
+             f"{'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
     for split, rows in results.items():
         if not isinstance(rows, dict):
             continue
         for condition, row in rows.items():
-            lines.append(f"{split:14s} {condition:6s} {'input':12s} {row['input_mpjpe']:9.2f} "
-                         f"{row['input_mpjpe_global']:9.2f}")
-            for method in ("model", "no_dynamics", "pca"):
-                if method in row:
-                    m = row[method]
+            # The input row: the (noisy) input's own error, 0 for clean input.
+            for method in ("input", "model", "no_dynamics", "pca"):
+                m = row.get(method)
+                if m is None and method == "input":  # results written before the input had every metric
+                    lines.append(f"{split:14s} {condition:6s} {'input':12s} {row['input_mpjpe']:9.2f} "
+                                 f"{row['input_mpjpe_global']:9.2f}")
+                if m is not None:
                     lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
                                  f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
-                                 f"{m['foot_skate']:10.2f}")
+                                 f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
+                                 f"{m.get('bone_error', float('nan')):8.3f}")
     return lines

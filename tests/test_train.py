@@ -49,6 +49,7 @@ def batches(data_dir):
 def _steps(devices, mesh_shape, data_dir):
     """A jitted train step on a mesh of ``devices`` and a function giving fresh initial states."""
     config = _config(data_dir, mesh_shape)
+    config.loss.dynamics_weight = 1.0  # off in the default experiment; its sharded path is checked here
     mesh = parallel.make_mesh(config.mesh, devices)
     step, state, *_ = train.build_train_step(config, pipeline.dataset_info(config.data), mesh)
     return step, lambda: jax.tree.map(jnp.copy, state)  # the step donates (consumes) its state
