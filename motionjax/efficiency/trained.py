@@ -1,0 +1,78 @@
+"""A trained run's model, restored from its orbax checkpoint (as ``notebooks/03`` does).
+
+The trainer's model carries the mesh (halo exchange by ``shard_map``); inference and export want a
+mesh-free copy, so the restored parameters are put into a fresh ``mesh=None`` model in eval mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from motionjax import models, parallel, train
+from motionjax.data import pipeline
+from motionjax.features import feature_dim
+
+
+@dataclasses.dataclass
+class Trained:
+    """``config`` (the run's), ``info`` (its dataset), ``model`` (eval mode, no mesh), ``step``."""
+
+    config: ml_collections.ConfigDict
+    info: pipeline.DatasetInfo
+    model: nnx.Module
+    step: int
+
+    @property
+    def window_shape(self) -> tuple[int, int, int]:
+        """``(N, C, F)`` of one window: chunks, frames per chunk, features per frame."""
+        d = self.config.data
+        return d.window // d.chunk, d.chunk, feature_dim(self.info.skeleton)
+
+
+def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None) -> nnx.Module:
+    """A fresh mesh-free model of ``config.model`` for ``info``'s features, in eval mode."""
+    model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
+                              nnx.Rngs(config.seed if seed is None else seed), info=info)
+    model.eval()
+    return model
+
+
+def load_config(workdir) -> ml_collections.ConfigDict:
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no config.json; expected a run directory written by "
+                                "scripts/train.py")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def load(workdir, step: int | str = "best") -> Trained:
+    """The model of run ``workdir`` at ``step``: an int, ``"best"`` (by validation MPJPE; the latest
+    when no checkpoint has the metric) or ``"latest"``."""
+    workdir = Path(workdir)
+    config = load_config(workdir)
+    mesh = parallel.make_mesh(config.mesh)
+    info = pipeline.dataset_info(config.data)
+    _, _, state, _ = train.init_state(config, info, mesh)  # shapes and shardings to restore into
+    manager = train.make_checkpoint_manager(workdir, config.train)
+    try:
+        steps = manager.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoints")
+        if step == "best":
+            step = manager.best_step() if manager.best_step() is not None else manager.latest_step()
+        elif step == "latest":
+            step = manager.latest_step()
+        elif step not in steps:
+            raise FileNotFoundError(f"{workdir / 'checkpoints'}: no step {step}; have {sorted(steps)}")
+        state, _ = train.restore_checkpoint(manager, int(step), state)
+    finally:
+        manager.close()
+    model = build_model(config, info)
+    nnx.update(model, jax.tree.map(np.asarray, jax.device_get(state["params"])))
+    return Trained(config, info, model, int(step))

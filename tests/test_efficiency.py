@@ -1,0 +1,118 @@
+"""The efficiency toolbox (issue #16) on tiny models: exports equal JAX, int8 weights, the batch
+finder's memory limit. No dataset needed: the models only see feature widths."""
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import base, deepmimic_denoise
+from motionjax import models, parallel
+from motionjax.efficiency import batch_finder, export, measure, quantize
+
+FEATURES = 21  # root position 3 + three rotating joints x 6D
+WINDOW = (4, 8, FEATURES)  # N chunks x C frames x F features
+
+
+def tiny_model(seed: int = 0, **overrides) -> nnx.Module:
+    """A tiny residual transformer (or ``name="tconv"``) with every parameter perturbed: its
+    zero-initialized heads would make it the identity map, and an export test on the identity could
+    not fail."""
+    cfg = base.get_config().model
+    cfg.update(dict(name="transformer", dim=16, depth=1, heads=2, mlp_ratio=2, halo=2, kernel=3,
+                    latent_dim=8, stride=2, residual=True, dtype="float32"), **overrides)
+    model = models.make_model(cfg, FEATURES, WINDOW[1], nnx.Rngs(seed))
+    params = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(params))))
+    nnx.update(model, jax.tree.map(lambda p: p + 0.3 * jax.random.normal(next(keys), p.shape), params))
+    model.eval()
+    return model
+
+
+def _missing(*modules):
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.skipif(bool(_missing("jax2onnx", "onnxruntime")),
+                    reason=f"needs the 'export' extra: {_missing('jax2onnx', 'onnxruntime')} not installed")
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_onnx_runtime_equals_jax(tmp_path, name):
+    model = tiny_model(name=name, **({"stride": 1, "highpass": 5} if name == "tconv" else {}))
+    x = measure.window(WINDOW, batch=2, seed=3)
+    want = measure.jit_predict(model)(x)  # jitted: eager nnx compiles every op on its own (slow)
+    assert np.abs(want - x).max() > 0.1  # the model does something: equality below means something
+    for batch in (1, 2):  # batch 1: the plain graph; batch 2: it mapped over windows (ONNX Loop)
+        export.to_onnx(model, WINDOW, tmp_path / f"m{batch}.onnx", batch=batch)
+        # A batch larger than the file's runs in slices of the file's batch.
+        got = export.onnx_predict(tmp_path / f"m{batch}.onnx")(x)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_stablehlo_roundtrip_any_batch(tmp_path):
+    model = tiny_model()
+    export.to_stablehlo(model, WINDOW, tmp_path / "m.stablehlo")
+    predict = export.load_stablehlo(tmp_path / "m.stablehlo")  # no model code: the serialized program
+    for batch in (1, 3):
+        x = measure.window(WINDOW, batch=batch, seed=batch)
+        np.testing.assert_allclose(predict(x), measure.jit_predict(model)(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(bool(_missing("qwix")), reason="needs qwix (the 'export' extra) for int8 quantization")
+def test_int8_weights_are_int8_and_close():
+    model = tiny_model(dim=64, heads=2, latent_dim=16)
+    x = measure.window(WINDOW, batch=2, seed=5)
+    q = quantize.quantize(model, x)
+    kernels = [v for p, v in jax.tree_util.tree_leaves_with_path(nnx.state(q, nnx.Param))
+               if "kernel" in jax.tree_util.keystr(p)]
+    assert kernels and {str(np.asarray(k).dtype) for k in kernels} >= {"int8"}
+    assert measure.param_bytes(model) / measure.param_bytes(q) >= 3.5
+    # int8 per-channel weights: the model's correction (output - input) is kept to a few percent.
+    y, yq = measure.jit_predict(model)(x), measure.jit_predict(q)(x)
+    assert np.linalg.norm(yq - y) / np.linalg.norm(y - x) < 0.05
+
+
+def test_largest_fitting_is_the_last_size_that_fits():
+    for threshold in (0, 1, 2, 3, 7, 8, 9, 31, 100):
+        calls = []
+        fits = lambda b, t=threshold, calls=calls: calls.append(b) or b <= t
+        assert batch_finder.largest_fitting(fits, max_batch=64) == min(threshold, 64)
+        assert len(calls) <= 2 * 6 + 2  # doubling then bisection: ~2·log2(64) sizes
+
+
+def _sgd_step_probe():
+    """A plain SGD step of the tiny model on the test mesh (8 CPU devices on 'data')."""
+    model = tiny_model(name="tconv", stride=1)  # the lightest to compile
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    mesh = parallel.make_mesh(deepmimic_denoise.get_config("runlocal").mesh)
+
+    def step(params, batch):
+        loss = lambda p: jnp.mean((nnx.merge(graphdef, p, rest)(batch["noisy"]) - batch["clean"]) ** 2)
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), {"loss": value}
+
+    replicated = parallel.replicated(mesh)
+    jitted = jax.jit(step, in_shardings=(replicated, parallel.window_sharding(mesh)),
+                     out_shardings=(replicated, None), donate_argnums=0)
+    return batch_finder.StepProbe(jitted, jax.device_put(params, replicated), WINDOW, mesh), jitted, mesh
+
+
+def _peak(jitted, params, mesh, global_batch):
+    """Per-device bytes from XLA's memory analysis, lowered here directly (not through the probe)."""
+    spec = jax.ShapeDtypeStruct((global_batch, *WINDOW), jnp.float32, sharding=parallel.window_sharding(mesh))
+    m = jitted.lower(params, {"noisy": spec, "clean": spec}).compile().memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+
+
+def test_batch_finder_respects_a_forced_memory_limit():
+    probe, jitted, mesh = _sgd_step_probe()
+    devices = mesh.shape["data"]
+    small = _peak(jitted, probe.state, mesh, 2 * devices)
+    large = _peak(jitted, probe.state, mesh, 8 * devices)
+    assert small < large  # memory grows with the batch, or no limit could separate sizes
+    limit = (small + large) // 2
+    chosen = batch_finder.max_batch(probe, limit, max_per_device=16)
+    assert 2 <= chosen < 8
+    assert _peak(jitted, probe.state, mesh, chosen * devices) <= limit
+    assert _peak(jitted, probe.state, mesh, (chosen + 1) * devices) > limit
