@@ -11,6 +11,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[data,dev]'
+	$(PY) -m pip install -q --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
 	touch $@
 
 train: $(VENV)/.installed
