@@ -19,6 +19,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.window = 32                 # frames per window (T); 64 exceeds most DeepMimic train segments
     c.data.chunk = 8                   # frames per time chunk (C); T = N*C, N divisible by the 'time' axis
     c.data.batch_size = 32             # global batch (windows), split evenly over processes
+    # "memory": the largest batch whose train step fits device memory; "throughput": the fastest that
+    # fits (motionjax.efficiency.batch_finder, run by scripts/train.py); replaces batch_size. "": off.
+    c.data.auto_batch = ""
     c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device

@@ -1,0 +1,59 @@
+"""Export a trained run for inference: ``scripts/export.py --workdir runs/x [--out DIR] [--batch 1]``.
+
+Writes ``model.stablehlo`` (``jax.export``, any batch), ``model.onnx`` (jax2onnx, ``--batch``
+windows per call) and ``model_int8.onnx`` (onnxruntime dynamic int8) into ``--out`` (default
+``WORKDIR/export``), checks each against JAX on a test-split batch, and prints sizes, the largest
+difference and the CPU latency per call; ``export.json`` holds the same.
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from absl import app, flags  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory with checkpoints and config.json")
+_STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
+_OUT = flags.DEFINE_string("out", None, "output directory (default WORKDIR/export)")
+_BATCH = flags.DEFINE_integer("batch", 1, "windows per call of the ONNX files")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv):
+    del argv
+    import numpy as np
+
+    from motionjax.efficiency import export, measure, trained
+
+    step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
+    run = trained.load(_WORKDIR.value, step)
+    out = Path(_OUT.value or Path(_WORKDIR.value) / "export")
+    out.mkdir(parents=True, exist_ok=True)
+    shape, batch = run.window_shape, _BATCH.value
+    x = measure.window(shape, batch)
+    reference = measure.jit_predict(run.model)
+    want = reference(x)
+    export.to_stablehlo(run.model, shape, out / "model.stablehlo")
+    export.to_onnx(run.model, shape, out / "model.onnx", batch=batch)
+    export.quantize_onnx_int8(out / "model.onnx", out / "model_int8.onnx")
+    rows = [{"format": "jax (jit)", "file": "", "predict": reference}]
+    rows += [{"format": "stablehlo", "file": "model.stablehlo",
+              "predict": export.load_stablehlo(out / "model.stablehlo")},
+             {"format": "onnx fp32", "file": "model.onnx",
+              "predict": export.onnx_predict(out / "model.onnx")},
+             {"format": "onnx int8", "file": "model_int8.onnx",
+              "predict": export.onnx_predict(out / "model_int8.onnx")}]
+    print(f"{run.config.model.name} from {_WORKDIR.value} step {run.step}; window {shape}, batch {batch}")
+    print(f"{'format':12s} {'file bytes':>11s} {'max |diff|':>11s} {'ms/call':>8s}")
+    for r in rows:
+        r["bytes"] = (out / r["file"]).stat().st_size if r["file"] else measure.param_bytes(run.model)
+        r["max_abs_diff"] = float(np.abs(r["predict"](x) - want).max())
+        r["ms_per_call"] = 1e3 * measure.latency(r.pop("predict"), x)
+        print(f"{r['format']:12s} {r['bytes']:11d} {r['max_abs_diff']:11.2e} {r['ms_per_call']:8.3f}")
+    (out / "export.json").write_text(json.dumps({"workdir": _WORKDIR.value, "step": run.step,
+                                                 "batch": batch, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
