@@ -311,7 +311,7 @@ BAD = [  # (key, value, expected text)
     ("data.batch_size", 0, "data.batch_size=0: expected a positive integer"),
     ("data.batch_size", 6, "data.batch_size=6: expected a multiple of the 'data' mesh axis size 8"),
     ("data.window", 36, "data.window=36: expected a multiple of data.chunk=8"),
-    ("data.chunk", 1, "data.chunk=1: expected a multiple of model.stride=2"),
+    ("model.stride", 3, "data.chunk=8: expected a multiple of model.stride=3"),
     ("mesh.shape", (("data", 3), ("time", 1)), "mesh.shape=(('data', 3), ('time', 1)): expected (name, size) "
      "pairs whose sizes multiply to the 8 devices"),
     ("mesh.shape", (("data", 1), ("time", 8)), "data.window=32: expected window / chunk (4 chunks) to be a "
@@ -327,6 +327,10 @@ BAD = [  # (key, value, expected text)
 @pytest.mark.parametrize("key,value,expected", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
 def test_bad_config_value_is_named(tmp_path, key, value, expected):
     config = _config(tmp_path)
+    # A valid baseline the expected texts refer to, whatever the experiment's defaults become.
+    config.data.update(batch_size=8, window=32, chunk=8)
+    config.model.stride = 2
+    config_checks.check_config(config, num_devices=8)
     section, name = key.split(".")
     with config.unlocked():
         config[section][name] = value
