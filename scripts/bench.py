@@ -11,8 +11,9 @@ a. ``train``: end-to-end training frames/s of ``experiments/deepmimic_denoise.py
    frames, and their held-out MPJPE afterwards (mean of 3 seeds; 1 with ``--quick``);
 b. step-time breakdown of both: data wait (the trainer's own timing), compute split into model and
    loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
-c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense across J
-   (``scripts/bench_dynamics.py``);
+c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense at J = 13, 24, 52, 100 ×
+   256 to 65,536 frames per batch, float32 and bfloat16 (``scripts/bench_dynamics.py``, the one
+   implementation; ``--quick``: J = 13, 24 at 256 and 1,024 frames, float32);
 d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, loss with the dense
    ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
    transforms). torch is the optional extra ``bench`` (``pip install 'motionjax[bench]'``); without it
@@ -267,8 +268,9 @@ def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
     spec = importlib.util.spec_from_file_location("bench_dynamics", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # The quick sizes (8 x 32 frames) even in a full run: the full ones take minutes (run the script).
-    return {"results": module.run(quick=True)}
+    results = module.run(quick=quick)
+    module.plot(results, out / "dynamics.png")
+    return {"results": results, "markdown": module.markdown(results), "met": results["targets"]["met"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +391,7 @@ def part_growth(quick: bool, out: Path, done: dict) -> dict:
     base.data.batch_size = 8
     info = pipeline.dataset_info(base.data)
     calls = {}
-    for t in (32, 128) if quick else (32, 64, 128, 256, 512):
+    for t in (32, 128) if quick else (32, 64, 128, 256, 512, 1024):
         config = copy.deepcopy(base)
         config.data.window = t
         calls["T", t] = stepper(*compiled_step(config, info)[:3])
@@ -432,6 +434,10 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 def _yes(flag) -> str:
     return "yes" if flag else "**no**"
+
+
+def _num(x, spec=".2f") -> str:
+    return "—" if x is None else format(x, spec)
 
 
 def _ms(seconds) -> str:
@@ -513,15 +519,14 @@ def markdown(results: dict) -> str:
     if "skipped" in dy:
         lines += ["", f"## (c) Dynamics loss across J: skipped ({dy['skipped']})"]
     elif "results" in dy:
-        d = dy["results"]
-        num = lambda x, spec=".1f": "—" if x is None else format(x, spec)
-        lines += ["", f"## (c) Dynamics loss + gradient across J: {d['batch']} × {d['frames']} frames "
-                  "(scripts/bench_dynamics.py)", ""]
-        lines += _table(["J", "depth", "DOF", "blocked ms", "jvp/vjp ms", "dense ms", "dense ÷ blocked",
-                         "jvp ÷ blocked"],
-                        [[r["J"], r["depth"], r["dof"], num(r["blocked_ms"]), num(r["jvp_ms"]),
-                          num(r["dense_ms"]), num(r["dense_over_blocked"]), num(r["jvp_over_blocked"], ".2f")]
-                         for r in d["rows"]])
+        t = dy["results"]["targets"]
+        lines += ["", f"## (c) Dynamics loss + gradient across J and frames per batch (windows of "
+                  f"{dy['results']['window']} frames; scripts/bench_dynamics.py)", "",
+                  f"Targets (float32): jvp ÷ blocked ≥ 1.5× at 1,024 and 4,096 frames, min "
+                  f"{_num(t['jvp_over_blocked_min_at_1024_4096'])}×; ≥ 1× at 256, min "
+                  f"{_num(t['jvp_over_blocked_min_at_256'])}×; dense ÷ blocked ≥ 50× at J = 24, 4,096 "
+                  f"frames: {_num(t['dense_over_blocked_J24_4096'], '.1f')}× — met: {_yes(t['met'])}."]
+        lines += dy["markdown"]
     if "rows" in to:
         lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
                   "fp32", ""]
@@ -602,22 +607,8 @@ def plots(results: dict, out: Path) -> list[str]:
         fig.savefig(out / "growth.png", dpi=120)
         plt.close(fig)
         written.append("growth.png")
-    dy = results["parts"].get("dynamics", {}).get("results")
-    if dy:
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        for name in ("blocked", "jvp", "dense"):
-            points = [(r["joints"], r[f"{name}_ms"]) for r in dy["rows"] if r.get(f"{name}_ms")]
-            ax.loglog(*zip(*points, strict=True), "o-", label=name)
-        _plain_ticks(ax, [r["joints"] for r in dy["rows"]])
-        ax.set_xlabel("joints J")
-        ax.set_ylabel("loss + gradient (ms)")
-        ax.set_title(f"Dynamics loss, {dy['batch']} × {dy['frames']} frames")
-        ax.legend()
-        ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "dynamics.png", dpi=120)
-        plt.close(fig)
-        written.append("dynamics.png")
+    if "results" in results["parts"].get("dynamics", {}):
+        written.append("dynamics.png")  # part c drew it (scripts/bench_dynamics.py)
     bars = {}
     tr, to = results["parts"].get("train", {}), results["parts"].get("torch", {})
     for name, r in tr.get("rows", {}).items():
