@@ -123,25 +123,29 @@ def measure_size(label, skeleton, frames, dtype, budget_s=SECONDS_PER_SIZE, dens
     return row
 
 
-def run(quick: bool = False, budget_s: float | None = None, partial: Path | None = None) -> dict:
+def run(quick: bool = False, budget_s: float | None = None, partial: Path | None = None, joints=None,
+        frames=None, dtypes=None) -> dict:
     """Every (dtype, J, frames) row, printed as it completes; returns the JSON-able results.
 
     ``quick``: J = 13 and 24 at 256 and 1,024 frames, float32 only. ``partial``: a JSON file
-    rewritten after every row (a long run interrupted keeps what it measured).
+    rewritten after every row (a long run interrupted keeps what it measured). ``joints``,
+    ``frames``, ``dtypes``: subsets of the grid.
     """
-    sizes = FRAMES[:2] if quick else FRAMES
-    dtypes = DTYPES[:1] if quick else DTYPES
-    chosen = skeletons()[:2] if quick else skeletons()
+    sizes = tuple(frames or (FRAMES[:2] if quick else FRAMES))
+    dtypes = tuple(dtypes or (DTYPES[:1] if quick else DTYPES))
+    chosen = [s for s in (skeletons()[:2] if quick else skeletons())
+              if not joints or int(s[0].split()[0]) in joints]
     budget_s = budget_s or (4.0 if quick else SECONDS_PER_SIZE)
     print(HEADER, flush=True)
     rows = []
-    for dtype in dtypes:
-        for label, skeleton in chosen:
-            for frames in sizes:
-                rows.append(measure_size(label, skeleton, frames, dtype, budget_s))
-                print(_format_row(rows[-1]), flush=True)
-                if partial is not None:
-                    partial.write_text(json.dumps({"rows": rows}, indent=1))
+    # The largest size last: a run cut short still has every size the targets name.
+    grid = [(frames == max(sizes), dtype, i, frames) for dtype in dtypes for i in range(len(chosen))
+            for frames in sizes]
+    for _, dtype, i, frames in sorted(grid, key=lambda g: (g[0], dtypes.index(g[1]), g[2], g[3])):
+        rows.append(measure_size(*chosen[i], frames, dtype, budget_s))
+        print(_format_row(rows[-1]), flush=True)
+        if partial is not None:
+            partial.write_text(json.dumps({"rows": rows}, indent=1))
     return {"window": WINDOW, "frames": list(sizes), "dtypes": list(dtypes), "backend": jax.default_backend(),
             "devices": jax.device_count(), "dense_max_entries": DENSE_MAX_ENTRIES, "rows": rows,
             "targets": check_targets(rows)}
@@ -191,7 +195,9 @@ def markdown(results: dict) -> list[str]:
                   "| J | frames | blocked ms | jvp/vjp ms | dense ms | jvp ÷ blocked (range) | "
                   "dense ÷ blocked |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in (r for r in results["rows"] if r["dtype"] == dtype):
+        rows = sorted((r for r in results["rows"] if r["dtype"] == dtype),
+                      key=lambda r: (r["joints"], r["frames"]))
+        for r in rows:
             jvp = (f"{r['jvp_over_blocked']:.2f}× ({r['jvp_over_blocked_range'][0]:.2f}–"
                    f"{r['jvp_over_blocked_range'][1]:.2f})" if r["jvp_over_blocked"] is not None else "—")
             dense = (f"{r['dense_over_blocked']:.1f}×" if r["dense_over_blocked"] is not None
@@ -244,11 +250,17 @@ def main():
     parser.add_argument("--quick", action="store_true", help="J = 13, 24 at 256 and 1,024 frames, float32")
     parser.add_argument("--budget", type=float, default=None, help="timing seconds per size (sets rounds)")
     parser.add_argument("--out", default="results/bench_dynamics", help="folder for the JSON and PNG")
+    parser.add_argument("--joints", default=None, help="subset of J, e.g. 52,100")
+    parser.add_argument("--frames", default=None, help="subset of frames per batch, e.g. 256,1024")
+    parser.add_argument("--dtypes", default=None, help="subset of float32,bfloat16")
     args = parser.parse_args()
     print(f"dynamics loss + grad, backend {jax.default_backend()}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = run(args.quick, args.budget, partial=out / "bench_dynamics.partial.json")
+    ints = lambda text: [int(x) for x in text.split(",")] if text else None
+    results = run(args.quick, args.budget, partial=out / "bench_dynamics.partial.json",
+                  joints=ints(args.joints), frames=ints(args.frames),
+                  dtypes=args.dtypes.split(",") if args.dtypes else None)
     (out / "bench_dynamics.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "dynamics.png")
     print("\n".join(markdown(results)))

@@ -124,3 +124,25 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="jacobian must be one of"):
         dynamics.dynamics_loss(skeleton, pred_root, target_rot, target_root, target_rot, fps, WEIGHTS,
                                jacobian="sparse")
+
+
+@pytest.mark.parametrize("jacobian", ["blocked", "jvp"])
+def test_batch_chunks_equal_one_pass(jacobian):
+    """The loss taken in batch chunks (a loop, rematerialised) equals one pass, values and gradients."""
+    skeleton, fps, *args = clip_batch()  # B = 4, T = 24
+
+    def f(chunk_frames):
+        def loss(pred_root, pred_raw, target_root, target_rot):
+            return dynamics.dynamics_loss(skeleton, pred_root, rot.quat_normalize(pred_raw), target_root,
+                                          target_rot, fps, WEIGHTS, jacobian=jacobian,
+                                          chunk_frames=chunk_frames)
+        return value_and_grads(loss)(*args)
+
+    assert dynamics._num_chunks(4, 24, 48) == 2
+    (loss, terms), grads = f(None)
+    (c_loss, c_terms), c_grads = f(48)
+    np.testing.assert_allclose(c_loss, loss, rtol=1e-5)
+    for name in dynamics.TERMS:
+        np.testing.assert_allclose(c_terms[name], terms[name], rtol=1e-5)
+    for g, ref in zip(c_grads, grads, strict=True):
+        assert_close_relative(g, ref, 1e-5)
