@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory with checkpoints and config.json")
 _STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
@@ -22,6 +22,7 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     import numpy as np
 
     from motionjax.efficiency import export, measure, trained

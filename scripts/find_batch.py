@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)")
@@ -25,6 +25,7 @@ flags.mark_flag_as_required("config")
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     from motionjax import parallel
     from motionjax.data import pipeline
     from motionjax.efficiency import batch_finder

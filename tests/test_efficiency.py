@@ -5,12 +5,13 @@ import importlib.util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from experiments import base, deepmimic_denoise
 from motionjax import models, parallel
-from motionjax.efficiency import batch_finder, export, measure, quantize
+from motionjax.efficiency import batch_finder, export, finetune, measure, prune, quantize
 
 FEATURES = 21  # root position 3 + three rotating joints x 6D
 WINDOW = (4, 8, FEATURES)  # N chunks x C frames x F features
@@ -116,3 +117,49 @@ def test_batch_finder_respects_a_forced_memory_limit():
     assert 2 <= chosen < 8
     assert _peak(jitted, probe.state, mesh, chosen * devices) <= limit
     assert _peak(jitted, probe.state, mesh, (chosen + 1) * devices) > limit
+
+
+def test_magnitude_mask_zeroes_the_smallest_weights_of_each_kernel():
+    model = tiny_model()
+    params = nnx.state(model, nnx.Param)
+    mask = prune.magnitude_mask(params, 0.7)
+    for (path, w), m in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(mask), strict=True):
+        w, m = np.asarray(w), np.asarray(m)
+        if "kernel" in jax.tree_util.keystr(path) and w.ndim >= 2:
+            assert abs(1 - m.mean() - 0.7) < 0.05
+            assert np.abs(w[m == 0]).max() <= np.abs(w[m == 1]).min()  # the smallest ones went
+        else:
+            assert m.all()  # biases and norms are never pruned
+    pruned = jax.tree.map(lambda p, k: p * k, params, mask)
+    assert abs(prune.sparsity_of(pruned) - 0.7) < 0.05
+
+
+def test_masked_updates_keep_pruned_weights_at_zero():
+    params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((8, 8)), jnp.float32)}
+    mask = {"w": (jnp.abs(params["w"]) > 0.5).astype(jnp.float32)}
+    params = jax.tree.map(jnp.multiply, params, mask)
+    tx = optax.chain(optax.adamw(0.1, weight_decay=0.1), finetune.keep_masked(mask))
+    state = tx.init(params)
+    for i in range(5):
+        grads = {"w": jnp.asarray(np.random.default_rng(i + 1).standard_normal((8, 8)), jnp.float32)}
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    w, m = np.asarray(params["w"]), np.asarray(mask["w"])
+    assert (w[m == 0] == 0).all() and (w[m == 1] != 0).all()
+
+
+def test_channel_pruning_removes_exactly_the_dead_channels():
+    cfg = base.get_config().model
+    cfg.update(name="transformer", dim=16, depth=1, heads=2, mlp_ratio=2, halo=2, latent_dim=8, stride=2,
+               residual=True, dtype="float32")
+    model = tiny_model()
+    x = measure.window(WINDOW, batch=2, seed=6)
+    # Silence half of each MLP's hidden channels: removing them must not change the output.
+    for _, block in nnx.iter_graph(model):
+        if isinstance(block, models.AttentionBlock):
+            dead = np.arange(block.mlp_in.kernel.shape[1]) % 2 == 1
+            block.mlp_out.kernel[...] = np.where(dead[:, None], 0.0, np.asarray(block.mlp_out.kernel[...]))
+    small, small_cfg = prune.prune_mlp_channels(model, cfg, FEATURES, WINDOW[1], keep=0.5)
+    assert small_cfg.mlp_ratio == 1
+    assert measure.param_count(small) < measure.param_count(model)
+    np.testing.assert_allclose(measure.jit_predict(small)(x), measure.jit_predict(model)(x), atol=1e-5)

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 
 from motionjax import models, parallel, train
@@ -74,5 +74,5 @@ def load(workdir, step: int | str = "best") -> Trained:
     finally:
         manager.close()
     model = build_model(config, info)
-    nnx.update(model, jax.tree.map(np.asarray, jax.device_get(state["params"])))
+    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(state["params"])))  # immutable, one device
     return Trained(config, info, model, int(step))
