@@ -395,6 +395,10 @@ def make_model(cfg, feature_dim: int, chunk: int) -> MotionTransformer:
     """The torch twin of ``motionjax.models.make_model`` (transformer only); ``cfg`` = ``config.model``."""
     if cfg.name != "transformer":
         raise ValueError(f"the torch peer implements model.name 'transformer', not {cfg.name!r}")
+    if cfg.get("stages", 1) != 1 or cfg.get("highpass", 0) or cfg.get("input_positions") or \
+            cfg.get("global_rotations"):
+        raise ValueError("the torch peer implements the one-stage transformer without model.highpass, "
+                         "input_positions or global_rotations")
     return MotionTransformer(feature_dim, chunk, dim=cfg.dim, depth=cfg.depth, heads=cfg.heads,
                              mlp_ratio=cfg.mlp_ratio, halo=cfg.halo, latent_dim=cfg.latent_dim,
                              stride=cfg.stride, residual=cfg.residual, dropout=cfg.dropout)
@@ -409,7 +413,11 @@ def load_flax_params(module: nn.Module, params) -> None:
     if len(flat) != len(torch_params):
         raise ValueError(f"{len(flat)} Flax params vs {len(torch_params)} torch params: different models")
     with torch.no_grad():
+        # motionjax nests blocks and resampling maps per stage (encoder.<stage>.<block>, downs.<stage>);
+        # the twin has the one stage of a stages=1 model.
+        stage0 = {"encoder": "encoder", "decoder": "decoder", "downs": "down", "ups": "up"}
         for path, variable in flat:
+            path = (stage0[path[0]], *path[2:]) if path[0] in stage0 else path
             name = ".".join(str(p) for p in path[:-1]) + "." + names[path[-1]]
             value = torch.tensor(np.asarray(variable.get_value(), np.float32))
             torch_params[name].copy_(value.T if path[-1] == "kernel" else value)

@@ -235,3 +235,21 @@ def test_highpass_correction_ignores_the_pose_and_sees_a_moving_average_residue(
     np.testing.assert_allclose(apply(m, x + pose) - (x + pose), apply(m, x) - x, atol=1e-4)
     with pytest.raises(ValueError, match="highpass"):
         model("tconv", residual=False, highpass=5)
+
+
+@pytest.mark.parametrize("module,variant,per_frame", [
+    ("autoencoder", "bandai,runlocal", 16), ("autoencoder", "deepmimic,8,runlocal", 8),
+    ("autoencoder", "4,runlocal", 4), ("bandai_denoise", "runlocal", None),
+    ("deepmimic_denoise", "runlocal", None)])
+def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame):
+    """The autoencoders have no skip and the stated numbers per frame; the denoisers' skip sees the
+    input's high-frequency content only."""
+    import importlib
+    config = importlib.import_module(f"experiments.{module}").get_config(variant)
+    m = make_model(config.model, F, config.data.chunk, nnx.Rngs(0))
+    if per_frame is not None:
+        assert not m.residual and m.latent_per_frame == per_frame and config.data.rot_noise == 0
+    else:
+        assert m.residual and m.highpass_frames > 0 and config.data.rot_noise > 0
+    x = features((2, config.data.window // config.data.chunk, config.data.chunk, F))
+    assert apply(m, x).shape == x.shape
