@@ -79,7 +79,10 @@ class Loop:
             updates, opt_state = self.tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss
 
-        self._step = jax.jit(step, donate_argnums=(0, 1))
+        # Shardings pinned in and out: the step's outputs are its next inputs, so it compiles once.
+        rep, window = parallel.replicated(self.mesh), parallel.window_sharding(self.mesh)
+        self._step = jax.jit(step, in_shardings=(rep, rep, window, rep, rep), out_shardings=rep,
+                             donate_argnums=(0, 1))
 
     def _put(self, tree):
         return jax.device_put(tree, parallel.replicated(self.mesh))
@@ -104,7 +107,7 @@ class Loop:
                 batch = {k: batch[k] for k in ("noisy", "clean")}
                 t = time.perf_counter()
                 params, opt_state, loss = self._step(params, opt_state, batch, teacher_state,
-                                                     jnp.float32(alpha))
+                                                     self._put(jnp.float32(alpha)))
                 jax.block_until_ready(loss)
                 elapsed += time.perf_counter() - t if i > 1 else 0.0
                 if eval_batches is not None and (i % eval_every == 0 or i == self.steps):

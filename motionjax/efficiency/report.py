@@ -133,7 +133,8 @@ def distill(config, info, teacher, validation, test, steps, seeds, student, alph
     """Student trained with teacher targets (``alpha``) vs from the data alone, per seed."""
     s_cfg = copy.deepcopy(config)
     with s_cfg.unlocked():
-        s_cfg.model.update(dict(dim=64, heads=2, latent_dim=32) | dict(student))
+        # Half the width, a narrower MLP: 4.6x fewer parameters than the default teacher.
+        s_cfg.model.update(dict(dim=64, heads=2, mlp_ratio=1, latent_dim=32) | dict(student))
     make = lambda seed: trained.build_model(s_cfg, info, seed=seed)
     ratio = measure.param_count(teacher) / measure.param_count(make(0))
     log(f"student {dict(s_cfg.model)}: {ratio:.1f}x fewer parameters than the teacher")
