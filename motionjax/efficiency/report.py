@@ -203,7 +203,8 @@ def plot(rows, path) -> None:
     for ax, key, label in ((axes[0], "latency_ms", "CPU latency per window, batch 1 (ms)"),
                            (axes[1], "bytes", "stored size (bytes)")):
         for i, r in enumerate(rows):
-            ax.scatter(r[key], r["test_mpjpe"], color=f"C{i % 10}", label=r["variant"])
+            ax.scatter(r[key], r["test_mpjpe"], color=f"C{i % 10}", marker="os^D"[i // 10 % 4],
+                       label=r["variant"])
         pts = sorted((r[key], r["test_mpjpe"]) for r in rows)
         front, best = [], np.inf
         for p in pts:  # the Pareto front: no variant both smaller/faster and more accurate
