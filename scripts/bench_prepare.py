@@ -2,7 +2,8 @@
 BVH corpus the size of Bandai Namco's second dataset (~400k frames in ~3,000 clips), and the Grain
 loader's frames/s on Bandai-1 against what a training step consumes.
 
-    python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--out results/bench_prepare.json]
+    python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] \
+        [--out results/bench_prepare.json]
 
 Each prepare runs in a fresh subprocess (``--force`` into a temporary directory), so its peak RSS is
 its own: the main process's and the largest worker's are reported, and their sum bounds the total.
@@ -28,18 +29,18 @@ SPLITS = (("train", "rest"), ("validation", "stratified:content:0.1"), ("test", 
 _CHILD = """
 import json, resource, sys, time
 from motionjax.data import prepare
-src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+src, out, workers, splits = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 if __name__ == "__main__":
     t = time.perf_counter()
-    info = prepare.prepare(src, out, settings=prepare.Settings(splits=%r), workers=workers, force=True,
-                           progress=False)
+    info = prepare.prepare(src, out, settings=prepare.Settings(splits=tuple(map(tuple, splits))),
+                           workers=workers, force=True, progress=False)
     wall = time.perf_counter() - t
     kept = sorted({c for segs in info.splits.values() for c, _, _ in segs})
     print(json.dumps({"wall_s": wall, "clips": len(info.names), "kept": len(kept),
                       "frames": sum(info.frames), "skipped": len(info.skipped),
                       "rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
-""" % (SPLITS,)
+"""
 
 
 def synthetic_bvh_corpus(clips: int, frames: int) -> Path:
@@ -54,7 +55,8 @@ def synthetic_bvh_corpus(clips: int, frames: int) -> Path:
     info_dir = ROOT / "data_cache" / "bench" / "bandai_skeleton"
     from motionjax.data import prepare
     if not (info_dir / prepare.INDEX).exists():
-        prepare.prepare(str(BANDAI / "*.bvh"), info_dir, settings=prepare.Settings(splits=SPLITS), progress=False)
+        prepare.prepare(str(BANDAI / "*.bvh"), info_dir, settings=prepare.Settings(splits=SPLITS),
+                        progress=False)
     skeleton = prepare.load_info(info_dir).skeleton
     out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
@@ -67,7 +69,8 @@ def synthetic_bvh_corpus(clips: int, frames: int) -> Path:
 
 def prepare_run(source: str, workers: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([sys.executable, "-c", _CHILD, source, str(Path(tmp) / "out"), str(workers)],
+        res = subprocess.run([sys.executable, "-c", _CHILD, source, str(Path(tmp) / "out"), str(workers),
+                              json.dumps(SPLITS)],
                              capture_output=True, text=True, cwd=ROOT, check=False)
     if res.returncode:
         raise RuntimeError(f"prepare of {source} failed:\n{res.stderr[-3000:]}")
@@ -78,12 +81,9 @@ def prepare_run(source: str, workers: int) -> dict:
 
 def loader_vs_step(batches: int = 30) -> dict:
     """Grain loader frames/s alone on Bandai-1 vs the default model's train-step frames/s."""
-    import jax
-    import numpy as np
-
     from experiments import base, deepmimic_denoise
-    from motionjax import parallel, train
     from motionjax.data import pipeline
+    from motionjax.efficiency import batch_finder
 
     config = base.use_bandai(deepmimic_denoise.get_config(), window=32)
     info = pipeline.dataset_info(config.data)
@@ -95,20 +95,9 @@ def loader_vs_step(batches: int = 30) -> dict:
         next(it)
     loader = batches * config.data.batch_size * config.data.window / (time.perf_counter() - t)
     it.close()
-    mesh = parallel.make_mesh(config.mesh)
-    step, state, _, _ = train.build_train_step(config, info, mesh)
-    it = train.make_iterator(config, info, mesh)
-    batch = {k: v for k, v in next(it).items() if k in ("noisy", "clean")}
-    state, m = step(state, batch)
-    jax.block_until_ready(m)
-    times = []
-    for _ in range(batches):
-        t = time.perf_counter()
-        state, m = step(state, batch)
-        jax.block_until_ready(m)
-        times.append(time.perf_counter() - t)
-    it.close()
-    step_fps = config.data.batch_size * config.data.window / float(np.median(times))
+    probe = batch_finder.StepProbe.for_trainer(config, info)
+    per_device = config.data.batch_size // probe.data_size
+    step_fps = config.data.batch_size * config.data.window / probe.step_time(per_device, steps=batches)
     return {"loader_frames_per_s": loader, "step_frames_per_s": step_fps, "ratio": loader / step_fps}
 
 
@@ -133,7 +122,8 @@ def main():
     print(f"Bandai-1 loader {load['loader_frames_per_s']:,.0f} frames/s vs train step "
           f"{load['step_frames_per_s']:,.0f} frames/s: {load['ratio']:.1f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"workers": args.workers, "prepare": rows, "loader": load}, indent=1))
+    result = {"workers": args.workers, "prepare": rows, "loader": load}
+    Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
