@@ -45,10 +45,13 @@ byte-identical copies cheaply, including clips too short for a window.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import itertools
+import os
 
 import numpy as np
 import threadpoolctl
@@ -290,7 +293,6 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
     tree = KDTree(project(x))
     # The projection only shrinks distances; the slack covers float32 rounding in it.
     radius = threshold * (1 + 1e-3) + 1e-6
-    out = []
 
     def run(queries, q_clip):
         zq = project(queries)
@@ -300,14 +302,26 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         i = np.concatenate(hits).astype(np.int64) if len(hits) else np.zeros(0, np.int64)
         other = owner[i] != q_clip[q]
         q, i = q[other], i[other]
-        stats["candidate_pairs"] += int(q.size)
+        candidates = int(q.size)
         dist = np.empty(q.size, np.float32)
         for a in range(0, q.size, 65536):  # full-dimension distances, in bounded memory
             dist[a:a + 65536] = np.linalg.norm(queries[q[a:a + 65536]] - x[i[a:a + 65536]], axis=1)
         keep = dist <= threshold
         i, b, dist = i[keep], q_clip[q[keep]], dist[keep]
-        stats["verified_pairs"] += int(i.size)
-        out.append(_min_per_key(i, b, dist, len(descs)))
+        return candidates, int(i.size), _min_per_key(i, b, dist, len(descs))
+
+    # Query batches run on threads (the KD-tree search and numpy release the GIL), a few in flight
+    # at a time so memory stays bounded; results are collected in submission order.
+    threads = max(1, min(4, os.cpu_count() or 1))
+    pool = concurrent.futures.ThreadPoolExecutor(threads)
+    jobs: collections.deque = collections.deque()
+    out = []
+
+    def collect(job):
+        candidates, verified, found = job.result()
+        stats["candidate_pairs"] += candidates
+        stats["verified_pairs"] += verified
+        out.append(found)
 
     pending, pending_clip, size = [], [], 0
     for k, desc in enumerate(descs):
@@ -318,8 +332,13 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         size += len(q)
         stats["query_windows"] += len(q)
         if size >= batch or k == len(descs) - 1:
-            run(np.concatenate(pending), np.concatenate(pending_clip))
+            jobs.append(pool.submit(run, np.concatenate(pending), np.concatenate(pending_clip)))
             pending, pending_clip, size = [], [], 0
+            if len(jobs) > 2 * threads:
+                collect(jobs.popleft())
+    with pool:
+        while jobs:
+            collect(jobs.popleft())
     i, b, dist = (np.concatenate(parts) for parts in zip(*out, strict=True))
     return owner, i, b, dist  # each clip's queries ran in one batch: (i, b) pairs are unique
 
