@@ -81,7 +81,8 @@ def fold_static_root(motion: Motion, tol: float = 1e-6) -> tuple[Motion, str | N
         return motion, None
     c = kids[0]
     child_moves = motion.offsets is not None and np.ptp(motion.offsets[:, c], axis=0).max() > tol
-    if not (_is_static(motion, tol) or child_moves):
+    static = _is_static(motion, tol)
+    if not (static or child_moves):
         return motion, None
     offsets = motion.offsets if motion.offsets is not None else np.broadcast_to(
         sk.offsets, (motion.num_frames, *sk.offsets.shape))
@@ -101,7 +102,7 @@ def fold_static_root(motion: Motion, tol: float = 1e-6) -> tuple[Motion, str | N
         new_offsets[:, 0] = 0.0
     folded = dataclasses.replace(motion, skeleton=skeleton, root_position=root_position,
                                  rotations=rotations[:, keep], offsets=new_offsets)
-    what = "static" if _is_static(motion, tol) else "placeholder"
+    what = "static" if static else "placeholder"
     return folded, f"folded the {what} root {sk.names[0]!r}: {sk.names[c]!r} is the root"
 
 

@@ -292,12 +292,11 @@ def _convert_file(task) -> dict:
         return {"path": str(path), "error": str(e)}
 
 
-def _converted(paths, settings: Settings, workers: int, strict: bool) -> Iterator[dict]:
+def _converted(paths, settings: Settings, workers: int) -> Iterator[dict]:
     """Converted clips in file order, from ``workers`` spawned processes (0: this process)."""
     tasks = [(p, settings) for p in paths]
     if workers <= 1 or len(tasks) < 4:
-        results = map(_convert_file, tasks)
-        yield from results
+        yield from map(_convert_file, tasks)
         return
     # spawn: the parent may hold JAX's threads, which fork would copy in a locked state.
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -551,7 +550,7 @@ def prepare(source=None, out_dir="data_cache/deepmimic", *, settings: Settings |
             logging.info("%s: sources changed; rebuilding", out_dir)
     workers = (os.cpu_count() or 1) if workers is None else workers
     skipped: list = []
-    return write_converted(_converted(paths, settings, workers, strict), out_dir, settings=settings,
+    return write_converted(_converted(paths, settings, workers), out_dir, settings=settings,
                            strict=strict,
                          records_per_shard=records_per_shard, skipped=skipped, sources_digest=digest,
                          progress=progress, total=len(paths))
