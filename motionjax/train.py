@@ -53,7 +53,12 @@ from motionjax import eval as evaluation
 from motionjax.data import pipeline as data
 from motionjax.features import feature_dim
 
-BEST_METRIC = "validation/mpjpe"  # validation MPJPE (cm) picks the best checkpoint (never the test split)
+
+def best_metric(cfg: ml_collections.ConfigDict) -> str:
+    """``train.best_metric`` of ``cfg`` (``config.train``): ``"SPLIT/METRIC"`` whose lowest value picks the
+    best checkpoint (``validation/mpjpe``, never the test split). The ``config.json`` of runs made before
+    the field existed lacks it; they chose by ``validation/mpjpe``."""
+    return cfg.get("best_metric", "validation/mpjpe")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,8 +100,9 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
-    """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`."""
+def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
+    """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
+    math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both)."""
 
     def step(state, batch):
         def compute(params):
@@ -140,7 +146,7 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
     out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    step = jit_train_step(make_train_step(graphdef, tx, make_loss_fn(config, info, mesh)), shardings, mesh)
+    step = jit_train_step(pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh)), shardings, mesh)
     return step, state, shardings, eval_graphdef
 
 
@@ -192,18 +198,19 @@ def _eval_sets(config, info, splits):
 
 
 def make_checkpoint_manager(workdir: Path, cfg: ml_collections.ConfigDict) -> ocp.CheckpointManager:
-    """Async manager keeping the last ``cfg.keep_checkpoints`` steps and the best by held-out MPJPE."""
+    """Async manager keeping the last ``cfg.keep_checkpoints`` steps and the best by :func:`best_metric`."""
+    metric = best_metric(cfg)
     policy = ocp.checkpoint_managers
     keep = policy.AnyPreservationPolicy([
         policy.LatestN(cfg.keep_checkpoints),
-        # Sorted descending by MPJPE, BestN keeps the tail: the lowest error.
-        policy.BestN(get_metric_fn=lambda m: m[BEST_METRIC], reverse=True, n=1,
+        # Sorted descending by the metric, BestN keeps the tail: the lowest error.
+        policy.BestN(get_metric_fn=lambda m: m[metric], reverse=True, n=1,
                      keep_checkpoints_without_metrics=False),
     ])
     # best_fn makes orbax store each checkpoint's metrics on disk (checkpoints/N/metrics): without
     # them a restarted manager sees earlier steps as metric-less and BestN deletes the best one.
     options = ocp.CheckpointManagerOptions(preservation_policy=keep, enable_async_checkpointing=True,
-                                           cleanup_tmp_directories=True, best_fn=lambda m: m[BEST_METRIC],
+                                           cleanup_tmp_directories=True, best_fn=lambda m: m[metric],
                                            best_mode="min")
     return ocp.CheckpointManager((workdir / "checkpoints").absolute(), options=options)
 
@@ -489,6 +496,114 @@ def _quietly(fn, *args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The loop's bookkeeping: time, the non-finite guard, metric logs
+
+
+class Chrono:
+    """Where a run's time goes (big_vision's ``chrono``): the first step's compile, then training time
+    with pauses (evaluation, checkpoints) left out, and how much of it was spent waiting for data.
+    Throughput counts the steps after the compiling one (``steps``, incremented by the loop)."""
+
+    def __init__(self, frames_per_step: int):
+        self.frames_per_step = frames_per_step
+        self.compile_s: float | None = None
+        self.steps = 0
+        self.data_wait_s = self.paused_s = self.eval_s = self.checkpoint_s = 0.0
+        self._t0 = time.perf_counter()
+
+    @contextlib.contextmanager
+    def data_wait(self):
+        t = time.perf_counter()
+        yield
+        self.data_wait_s += time.perf_counter() - t
+
+    @contextlib.contextmanager
+    def compiling(self):
+        """The first step (compile + run): training time and data waits count from its end."""
+        t = time.perf_counter()
+        yield
+        self._t0 = time.perf_counter()
+        self.compile_s, self.data_wait_s = self._t0 - t, 0.0
+
+    @contextlib.contextmanager
+    def paused(self, kind: str):
+        """Time outside training: ``kind`` is ``"eval"`` or ``"checkpoint"``."""
+        t = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - t
+        self.paused_s += seconds
+        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + seconds)
+
+    def train_s(self) -> float:
+        return max(time.perf_counter() - self._t0 - self.paused_s, 1e-9)
+
+    def frames_per_s(self) -> float:
+        return self.steps * self.frames_per_step / self.train_s()
+
+    def data_wait_fraction(self) -> float:
+        return self.data_wait_s / self.train_s()
+
+    def so_far(self) -> dict:
+        """Seconds so far (``on_eval``'s ``timing``)."""
+        return {"compile_s": self.compile_s or 0.0, "train_s": self.train_s(), "eval_s": self.eval_s,
+                "checkpoint_s": self.checkpoint_s, "data_wait_s": self.data_wait_s}
+
+    def summary(self) -> dict:
+        """The run's timings and rates (``summary.json``)."""
+        elapsed = self.train_s()
+        return {"compile_s": self.compile_s, "train_s": elapsed, "steps_per_s": self.steps / elapsed,
+                "frames_per_s": self.steps * self.frames_per_step / elapsed,
+                "data_wait_fraction": self.data_wait_s / elapsed, "eval_s": self.eval_s,
+                "checkpoint_s": self.checkpoint_s, "data_wait_s": self.data_wait_s}
+
+
+class NonfiniteGuard:
+    """The restore policy of non-finite steps. The step itself skips a non-finite update and counts
+    the run of them (``nonfinite_run``); after ``limit`` in a row the model and optimizer come back from
+    the newest checkpoint, and the data stream moves on past the bad batches.
+
+    Metrics are read one step late, so steps dispatched before a restore still report the run that
+    caused it: the guard only acts on steps after the last restore (or the start)."""
+
+    def __init__(self, mngr: ocp.CheckpointManager, limit: int, start: int, verbose: bool = True):
+        self.mngr, self.limit, self.verbose = mngr, limit, verbose
+        self.after = start
+        self.restores = 0
+
+    def __call__(self, done_step: int, metrics: dict, state, dispatched: int):
+        """``state``, or the newest checkpoint's when step ``done_step`` ends ``limit`` non-finite steps
+        in a row; ``dispatched``: the last step sent to the device."""
+        if done_step <= self.after or int(metrics["nonfinite_run"]) < self.limit:
+            return state
+        last_good = self.mngr.latest_step()
+        self.mngr.wait_until_finished()
+        state, _ = restore_checkpoint(self.mngr, last_good, state)  # the data stream moves on
+        state["nonfinite_total"] = jnp.int32(metrics["nonfinite_total"])
+        self.restores, self.after = self.restores + 1, dispatched
+        if self.verbose:
+            print(f"step {done_step}: {int(metrics['nonfinite_run'])} non-finite steps in a row; "
+                  f"restored the model and optimizer of step {last_good}", flush=True)
+        return state
+
+
+class MetricLog:
+    """``log(step, values, prefix)``: each value appended to ``history[prefix/key]`` (saved with every
+    checkpoint, so a resumed run keeps its whole curve) and, given a ``writer`` (process 0), written
+    to TensorBoard and flushed."""
+
+    def __init__(self, history: dict, writer: EventWriter | None):
+        self.history, self.writer = history, writer
+
+    def __call__(self, step: int, values: dict, prefix: str) -> None:
+        for k, v in values.items():
+            self.history.setdefault(f"{prefix}/{k}", []).append((step, float(v)))
+            if self.writer:
+                self.writer.add_scalar(f"{prefix}/{k}", float(v), step)
+        if self.writer:
+            self.writer.flush()
+
+
+# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -553,14 +668,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
         writer = EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
         cleanup.callback(_quietly, writer.close)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-
-    def log(step, values, prefix):
-        for k, v in values.items():
-            history.setdefault(f"{prefix}/{k}", []).append((step, float(v)))
-            if writer:
-                writer.add_scalar(f"{prefix}/{k}", float(v), step)
-        if writer:
-            writer.flush()
+    log = MetricLog(history, writer)
+    guard = NonfiniteGuard(mngr, cfg.max_nonfinite_steps, start, verbose=main)
+    chrono = Chrono(frames_per_step=config.data.batch_size * config.data.window)
+    metric = best_metric(cfg)
 
     def run_eval(step):
         """Held-out metrics from clean input (the learning curves and the best checkpoint)."""
@@ -573,59 +684,42 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
         log(step, out, "eval")
         return out
 
-    frames_per_step = config.data.batch_size * config.data.window
-    # Throughput counts steps after the first (compiling) one and leaves out eval/checkpoint time.
-    timing = {"data_wait": 0.0, "paused": 0.0, "eval": 0.0, "checkpoint": 0.0, "steps": 0, "compile": None}
-    train_time = lambda: max(time.perf_counter() - t0 - timing["paused"], 1e-9)
-    restores, pending, step, t0 = 0, None, start, time.perf_counter()
-    guard_after = start  # steps dispatched before a restore report the pre-restore run of failures
     bar = None
     if main:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc=workdir.name, dynamic_ncols=True, smoothing=0.1)
         cleanup.callback(_quietly, bar.close)
 
-    def drain(metrics):
-        """Read one step's metrics (one step late, so the device always has a step queued)."""
-        nonlocal state, restores, guard_after
-        done_step, m, _ = metrics
+    def read(pending):
+        """``(step, metrics)`` of a dispatched step, logged (read one step late, so the device always
+        has a step queued)."""
+        done_step, m, _ = pending
         m = jax.device_get(m)
         if done_step % cfg.log_every == 0 or done_step == cfg.steps:
             log(done_step, {k: v for k, v in m.items() if k != "nonfinite_run"}, "train")
         if bar:
-            bar.set_postfix(loss=f"{float(m['loss']):.4f}",
-                            fps=f"{timing['steps'] * frames_per_step / train_time():.0f}",
-                            wait=f"{100 * timing['data_wait'] / train_time():.0f}%",
+            bar.set_postfix(loss=f"{float(m['loss']):.4f}", fps=f"{chrono.frames_per_s():.0f}",
+                            wait=f"{100 * chrono.data_wait_fraction():.0f}%",
                             skipped=int(m["nonfinite_total"]), refresh=False)
-        if done_step > guard_after and int(m["nonfinite_run"]) >= cfg.max_nonfinite_steps:
-            last_good = mngr.latest_step()
-            mngr.wait_until_finished()
-            state, _ = restore_checkpoint(mngr, last_good, state)  # the data stream moves on
-            state["nonfinite_total"] = jnp.int32(m["nonfinite_total"])
-            restores, guard_after = restores + 1, step
-            if main:
-                print(f"step {done_step}: {int(m['nonfinite_run'])} non-finite steps in a row; "
-                      f"restored the model and optimizer of step {last_good}", flush=True)
+        return done_step, m
 
     # SIGTERM/SIGINT (train_and_evaluate's handler) end the loop at the next step.
+    pending, step = None, start
     stopped_early = False  # on_eval said stop (a target reached or a budget spent)
     while step < cfg.steps and stop["signal"] is None and not stopped_early:
-        t_data = time.perf_counter()
-        batch = next(iterator)
-        timing["data_wait"] += time.perf_counter() - t_data
+        with chrono.data_wait():
+            batch = next(iterator)
         inputs = {k: batch[k] for k in ("noisy", "clean")}
-        if timing["compile"] is None:
-            t_compile = time.perf_counter()
-            state, metrics = train_step(state, inputs)
-            jax.block_until_ready(metrics)
-            timing["compile"] = time.perf_counter() - t_compile
-            t0, timing["data_wait"] = time.perf_counter(), 0.0
+        if chrono.compile_s is None:
+            with chrono.compiling():
+                state, metrics = train_step(state, inputs)
+                jax.block_until_ready(metrics)
         else:
             state, metrics = train_step(state, inputs)
-            timing["steps"] += 1
+            chrono.steps += 1
         step += 1
         if pending is not None:
-            drain(pending)
+            state = guard(*read(pending), state, dispatched=step)
         # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
         # or use is still queued blocks the host until the device gets there.
         pending = (step, metrics, batch)
@@ -633,22 +727,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
             bar.update(1)
         eval_now = step % cfg.eval_every == 0 or step == cfg.steps
         if eval_now or step % cfg.checkpoint_every == 0:
-            drain(pending)
-            pending, t_pause = None, time.perf_counter()
-            held_out = run_eval(step) if eval_now else None
-            t_checkpoint = time.perf_counter()
-            save_checkpoint(mngr, step, state, iterator, history,
-                            {BEST_METRIC: held_out[BEST_METRIC]} if held_out else None)
-            timing["paused"] += time.perf_counter() - t_pause
-            timing["eval"] += t_checkpoint - t_pause
-            timing["checkpoint"] += time.perf_counter() - t_checkpoint
+            state, pending = guard(*read(pending), state, dispatched=step), None
+            with chrono.paused("eval"):
+                held_out = run_eval(step) if eval_now else None
+            with chrono.paused("checkpoint"):
+                save_checkpoint(mngr, step, state, iterator, history,
+                                {metric: held_out[metric]} if held_out else None)
             if held_out and on_eval is not None:
-                stopped_early = bool(on_eval(step, held_out, {
-                    "compile_s": timing["compile"] or 0.0, "train_s": train_time(), "eval_s": timing["eval"],
-                    "checkpoint_s": timing["checkpoint"], "data_wait_s": timing["data_wait"]}))
+                stopped_early = bool(on_eval(step, held_out, chrono.so_far()))
     if pending is not None:
-        drain(pending)
-    elapsed, interrupted = train_time(), stop["signal"]
+        state = guard(*read(pending), state, dispatched=step)
+    timing, interrupted = chrono.summary(), stop["signal"]
     if interrupted and mngr.latest_step() != step:
         save_checkpoint(mngr, step, state, iterator, history)
     mngr.wait_until_finished()
@@ -661,18 +750,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
         "workdir": str(workdir), "steps": step,
         "status": (f"stopped by {interrupted}" if interrupted
                    else "stopped by on_eval" if stopped_early else "done"),
-        "compile_s": timing["compile"], "train_s": elapsed,
-        "steps_per_s": timing["steps"] / elapsed, "frames_per_s": timing["steps"] * frames_per_step / elapsed,
-        "data_wait_fraction": timing["data_wait"] / elapsed,
-        "eval_s": timing["eval"], "checkpoint_s": timing["checkpoint"], "data_wait_s": timing["data_wait"],
-        "nonfinite_steps": int(jax.device_get(state["nonfinite_total"])), "nonfinite_restores": restores,
+        **timing,
+        "nonfinite_steps": int(jax.device_get(state["nonfinite_total"])),
+        "nonfinite_restores": guard.restores,
         "params": int(sum(x.size for x in jax.tree.leaves(state["params"]))),
     }
     if not interrupted:
         # Every split once at the end, the test split included (it chose nothing).
         final_sets = _eval_sets(config, info, config.train.final_splits)
         summary["results"] = final_evaluation(config, info, state, predict, final_sets, workdir, main)
-        summary["best_step"] = mngr.best_step()  # by BEST_METRIC among the checkpoints on disk (kept)
+        summary["best_step"] = mngr.best_step()  # by train.best_metric among the checkpoints on disk (kept)
     summary["history"] = history
     mngr.close()
     if main:
@@ -692,8 +779,7 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
     f = info.feature_dim
     frames = np.concatenate([b["clean"].reshape(-1, f)[b["valid"].reshape(-1) > 0]
                              for b in data.make_eval_batches(config.data, info, info.train_split)])
-    latent = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                               nnx.Rngs(0), info=info).latent_per_frame
+    latent = config.model.latent_dim / config.model.stride  # the model's latent_per_frame, either model
     pca = evaluation.PCA(frames, max(int(round(latent)), 1))
     labels = getattr(info, "labels", None) or None
     results = {}

@@ -104,7 +104,7 @@ def compiled_step(config, info):
     mesh = parallel.make_mesh(config.mesh)
     (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
     loss_fn = train.make_loss_fn(config, info, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, tx, loss_fn), shardings, mesh)
+    step = train.jit_train_step(train.pure_train_step(graphdef, tx, loss_fn), shardings, mesh)
     batch = _batch(config, info, parallel.window_sharding(mesh))
     return step.lower(state, batch).compile(), state, batch, mesh, (graphdef, loss_fn)
 

@@ -1,6 +1,43 @@
-"""Test-session setup: 8 virtual CPU devices (set before jax is imported) for mesh tests."""
+"""Test-session setup: 8 virtual CPU devices (set before jax is imported) for mesh tests, one
+persistent compilation cache for the session (a program compiled by one test, or by a trainer in a
+subprocess, is compiled once), and the session fixtures several test files share (helpers to
+import: ``runs.py``)."""
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Many tests build the same train step (the tiny runlocal config) in this process and in trainer
+# subprocesses, which inherit this environment: each program compiles once per session.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="motionjax_test_jax_cache_")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+@pytest.fixture(scope="session")
+def deepmimic_dir(tmp_path_factory) -> Path:
+    """The 15 DeepMimic clips prepared once per session with the base config's data settings (the
+    runlocal config shares them). Read-only: a test that damages or adds files works on a copy."""
+    from experiments import base
+    from motionjax.data import pipeline
+
+    cfg = base.get_config().data
+    cfg.dir = str(tmp_path_factory.mktemp("deepmimic"))
+    pipeline.dataset_info(cfg)
+    return Path(cfg.dir)
+
+
+@pytest.fixture(scope="session")
+def env():
+    """Environment of trainer subprocesses: 8 CPU devices like the tests, and the session's
+    compilation cache with every program kept (so only the first run of a program compiles)."""
+    return dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")

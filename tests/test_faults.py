@@ -16,24 +16,25 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
-from test_train import REPO, _config, _train_cmd, _wait_for_checkpoint, data_dir, env  # noqa: F401 (fixtures)
 
 from motionjax import config_checks, parallel, train
 from motionjax.data import pipeline, records
+from runs import REPO, committed, runlocal_config, train_cmd
+
+
+@pytest.fixture(scope="module")
+def data_dir(deepmimic_dir):
+    return deepmimic_dir
+
 
 # Few steps, a checkpoint every 2, no dynamics loss (short compiles; test_train.py covers it).
 FAST = ("--config.train.steps=6", "--config.train.checkpoint_every=2", "--config.train.eval_every=3",
         "--config.loss.dynamics_weight=0")
 
 
-def _committed(workdir) -> list[int]:
-    return sorted(int(p.name) for p in (Path(workdir) / "checkpoints").glob("[0-9]*")
-                  if p.name.isdigit() and (p / "commit_success.txt").exists())
-
-
 def _patched_train(patch: str, workdir, data, *overrides) -> list[str]:
     """scripts/train.py in a fresh interpreter after running ``patch`` (a fault injector)."""
-    argv = _train_cmd(workdir, data, *overrides)[1:]
+    argv = train_cmd(workdir, data, *overrides)[1:]
     code = (f"import sys, runpy\nsys.argv = {argv!r}\n{patch}\n"
             f"runpy.run_path({argv[0]!r}, run_name='__main__')\n")
     return [sys.executable, "-c", code]
@@ -81,7 +82,7 @@ ocp.CheckpointManager.save = full
 
 
 @pytest.mark.parametrize("writer", sorted(DISK_FULL))
-def test_full_disk_ends_the_run_with_the_path(tmp_path, data_dir, env, writer):  # noqa: F811
+def test_full_disk_ends_the_run_with_the_path(tmp_path, data_dir, env, writer):
     workdir = tmp_path / "run"
     proc = subprocess.Popen(_patched_train(DISK_FULL[writer], workdir, data_dir, *FAST), env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -96,7 +97,7 @@ def test_full_disk_ends_the_run_with_the_path(tmp_path, data_dir, env, writer): 
     where = {"tensorboard": workdir / "tensorboard", "checkpoint": workdir / "checkpoints"}[writer]
     assert str(where) in last, last
     assert "Traceback" not in err, err[-3000:]
-    steps = _committed(workdir)
+    steps = committed(workdir)
     assert steps, "the checkpoints before the failure must survive"
     _restores(workdir, steps[-1])
 
@@ -114,7 +115,7 @@ def test_storage_error_reads_orbax_and_os_errors():
 # SIGTERM while a write blocks (a dead NFS mount): the watchdog ends the process
 
 
-def test_sigterm_during_a_blocked_write_ends_the_process(tmp_path, data_dir, env):  # noqa: F811
+def test_sigterm_during_a_blocked_write_ends_the_process(tmp_path, data_dir, env):
     workdir, marker = tmp_path / "run", tmp_path / "blocked"
     patch = f"""
 import pathlib, threading
@@ -143,7 +144,7 @@ train.save_checkpoint = blocked
     assert time.time() - t < 30
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "error: SIGTERM: the run did not stop within train.stop_timeout_s=3 s" in err, err[-3000:]
-    assert _committed(workdir) == [0]  # the step-0 checkpoint is intact
+    assert committed(workdir) == [0]  # the step-0 checkpoint is intact
     _restores(workdir, 0)
 
 
@@ -152,13 +153,13 @@ train.save_checkpoint = blocked
 
 
 def test_best_checkpoint_survives_a_restart(tmp_path):
-    cfg = _config(tmp_path).train
+    cfg = runlocal_config(tmp_path).train
     cfg.keep_checkpoints = 1
     state = {"w": jnp.arange(4.0)}
 
     def save(step, metric):
         mngr = train.make_checkpoint_manager(tmp_path, cfg)
-        metrics = None if metric is None else {train.BEST_METRIC: metric}
+        metrics = None if metric is None else {train.best_metric(cfg): metric}
         train.save_checkpoint(mngr, step, state, None, {}, metrics)
         mngr.wait_until_finished()
         mngr.close()
@@ -176,10 +177,10 @@ def test_best_checkpoint_survives_a_restart(tmp_path):
 # 4. One trainer per workdir
 
 
-def test_second_trainer_on_a_workdir_refuses(tmp_path, data_dir, env):  # noqa: F811
+def test_second_trainer_on_a_workdir_refuses(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
     with train.workdir_lock(workdir):  # this process is the first trainer
-        result = subprocess.run(_train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
+        result = subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
                                 text=True, timeout=240)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"error: workdir {workdir} is in use by another trainer (pid {os.getpid()} on " in result.stderr
@@ -208,10 +209,10 @@ def test_stale_lock_is_taken_over(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_dir, env):  # noqa: F811
+def trained(tmp_path_factory, data_dir, env):
     """A finished run: checkpoints 4 and 6 (the last two) and the best one."""
     workdir = tmp_path_factory.mktemp("trained") / "run"
-    subprocess.run(_train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, check=True, capture_output=True)
+    subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, check=True, capture_output=True)
     return workdir
 
 
@@ -230,12 +231,12 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_newest_checkpoint_is_skipped(tmp_path, trained, data_dir, damage, capsys):  # noqa: F811
+def test_damaged_newest_checkpoint_is_skipped(tmp_path, trained, data_dir, damage, capsys):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
-    steps = _committed(workdir)
+    steps = committed(workdir)
     DAMAGE[damage](workdir / "checkpoints" / str(steps[-1]))
-    config = _config(data_dir)
+    config = runlocal_config(data_dir)
     info = pipeline.dataset_info(config.data)
     _, _, template, _ = train.init_state(config, info, parallel.make_mesh(config.mesh))
     mngr = train.make_checkpoint_manager(workdir, config.train)
@@ -247,16 +248,16 @@ def test_damaged_newest_checkpoint_is_skipped(tmp_path, trained, data_dir, damag
     mngr.close()
 
 
-def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env):  # noqa: F811
+def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
-    newest = max(_committed(workdir))
+    newest = max(committed(workdir))
     DAMAGE["manifest"](workdir / "checkpoints" / str(newest))
     more = [*FAST[1:], "--config.train.steps=8"]
-    result = subprocess.run(_train_cmd(workdir, data_dir, *more), env=env, cwd=REPO, capture_output=True,
+    result = subprocess.run(train_cmd(workdir, data_dir, *more), env=env, cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]  # the old trainer: 36 TensorStore tracebacks
-    previous = max(s for s in _committed(trained) if s < newest)
+    previous = max(s for s in committed(trained) if s < newest)
     assert f"checkpoint step {newest} does not read completely (" in result.stdout, result.stdout[-3000:]
     assert f"resuming from step {previous}" in result.stdout
     assert "Traceback" not in result.stderr
@@ -264,15 +265,15 @@ def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 8
     # 2. the best step named in the summary is on disk, after a restart
-    assert summary["best_step"] in _committed(workdir)
+    assert summary["best_step"] in committed(workdir)
 
 
-def test_every_checkpoint_unreadable_is_one_error(tmp_path, trained, data_dir, env):  # noqa: F811
+def test_every_checkpoint_unreadable_is_one_error(tmp_path, trained, data_dir, env):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
-    for step in _committed(workdir):
+    for step in committed(workdir):
         DAMAGE["manifest"](workdir / "checkpoints" / str(step))
-    result = subprocess.run(_train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
+    result = subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(
@@ -285,10 +286,10 @@ def test_every_checkpoint_unreadable_is_one_error(tmp_path, trained, data_dir, e
 
 
 @pytest.mark.parametrize("damage", ["bitflip", "truncated"])
-def test_damaged_shard_names_the_file(tmp_path, data_dir, damage):  # noqa: F811
+def test_damaged_shard_names_the_file(tmp_path, data_dir, damage):
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
-    config = _config(copy)
+    config = runlocal_config(copy)
     info = pipeline.dataset_info(config.data)  # the index, before the damage
     shard = Path(info.shard_paths()[0])
     raw = bytearray(shard.read_bytes())
@@ -326,7 +327,7 @@ BAD = [  # (key, value, expected text)
 
 @pytest.mark.parametrize("key,value,expected", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
 def test_bad_config_value_is_named(tmp_path, key, value, expected):
-    config = _config(tmp_path)
+    config = runlocal_config(tmp_path)
     # A valid baseline the expected texts refer to, whatever the experiment's defaults become.
     config.data.update(batch_size=8, window=32, chunk=8)
     config.model.stride = 2
@@ -340,8 +341,8 @@ def test_bad_config_value_is_named(tmp_path, key, value, expected):
     assert len(e.value.problems) == 1, e.value.problems
 
 
-def test_window_longer_than_every_training_segment(data_dir):  # noqa: F811
-    config = _config(data_dir)
+def test_window_longer_than_every_training_segment(data_dir):
+    config = runlocal_config(data_dir)
     info = pipeline.dataset_info(config.data)
     config_checks.check_data(config, info)  # the runlocal config itself is fine
     longest = max(e - b for _, b, e in info.splits[getattr(info, "train_split", "train")])
@@ -359,8 +360,8 @@ CLI_BAD = [  # (override, expected stderr line); the old trainer printed library
 
 
 @pytest.mark.parametrize("override,expected", CLI_BAD, ids=[o for o, _ in CLI_BAD])
-def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expected):  # noqa: F811
-    result = subprocess.run(_train_cmd(tmp_path / "run", data_dir, override), env=env, cwd=REPO,
+def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expected):
+    result = subprocess.run(train_cmd(tmp_path / "run", data_dir, override), env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     assert expected in result.stderr, result.stderr[-3000:]

@@ -1,11 +1,8 @@
 """The trainer: sharded == unsharded steps, the non-finite guard, exact resume after kill -9,
 SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices)."""
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -16,30 +13,18 @@ import pytest
 
 from motionjax import parallel, train
 from motionjax.data import pipeline
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _config(data_dir, mesh_shape=(("data", -1), ("time", 1))):
-    from experiments import deepmimic_denoise
-
-    config = deepmimic_denoise.get_config("runlocal")
-    config.data.dir = str(data_dir)
-    config.mesh.shape = mesh_shape
-    return config
+from runs import REPO, runlocal_config, train_cmd, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    pipeline.dataset_info(_config(path).data)  # prepare the DeepMimic clips once
-    return path
+def data_dir(deepmimic_dir):
+    return deepmimic_dir
 
 
 @pytest.fixture(scope="module")
 def batches(data_dir):
     """Three training batches (numpy), the same for every mesh."""
-    config = _config(data_dir)
+    config = runlocal_config(data_dir)
     iterator = pipeline.make_train_iterator(config.data, pipeline.dataset_info(config.data), seed=0)
     out = [{k: np.asarray(next(iterator)[k]) for k in ("noisy", "clean")} for _ in range(3)]
     iterator.close()
@@ -48,7 +33,7 @@ def batches(data_dir):
 
 def _steps(devices, mesh_shape, data_dir):
     """A jitted train step on a mesh of ``devices`` and a function giving fresh initial states."""
-    config = _config(data_dir, mesh_shape)
+    config = runlocal_config(data_dir, mesh_shape)
     config.loss.dynamics_weight = 1.0  # off in the default experiment; its sharded path is checked here
     mesh = parallel.make_mesh(config.mesh, devices)
     step, state, *_ = train.build_train_step(config, pipeline.dataset_info(config.data), mesh)
@@ -106,23 +91,95 @@ def test_nonfinite_step_is_skipped_and_counted(single_device_step, batches):
     assert any(jax.tree.leaves(moved))
 
 
+def _checkpoint(workdir, step):
+    """Params and optimizer state of checkpoint ``step`` of ``workdir``, as numpy."""
+    with ocp.CheckpointManager((Path(workdir) / "checkpoints").absolute()) as mngr:
+        assert step in mngr.all_steps(), (step, mngr.all_steps())
+        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    return jax.tree.map(np.asarray, {k: state[k] for k in ("params", "opt_state")})
+
+
+def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir, monkeypatch, capsys):
+    """``train.max_nonfinite_steps = 2`` non-finite steps in a row (NaN inputs at steps 3 and 4) bring
+    back the model and optimizer of the last checkpoint (step 2); training goes on with the next
+    batches, and the count of skipped steps survives the restore."""
+    config = runlocal_config(data_dir)
+    config.train.update(steps=8, checkpoint_every=2, eval_every=8, keep_checkpoints=10, max_nonfinite_steps=2,
+                        final_splits=("validation",))
+    make_iterator = train.make_iterator
+
+    def poisoned(config, info, mesh):
+        iterator = make_iterator(config, info, mesh)
+        try:
+            for i, batch in enumerate(iterator, start=1):
+                yield dict(batch, noisy=batch["noisy"] * np.nan) if i in (3, 4) else batch
+        finally:
+            iterator.close()
+
+    monkeypatch.setattr(train, "make_iterator", poisoned)
+    summary = train.train_and_evaluate(config, tmp_path / "run")
+    assert summary["status"] == "done" and summary["steps"] == 8
+    assert summary["nonfinite_steps"] == 2 and summary["nonfinite_restores"] == 1
+    assert "step 4: 2 non-finite steps in a row; restored the model and optimizer of step 2" in \
+        capsys.readouterr().out
+    assert summary["history"]["train/nonfinite_total"] == [(s, float(s >= 3) + float(s >= 4))
+                                                             for s in range(1, 9)]
+    restored, before, after = (_checkpoint(tmp_path / "run", s) for s in (4, 2, 8))
+    jax.tree.map(np.testing.assert_array_equal, restored, before)  # step 4 saved the restored state
+    moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), after["params"], restored["params"])
+    assert any(jax.tree.leaves(moved))  # and training went on from it
+
+
+def _fake_run(calls):
+    """A stand-in for :func:`train.train_and_evaluate`: records each call, returns a summary whose
+    model MPJPE tells the runs apart (1 cm with the dynamics loss, 2 cm without)."""
+    def run(config, workdir, on_eval=None):
+        calls.append((config.loss.dynamics_weight, tuple(config.train.references), Path(workdir)))
+        Path(workdir).mkdir(parents=True)
+        metrics = dict.fromkeys(("mpjpe_global", "pa_mpjpe", "accel", "jitter", "foot_skate", "bone_error"),
+                                0.0)
+        row = lambda mpjpe: dict(metrics, mpjpe=mpjpe)
+        model = 1.0 if config.loss.dynamics_weight else 2.0
+        results = {split: {condition: {"model": row(model), "input": row(9.0), "pca": row(5.0),
+                                       "input_mpjpe": 9.0, "input_mpjpe_global": 9.0}
+                           for condition in ("clean", "noisy")} for split in ("validation", "test")}
+        results.update(pca_latent_per_frame=8, model_residual=True)
+        return {"results": results, "steps_per_s": 2.0, "frames_per_s": 512.0, "data_wait_fraction": 0.01}
+
+    return run
+
+
+def test_no_dynamics_reference_is_trained_without_it_and_merged(tmp_path, monkeypatch, capsys):
+    config = runlocal_config(tmp_path / "data")
+    config.loss.dynamics_weight = 0.5
+    config.train.references = ("no_dynamics",)
+    calls = []
+    monkeypatch.setattr(train, "train_and_evaluate", _fake_run(calls))
+    summary = train.run_experiment(config, tmp_path / "run")
+    assert calls == [(0.5, ("no_dynamics",), tmp_path / "run"), (0.0, (), tmp_path / "run" / "no_dynamics")]
+    assert config.loss.dynamics_weight == 0.5 and config.train.references == ("no_dynamics",)  # untouched
+    for split in ("validation", "test"):
+        for condition in ("clean", "noisy"):
+            row = summary["results"][split][condition]
+            assert row["model"]["mpjpe"] == 1.0 and row["no_dynamics"]["mpjpe"] == 2.0
+    rows = [line.split() for line in summary["table"] if " no_dynamics " in line]
+    assert [r[:4] for r in rows] == [[s, c, "no_dynamics", "2.00"] for s in ("validation", "test")
+                                     for c in ("clean", "noisy")]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["table"] == summary["table"]
+    assert "\n".join(summary["table"]) in capsys.readouterr().out
+
+    calls.clear()  # without the dynamics loss there is nothing to compare against
+    config.loss.dynamics_weight = 0.0
+    summary = train.run_experiment(config, tmp_path / "run2")
+    assert calls == [(0.0, ("no_dynamics",), tmp_path / "run2")]
+    assert not [line for line in summary["table"] if " no_dynamics " in line]
+
+
 # ---------------------------------------------------------------------------------------------
-# Whole runs of scripts/train.py in subprocesses
+# Whole runs of scripts/train.py in subprocesses (a bad override: test_faults.py)
 
 
-def _train_cmd(workdir, data_dir, *overrides):
-    return [sys.executable, str(REPO / "scripts/train.py"), "--workdir", str(workdir),
-            "--config", "experiments/deepmimic_denoise.py:runlocal", f"--config.data.dir={data_dir}",
-            *overrides]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """Subprocess environment: 8 CPU devices like the tests, one persistent compilation cache so
-    only the first run compiles."""
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+_train_cmd, _wait_for_checkpoint = train_cmd, wait_for_checkpoint
 
 
 # Long enough to interrupt mid-run; no dynamics loss (tested above) keeps compilation short.
@@ -137,29 +194,16 @@ def _final_params(workdir, step):
     return jax.tree.map(np.asarray, restored["state"]["params"])
 
 
-def _wait_for_checkpoint(proc, workdir, after: int, timeout=300):
-    """Poll until a committed checkpoint newer than ``after`` exists; returns its step."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        steps = [int(p.name) for p in (Path(workdir) / "checkpoints").glob("[0-9]*")
-                 if p.name.isdigit() and (p / "commit_success.txt").exists()]
-        if steps and max(steps) > after:
-            return max(steps)
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise TimeoutError(f"no checkpoint after step {after} in {workdir}")
-
-
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
     checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run."""
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    subprocess.run(_train_cmd(reference, data_dir, *RUN), env=env, check=True, capture_output=True, cwd=REPO)
+    subprocess.run(train_cmd(reference, data_dir, *RUN), env=env, check=True, capture_output=True, cwd=REPO)
     assert json.loads((reference / "config.json").read_text())["train"]["steps"] == 40  # override applied
 
-    proc = subprocess.Popen(_train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
+    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_checkpoint(proc, interrupted, after=0)
+    wait_for_checkpoint(proc, interrupted, after=0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-2000:]
@@ -168,21 +212,14 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     stopped = summary["steps"]
     assert stopped in ocp.CheckpointManager((interrupted / "checkpoints").absolute()).all_steps()
 
-    proc = subprocess.Popen(_train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
+    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_checkpoint(proc, interrupted, after=stopped)
+    wait_for_checkpoint(proc, interrupted, after=stopped)
     proc.kill()  # SIGKILL: no handler, no final save
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
 
-    subprocess.run(_train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
+    subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
                    cwd=REPO)
     assert json.loads((interrupted / "summary.json").read_text())["status"] == "done"
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
-
-
-def test_unknown_config_key_is_a_clear_error(tmp_path, data_dir, env):
-    result = subprocess.run(_train_cmd(tmp_path, data_dir, "--config.train.stepz=3"), env=env, cwd=REPO,
-                            capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "unknown config key" in result.stderr and "stepz" in result.stderr

@@ -1,0 +1,41 @@
+"""Helpers of the tests that train: the tiny ``runlocal`` config and ``scripts/train.py`` subprocesses."""
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def runlocal_config(data_dir, mesh_shape=(("data", -1), ("time", 1))):
+    """The default experiment's tiny ``runlocal`` variant on the prepared clips in ``data_dir``."""
+    from experiments import deepmimic_denoise
+
+    config = deepmimic_denoise.get_config("runlocal")
+    config.data.dir = str(data_dir)
+    config.mesh.shape = mesh_shape
+    return config
+
+
+def train_cmd(workdir, data_dir, *overrides) -> list[str]:
+    """``scripts/train.py`` on the runlocal config with ``--config.KEY=VALUE`` ``overrides``."""
+    return [sys.executable, str(REPO / "scripts/train.py"), "--workdir", str(workdir),
+            "--config", "experiments/deepmimic_denoise.py:runlocal", f"--config.data.dir={data_dir}",
+            *overrides]
+
+
+def committed(workdir) -> list[int]:
+    """Steps of the checkpoints of ``workdir`` whose write completed."""
+    return sorted(int(p.name) for p in (Path(workdir) / "checkpoints").glob("[0-9]*")
+                  if p.name.isdigit() and (p / "commit_success.txt").exists())
+
+
+def wait_for_checkpoint(proc, workdir, after: int, timeout=300) -> int:
+    """Poll until a committed checkpoint newer than ``after`` exists; returns its step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        steps = committed(workdir)
+        if steps and max(steps) > after:
+            return max(steps)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise TimeoutError(f"no checkpoint after step {after} in {workdir}")
