@@ -111,6 +111,7 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
     split = metric.split("/")[0]
     c = copy.deepcopy(config)
     c.train.eval_splits = (split,)
+    c.train.best_metric = metric
     c.train.final_splits = tuple(dict.fromkeys((split, "test")))
     c.train.checkpoint_every = c.train.eval_every  # a checkpoint with each evaluation, none between
     c.train.references = ()

@@ -111,6 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eval_splits = ("validation",)
     c.train.final_splits = ("train", "validation", "test")
     c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
+    c.train.best_metric = "validation/mpjpe"  # SPLIT/METRIC of an eval split; lowest = best checkpoint
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
     return c
 

@@ -1,7 +1,8 @@
 """Start-up checks of an experiment config: every bad value named by its key, with what was expected.
 
 :func:`check_config` runs before any device or file is touched (types, ranges, the mesh against
-the devices, the batch against the data axis); :func:`check_data` once the dataset is known (the
+the devices, the batch against the data axis, the best-checkpoint metric against the evaluated
+splits); :func:`check_data` once the dataset is known (the
 window against the longest training segment, the evaluated splits). Both collect every problem
 and raise one :class:`ConfigError`, so a user fixes a config in one pass instead of meeting the
 problems one library traceback at a time.
@@ -12,6 +13,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
+from motionjax import eval as evaluation
 from motionjax import parallel
 from motionjax.data import transforms
 
@@ -106,6 +108,13 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"data.window={d.window}: expected a multiple of data.chunk={d.chunk}")
     if {"data.chunk", "model.stride"}.isdisjoint(bad) and d.chunk % config.model.stride:
         problems.append(f"data.chunk={d.chunk}: expected a multiple of model.stride={config.model.stride}")
+    best = config.train.get("best_metric", "validation/mpjpe")  # older configs: train.best_metric
+    split, _, metric = str(best).partition("/")
+    if "train.eval_splits" not in bad and (split not in config.train.eval_splits
+                                           or metric not in evaluation.METRICS):
+        problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC', SPLIT one of "
+                        f"train.eval_splits={tuple(config.train.eval_splits)!r} and METRIC one of "
+                        f"{evaluation.METRICS}")
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="

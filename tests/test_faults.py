@@ -322,6 +322,9 @@ BAD = [  # (key, value, expected text)
     ("train.checkpoint_every", 0, "train.checkpoint_every=0: expected a positive integer"),
     ("train.eval_splits", (), "train.eval_splits=(): expected a non-empty tuple of split names"),
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
+    ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
+     "one of train.eval_splits=('validation',)"),
+    ("train.best_metric", "validation/mpjpee", "train.best_metric='validation/mpjpee': expected"),
 ]
 
 
