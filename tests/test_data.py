@@ -205,8 +205,8 @@ SPLITS = {"train": "rest", "validation": "tail:0.2"}  # a corpus without DeepMim
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    return prepare.prepare(out_dir=tmp_path_factory.mktemp("dm"), window=WINDOW, progress=False)
+def prepared(deepmimic_dir):
+    return prepare.prepare(out_dir=deepmimic_dir, window=WINDOW, progress=False)  # loads the session's
 
 
 def test_prepare_deepmimic_splits_and_stats(prepared):

@@ -15,9 +15,9 @@ from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
 
 
 @pytest.fixture(scope="module")
-def cfg(tmp_path_factory):
+def cfg(deepmimic_dir):
     c = get_config().data
-    c.dir = str(tmp_path_factory.mktemp("dm"))
+    c.dir = str(deepmimic_dir)
     c.batch_size = 8
     return c
 

@@ -81,6 +81,7 @@ ocp.CheckpointManager.save = full
 }
 
 
+@pytest.mark.slow  # trainer subprocesses
 @pytest.mark.parametrize("writer", sorted(DISK_FULL))
 def test_full_disk_ends_the_run_with_the_path(tmp_path, data_dir, env, writer):
     workdir = tmp_path / "run"
@@ -115,6 +116,7 @@ def test_storage_error_reads_orbax_and_os_errors():
 # SIGTERM while a write blocks (a dead NFS mount): the watchdog ends the process
 
 
+@pytest.mark.slow  # a trainer subprocess
 def test_sigterm_during_a_blocked_write_ends_the_process(tmp_path, data_dir, env):
     workdir, marker = tmp_path / "run", tmp_path / "blocked"
     patch = f"""
@@ -177,6 +179,7 @@ def test_best_checkpoint_survives_a_restart(tmp_path):
 # 4. One trainer per workdir
 
 
+@pytest.mark.slow  # a trainer subprocess
 def test_second_trainer_on_a_workdir_refuses(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
     with train.workdir_lock(workdir):  # this process is the first trainer
@@ -230,6 +233,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow  # the trained fixture: a trainer subprocess
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_newest_checkpoint_is_skipped(tmp_path, trained, data_dir, damage, capsys):
     workdir = tmp_path / "run"
@@ -248,6 +252,7 @@ def test_damaged_newest_checkpoint_is_skipped(tmp_path, trained, data_dir, damag
     mngr.close()
 
 
+@pytest.mark.slow  # a trainer subprocess
 def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
@@ -268,6 +273,7 @@ def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env)
     assert summary["best_step"] in committed(workdir)
 
 
+@pytest.mark.slow  # a trainer subprocess
 def test_every_checkpoint_unreadable_is_one_error(tmp_path, trained, data_dir, env):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)
@@ -362,6 +368,7 @@ CLI_BAD = [  # (override, expected stderr line); the old trainer printed library
 ]
 
 
+@pytest.mark.slow  # scripts/train.py subprocesses
 @pytest.mark.parametrize("override,expected", CLI_BAD, ids=[o for o, _ in CLI_BAD])
 def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expected):
     result = subprocess.run(train_cmd(tmp_path / "run", data_dir, override), env=env, cwd=REPO,

@@ -87,6 +87,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two worker subprocesses
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
 def test_two_processes_match_one(tmp_path):
     port = _free_port()

@@ -38,9 +38,12 @@ def _user_env() -> dict:
     flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                      if not f.startswith("--xla_force_host_platform_device_count"))
     env["XLA_FLAGS"] = flags
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        env.pop(name, None)  # the test session's compilation cache (conftest.py): a user has none
     return env
 
 
+@pytest.mark.slow  # a kernel subprocess per notebook
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs(path):

@@ -230,6 +230,7 @@ print(info.hblkhd >= 64 * 2**20, libc.mallinfo2().arena >= 64 * 2**20)
 """
 
 
+@pytest.mark.slow  # a python subprocess
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
 @pytest.mark.parametrize("mode, expected", [("default", "True False"), ("retain", "False True")])
 def test_retain_host_memory_keeps_big_blocks_on_the_heap(mode, expected):

@@ -3,32 +3,24 @@ stops at the first evaluation at or below the target, and reports a miss (never 
 budget ends first."""
 import json
 import math
-import sys
 from pathlib import Path
 
 import orbax.checkpoint as ocp
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-
-from benchmarks import time_to_target as ttt  # noqa: E402
-from motionjax.data import pipeline  # noqa: E402
+from benchmarks import time_to_target as ttt
+from runs import runlocal_config
 
 
 def _config(data_dir, steps=6, eval_every=2):
-    from experiments import deepmimic_denoise
-
-    config = deepmimic_denoise.get_config("runlocal")
-    config.data.dir = str(data_dir)
+    config = runlocal_config(data_dir)
     config.train.update(steps=steps, eval_every=eval_every, log_every=1)
     return config
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    pipeline.dataset_info(_config(path).data)  # prepare the DeepMimic clips once
-    return path
+def data_dir(deepmimic_dir):
+    return deepmimic_dir
 
 
 def _checkpoint_steps(workdir):

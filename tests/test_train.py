@@ -194,6 +194,7 @@ def _final_params(workdir, step):
     return jax.tree.map(np.asarray, restored["state"]["params"])
 
 
+@pytest.mark.slow  # four trainer subprocesses
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
     checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run."""
