@@ -90,17 +90,18 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"mesh.shape={tuple(config.mesh.shape)!r}: expected (name, size) pairs whose sizes "
                         f"multiply to the {num_devices} devices (one size may be -1) [{e}]")
     if sizes is not None:
-        for axis in ("data", "time"):
+        for axis in (parallel.DATA_AXIS, parallel.TIME_AXIS):
             if axis not in sizes:
                 problems.append(f"mesh.shape={tuple(config.mesh.shape)!r}: expected a {axis!r} axis")
-        if "data.batch_size" not in bad and sizes.get("data") and d.batch_size % sizes["data"]:
+        data_size, time_size = sizes.get(parallel.DATA_AXIS), sizes.get(parallel.TIME_AXIS)
+        if "data.batch_size" not in bad and data_size and d.batch_size % data_size:
             problems.append(f"data.batch_size={d.batch_size}: expected a multiple of the 'data' mesh axis "
-                            f"size {sizes['data']} (mesh.shape={tuple(config.mesh.shape)!r} on "
+                            f"size {data_size} (mesh.shape={tuple(config.mesh.shape)!r} on "
                             f"{num_devices} devices)")
-        if {"data.window", "data.chunk"}.isdisjoint(bad) and sizes.get("time") and \
-                d.window % d.chunk == 0 and (d.window // d.chunk) % sizes["time"]:
+        if {"data.window", "data.chunk"}.isdisjoint(bad) and time_size and \
+                d.window % d.chunk == 0 and (d.window // d.chunk) % time_size:
             problems.append(f"data.window={d.window}: expected window / chunk ({d.window // d.chunk} chunks) "
-                            f"to be a multiple of the 'time' mesh axis size {sizes['time']}")
+                            f"to be a multiple of the 'time' mesh axis size {time_size}")
     if "data.batch_size" not in bad and d.batch_size % num_processes:
         problems.append(f"data.batch_size={d.batch_size}: expected a multiple of the {num_processes} "
                         "processes")

@@ -1,10 +1,11 @@
 """Where arrays live: the device mesh, logical-axis sharding rules, and the multi-host start.
 
 The mesh comes from ``config.mesh`` (``shape = (("data", -1), ("time", 1))``, -1 fills with the
-remaining devices). Code never names mesh axes directly: it names the *logical* axes of an array
-(``batch``, ``chunk``, ``embed`` ...) and :data:`LOGICAL_RULES` maps them onto the mesh, as in
-MaxText (``flax.linen.logical_to_mesh_axes`` resolves them: rules in order, each mesh axis used at
-most once per array).
+remaining devices). Its two axes are named once, here (:data:`DATA_AXIS`, :data:`TIME_AXIS`): code
+that names a mesh axis (collectives inside ``shard_map``, partition specs) imports them. Array
+placement names the *logical* axes of an array (``batch``, ``chunk``, ``frame`` ...) and
+:data:`LOGICAL_RULES` maps them onto the mesh, as in MaxText (``flax.linen.logical_to_mesh_axes``
+resolves them: rules in order, each mesh axis used at most once per array).
 
 Parameters are replicated by default; with ``fsdp`` each parameter's largest dimension that the
 ``data`` axis divides is split over ``data`` (big_vision's ``fsdp`` strategy), which needs no
@@ -12,19 +13,14 @@ annotations in the model.
 
 Several processes (``jax.distributed``): :func:`initialize` joins them, :func:`make_mesh` lays the
 ``across_hosts`` axis over them, :func:`put` and :func:`global_batch` place host data on devices
-that one process cannot address. :func:`collectives` and :func:`compile_partitioned` account for
-what a compiled program sends (``scripts/comm_report.py``, ``tests/test_parallel.py``).
+that one process cannot address. What a compiled program sends over the mesh:
+:mod:`motionjax.diagnostics`.
 """
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-import math
 import os
-import re
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -32,18 +28,17 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-# Logical axis -> mesh axis (None: replicated).
+DATA_AXIS = "data"  # mesh axis of the batch (windows); the one that spans hosts (mesh.across_hosts)
+TIME_AXIS = "time"  # mesh axis of the time chunks of a window; halos cross it
+
+# Logical axis -> mesh axis (None: replicated). Parameters are not named: see param_sharding.
 LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", "data"),      # windows of the global batch
-    ("chunk", "time"),      # time chunks N of a [B, N, C, F] window; halos cross these
-    ("time", "time"),       # the frame axis T of an unchunked [B, T, ...] window (T = N * C)
+    ("batch", DATA_AXIS),   # windows of the global batch
+    ("chunk", TIME_AXIS),   # time chunks N of a [B, N, C, F] window; halos cross these
+    ("time", TIME_AXIS),    # the frame axis T of an unchunked [B, T, ...] window (T = N * C)
     ("frame", None),        # frames inside one chunk (C)
     ("joint", None),        # skeleton joints J
     ("feature", None),      # per-frame features F
-    ("embed", None),        # model width
-    ("mlp", None),          # MLP hidden width
-    ("heads", None),        # attention heads
-    ("head_dim", None),     # per-head width
 )
 _FSDP_MIN_SIZE = 2**12  # smaller parameters stay replicated under FSDP: gathering costs more than it saves
 
@@ -127,13 +122,13 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 def param_sharding(mesh: Mesh, shape: Sequence[int], fsdp: bool = False) -> NamedSharding:
     """Replicated, or with ``fsdp`` the largest dimension that ``data`` divides split over ``data``."""
-    data = mesh.shape.get("data", 1)
+    data = mesh.shape.get(DATA_AXIS, 1)
     if not fsdp or data == 1 or int(np.prod(shape, dtype=np.int64)) < _FSDP_MIN_SIZE:
         return replicated(mesh)
     for axis in np.argsort(shape)[::-1]:
         if shape[axis] % data == 0:
             spec = [None] * len(shape)
-            spec[axis] = "data"
+            spec[axis] = DATA_AXIS
             return NamedSharding(mesh, PartitionSpec(*spec))
     return replicated(mesh)
 
@@ -222,97 +217,3 @@ def retain_host_memory() -> bool:
 def is_main_process() -> bool:
     """Logs, progress bars, plots and summaries come from process 0 only."""
     return jax.process_index() == 0
-
-
-# --------------------------------------------------------------------------------------------
-# Communication accounting: what a compiled step sends
-# --------------------------------------------------------------------------------------------
-_COLLECTIVE = re.compile(
-    r"=\s*(?P<type>\([^)]*\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
-    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\("
-)
-_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
-_BITS = {"pred": 8, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32, "u32": 32,
-         "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    """One collective of a compiled program, as seen by one device."""
-
-    op: str                 # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
-    dtype: str              # element type of the (first) buffer, e.g. "f32"
-    result_bytes: int       # bytes of the op's result on one device
-    axes: tuple[str, ...]   # mesh axes its device groups span
-    group_size: int         # devices per group (2 for a permute pair)
-
-    @property
-    def wire_bytes(self) -> float:
-        """Bytes one device sends, with bandwidth-optimal (ring) algorithms."""
-        n, s = self.group_size, self.result_bytes
-        if n <= 1:
-            return 0.0
-        ring = (n - 1) / n
-        return {"all-reduce": 2 * ring * s, "all-gather": ring * s, "reduce-scatter": (n - 1) * s,
-                "all-to-all": ring * s, "collective-permute": s}[self.op]
-
-
-def _groups(line: str) -> list[list[int]]:
-    """Device groups of a collective: pairs, iota ``[2,2]<=[2,2]T(1,0)``, named ``mesh[...] {axes}``, or
-    explicit ``{{0,2},{1,3}}``."""
-    if m := re.search(r"source_target_pairs=\{(\{[\d,{}]*\})\}", line):
-        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
-    if m := re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line):
-        shape, dims = [int(v) for v in m.group(1).split(",")], [int(v) for v in m.group(2).split(",")]
-        ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if m.group(3):
-            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
-        return ids.reshape(-1, shape[-1]).tolist()
-    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):
-        # Named form: the groups run along the listed axes of an iota device mesh.
-        if ":(" in m.group(2):
-            raise ValueError(f"sub-axis replica groups are not supported: {m.group(0)}")
-        names, sizes = zip(*[(n, int(v)) for n, v in re.findall(r"'(\w+)'=(\d+)", m.group(1))], strict=True)
-        along = [names.index(n) for n in re.findall(r"'(\w+)'", m.group(2))]
-        across = [i for i in range(len(names)) if i not in along]
-        ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(across + along)
-        return ids.reshape(-1, math.prod(sizes[i] for i in along)).tolist()
-    if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
-        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
-    return []  # replica_groups={}: one group of every device
-
-
-def compile_partitioned(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, str]:
-    """Compile ``lowered``; also return its HLO text right after SPMD partitioning.
-
-    That is where the partitioner has placed every collective, in the dtype it chose, before
-    backend passes: XLA:CPU then upcasts bf16 collectives to f32 (GPUs and TPUs reduce in bf16), so
-    the partitioned HLO, not the CPU executable, tells what an accelerator would send.
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        dump = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning"}
-        compiled = lowered.compile(compiler_options=dump)
-        (path,) = Path(tmp).glob("*after_spmd-partitioning*.txt")
-        return compiled, path.read_text()
-
-
-def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
-    """The collectives of compiled HLO text (``jitted.lower(...).compile().as_text()``) on ``mesh``.
-
-    Device ids in the HLO are positions in the mesh's flattened device order, which locates each
-    group on the mesh axes. Reads the synchronous collectives the CPU compiler emits; each is
-    counted once, so one inside a loop body would count once, not once per iteration.
-    """
-    coords = np.stack(np.unravel_index(np.arange(mesh.size), mesh.devices.shape), axis=1)  # [D, axes]
-    found = []
-    for line in hlo_text.splitlines():
-        m = _COLLECTIVE.search(line)
-        if m is None:
-            continue
-        arrays = _ARRAY.findall(m.group("type"))
-        nbytes = sum(_BITS[t] // 8 * math.prod(int(d) for d in dims.split(",") if d) for t, dims in arrays)
-        groups = _groups(line) or [list(range(mesh.size))]
-        spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
-        axes = tuple(mesh.axis_names[i] for i in sorted(spans))
-        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups)))
-    return found

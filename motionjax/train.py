@@ -85,8 +85,9 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
     device decodes and runs FK on its own frames; time derivatives exchange halo frames only."""
     loss = functools.partial(losses.reconstruction_loss, config.loss, info.skeleton, float(info.fps),
                              mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
-                             time_axis_name="time", batch_axis_name="data")
-    sharded = jax.shard_map(loss, mesh=mesh, in_specs=(P("data", "time"), P("data", "time")),
+                             time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
+    frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
+    sharded = jax.shard_map(loss, mesh=mesh, in_specs=(frames, frames),
                             out_specs=P(), check_vma=False)
 
     def loss_fn(pred, clean):
@@ -156,6 +157,30 @@ def jit_train_step(step, shardings, mesh):
                    out_shardings=(shardings, None), donate_argnums=0)
 
 
+def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
+    """The batch the step is compiled for: ``noisy`` and ``clean`` as ``jax.ShapeDtypeStruct``
+    ``[B, N, C, F]`` float32 with the window sharding (nothing allocated)."""
+    d = config.data
+    shape = (d.batch_size, d.window // d.chunk, d.chunk, feature_dim(info.skeleton))
+    window = parallel.window_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
+
+
+def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
+    """``(lowered, state)``: :func:`build_train_step`'s step lowered for abstract inputs, shapes and
+    shardings only (MaxText's ``train_compile``: any mesh size, nothing allocated); ``state`` is the
+    abstract train state. ``lowered.compile()`` is the program the trainer runs."""
+    built = {}
+
+    def build():  # traced: the model's initialization runs abstractly
+        built["step"], state, built["shardings"], _ = build_train_step(config, info, mesh)
+        return state
+
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         jax.eval_shape(build), built["shardings"])
+    return built["step"].lower(state, abstract_batch(config, info, mesh)), state
+
+
 # ---------------------------------------------------------------------------------------------
 # Evaluation on held-out windows
 
@@ -176,7 +201,7 @@ def make_predict(eval_graphdef, mesh, state_shardings):
         return nnx.merge(eval_graphdef, params, rest)(x)
 
     def predict(state, x):
-        b, pad = x.shape[0], -x.shape[0] % mesh.shape["data"]
+        b, pad = x.shape[0], -x.shape[0] % mesh.shape[parallel.DATA_AXIS]
         x = np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x
         return np.asarray(apply(state["params"], state["rest"], _global(x, window)))[:b]
 

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import measure  # noqa: E402
 from experiments import baseline, deepmimic_denoise  # noqa: E402
-from motionjax import parallel, train  # noqa: E402
+from motionjax import diagnostics, parallel, train  # noqa: E402
 from motionjax import rotations as rot  # noqa: E402
 from motionjax.data import pipeline  # noqa: E402
 from motionjax.features import encode, feature_dim  # noqa: E402
@@ -95,18 +95,17 @@ def _experiment(module, steps: int):
 
 
 def compiled_step(config, info):
-    """The trainer's step, jitted as in ``train_and_evaluate`` and compiled ahead of time for one
-    batch of :func:`_batch`.
+    """The trainer's step (:func:`motionjax.train.lower_train_step`, compiled ahead of time) with a
+    fresh train state and one batch of :func:`_batch`.
 
     Returns ``(step, state, batch, mesh, (graphdef, loss_fn))`` with ``step(state, batch) -> (state,
     metrics)`` a ``jax.stages.Compiled`` (its ``cost_analysis()`` and HLO text are the step's).
     """
     mesh = parallel.make_mesh(config.mesh)
-    (graphdef, _, _), tx, state, shardings = train.init_state(config, info, mesh)
-    loss_fn = train.make_loss_fn(config, info, mesh)
-    step = train.jit_train_step(train.pure_train_step(graphdef, tx, loss_fn), shardings, mesh)
+    lowered, _ = train.lower_train_step(config, info, mesh)
+    (graphdef, _, _), _, state, _ = train.init_state(config, info, mesh)
     batch = _batch(config, info, parallel.window_sharding(mesh))
-    return step.lower(state, batch).compile(), state, batch, mesh, (graphdef, loss_fn)
+    return lowered.compile(), state, batch, mesh, (graphdef, train.make_loss_fn(config, info, mesh))
 
 
 def _batch(config, info, window, seed=0):
@@ -154,7 +153,7 @@ def compute_split(config, info, repeats: int, split: bool = True) -> dict:
     alone (forward + backward each); the step's XLA FLOPs and collectives."""
     from flax import nnx
     step, state, batch, mesh, (graphdef, loss_fn) = compiled_step(config, info)
-    comm = parallel.collectives(step.as_text(), mesh)
+    comm = diagnostics.collectives(step.as_text(), mesh)
     out = {"flops_per_step": measure.compiled_flops(step), "collectives": len(comm),
            "comm_bytes_per_step": float(sum(c.wire_bytes for c in comm))}
     params, rest = jax.tree.map(jnp.copy, (state["params"], state["rest"]))  # the step donates state

@@ -1,8 +1,8 @@
 """What the train step communicates, on meshes of 8 ... 512 devices.
 
-For every mesh the real train step of the config (``motionjax.train.build_train_step``) is compiled
+For every mesh the real train step of the config (``motionjax.train.lower_train_step``) is compiled
 ahead of time on that many virtual CPU devices, against abstract inputs (nothing is allocated), and
-each collective is read back with its mesh axes and bytes (:func:`motionjax.parallel.collectives`)
+each collective is read back with its mesh axes and bytes (:func:`motionjax.diagnostics.collectives`)
 from the HLO as the SPMD partitioner leaves it, in the dtypes an accelerator would send (the CPU
 executable upcasts bf16 collectives to f32). Per-device batch and window stay fixed (weak scaling): a
 data shard holds ``--windows_per_shard`` windows and a time shard ``config.data.window`` frames.
@@ -34,11 +34,10 @@ from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from motionjax import parallel, train  # noqa: E402
+from motionjax import diagnostics, parallel, train  # noqa: E402
 from motionjax.data import synthetic  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/synthetic_scale.py", "experiment config")
@@ -59,41 +58,30 @@ def compiled_step(config, data_size: int, time_size: int):
     per device, mesh, batch shape and parameter bytes."""
     config = config.copy_and_resolve_references()
     with config.unlocked():
-        config.mesh.shape = (("data", data_size), ("time", time_size))
+        config.mesh.shape = ((parallel.DATA_AXIS, data_size), (parallel.TIME_AXIS, time_size))
         config.data.window *= time_size
         config.data.batch_size = _WINDOWS.value * data_size
     mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[: data_size * time_size])
     info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window)
-    built = {}
-
-    def build():  # traced: shapes and shardings only
-        built["step"], state, built["shardings"], _ = train.build_train_step(config, info, mesh)
-        return state
-
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         jax.eval_shape(build), built["shardings"])
-    shape = (config.data.batch_size, config.data.window // config.data.chunk, config.data.chunk,
-             info.mean.shape[-1])
-    window = parallel.window_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
+    lowered, state = train.lower_train_step(config, info, mesh)
+    shape = train.abstract_batch(config, info, mesh)["noisy"].shape
     param_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state["params"]))
-    lowered = built["step"].lower(state, batch)
     flops = float(lowered.cost_analysis()["flops"]) / mesh.size  # XLA:CPU's executable omits library matmuls
-    compiled, partitioned = parallel.compile_partitioned(lowered)
+    compiled, partitioned = diagnostics.compile_partitioned(lowered)
     return compiled, partitioned, flops, mesh, shape, param_bytes
 
 
-def _across_hosts(c: parallel.Collective, mesh) -> bool:
+def _across_hosts(c: diagnostics.Collective, mesh) -> bool:
     # The hybrid mesh puts only 'data' across hosts, and only once the mesh outgrows one host.
-    return mesh.size > _PER_HOST.value and "data" in c.axes
+    return mesh.size > _PER_HOST.value and parallel.DATA_AXIS in c.axes
 
 
-def bandwidth(c: parallel.Collective, mesh) -> float:
+def bandwidth(c: diagnostics.Collective, mesh) -> float:
     """Bytes/s of the slowest link the collective crosses."""
     return (_NETWORK if _across_hosts(c, mesh) else _NVLINK).value * 1e9
 
 
-def latency(c: parallel.Collective, mesh) -> float:
+def latency(c: diagnostics.Collective, mesh) -> float:
     """Seconds of latency: ``alpha`` per step of a log-depth algorithm."""
     alpha = (_ALPHA_OUT if _across_hosts(c, mesh) else _ALPHA_IN).value * 1e-6
     return alpha * max(math.ceil(math.log2(c.group_size)), 1)
@@ -107,8 +95,8 @@ def report(config) -> list[dict]:
         compiled, partitioned, flops, mesh, shape, param_bytes = compiled_step(config, data_size, time_size)
         # Bytes from the partitioned HLO (dtypes as sent); counts, for latency, from the executable,
         # where XLA has combined the per-tensor gradient all-reduces into a few.
-        sent = [c for c in parallel.collectives(partitioned, mesh) if c.group_size > 1]
-        executed = [c for c in parallel.collectives(compiled.as_text(), mesh) if c.group_size > 1]
+        sent = [c for c in diagnostics.collectives(partitioned, mesh) if c.group_size > 1]
+        executed = [c for c in diagnostics.collectives(compiled.as_text(), mesh) if c.group_size > 1]
         per_kind = defaultdict(lambda: {"count": 0, "wire_bytes": 0.0, "seconds": 0.0})
         for c in sent:
             kind = per_kind[f"{c.op} over {'x'.join(c.axes)}"]

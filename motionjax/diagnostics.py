@@ -1,0 +1,108 @@
+"""What a compiled program sends over the mesh: its collectives read back from HLO text.
+
+:func:`collectives` lists each collective of compiled HLO with the mesh axes its device groups
+span and the bytes it moves; :func:`compile_partitioned` also returns the HLO right after SPMD
+partitioning, in the dtypes an accelerator would send. Used by ``scripts/comm_report.py``,
+``scripts/bench.py`` and ``tests/test_parallel.py``; the mesh itself is :mod:`motionjax.parallel`'s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<type>\([^)]*\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
+    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\("
+)
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+_BITS = {"pred": 8, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32, "u32": 32,
+         "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program, as seen by one device."""
+
+    op: str                 # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    dtype: str              # element type of the (first) buffer, e.g. "f32"
+    result_bytes: int       # bytes of the op's result on one device
+    axes: tuple[str, ...]   # mesh axes its device groups span
+    group_size: int         # devices per group (2 for a permute pair)
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one device sends, with bandwidth-optimal (ring) algorithms."""
+        n, s = self.group_size, self.result_bytes
+        if n <= 1:
+            return 0.0
+        ring = (n - 1) / n
+        return {"all-reduce": 2 * ring * s, "all-gather": ring * s, "reduce-scatter": (n - 1) * s,
+                "all-to-all": ring * s, "collective-permute": s}[self.op]
+
+
+def _groups(line: str) -> list[list[int]]:
+    """Device groups of a collective: pairs, iota ``[2,2]<=[2,2]T(1,0)``, named ``mesh[...] {axes}``, or
+    explicit ``{{0,2},{1,3}}``."""
+    if m := re.search(r"source_target_pairs=\{(\{[\d,{}]*\})\}", line):
+        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+    if m := re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line):
+        shape, dims = [int(v) for v in m.group(1).split(",")], [int(v) for v in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(v) for v in m.group(3).split(",")])
+        return ids.reshape(-1, shape[-1]).tolist()
+    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):
+        # Named form: the groups run along the listed axes of an iota device mesh.
+        if ":(" in m.group(2):
+            raise ValueError(f"sub-axis replica groups are not supported: {m.group(0)}")
+        names, sizes = zip(*[(n, int(v)) for n, v in re.findall(r"'(\w+)'=(\d+)", m.group(1))], strict=True)
+        along = [names.index(n) for n in re.findall(r"'(\w+)'", m.group(2))]
+        across = [i for i in range(len(names)) if i not in along]
+        ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(across + along)
+        return ids.reshape(-1, math.prod(sizes[i] for i in along)).tolist()
+    if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
+        return [[int(v) for v in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+    return []  # replica_groups={}: one group of every device
+
+
+def compile_partitioned(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, str]:
+    """Compile ``lowered``; also return its HLO text right after SPMD partitioning.
+
+    That is where the partitioner has placed every collective, in the dtype it chose, before
+    backend passes: XLA:CPU then upcasts bf16 collectives to f32 (GPUs and TPUs reduce in bf16), so
+    the partitioned HLO, not the CPU executable, tells what an accelerator would send.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        compiled = lowered.compile(compiler_options=dump)
+        (path,) = Path(tmp).glob("*after_spmd-partitioning*.txt")
+        return compiled, path.read_text()
+
+
+def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
+    """The collectives of compiled HLO text (``jitted.lower(...).compile().as_text()``) on ``mesh``.
+
+    Device ids in the HLO are positions in the mesh's flattened device order, which locates each
+    group on the mesh axes. Reads the synchronous collectives the CPU compiler emits; each is
+    counted once, so one inside a loop body would count once, not once per iteration.
+    """
+    coords = np.stack(np.unravel_index(np.arange(mesh.size), mesh.devices.shape), axis=1)  # [D, axes]
+    found = []
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if m is None:
+            continue
+        arrays = _ARRAY.findall(m.group("type"))
+        nbytes = sum(_BITS[t] // 8 * math.prod(int(d) for d in dims.split(",") if d) for t, dims in arrays)
+        groups = _groups(line) or [list(range(mesh.size))]
+        spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
+        axes = tuple(mesh.axis_names[i] for i in sorted(spans))
+        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups)))
+    return found
