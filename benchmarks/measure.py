@@ -1,4 +1,5 @@
-"""Measurement primitives shared by every benchmark part: timing, peak FLOP/s, MFU, power-law fits.
+"""Measurement primitives shared by every benchmark part: timing, peak FLOP/s, MFU, power-law fits,
+smooth random motion to feed a step.
 
 Speed numbers on a shared machine are noisy, so every helper reports the *median* of repeated
 calls and every claim in the benchmark is a ratio of numbers taken in the same run.
@@ -82,6 +83,16 @@ def compiled_flops(compiled) -> float:
 def mfu(flops_per_step: float, step_time: float, peak: float) -> float:
     """Model FLOP utilisation: achieved FLOP/s (``flops_per_step / step_time``) over ``peak``."""
     return flops_per_step / step_time / peak
+
+
+def smooth_motion(rng: np.random.Generator, batch: int, frames: int, joints: int, angle_std: float = 0.05,
+                  root_std: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+    """Smooth random motion, ``(root [B, T, 3] m, axis-angle rotations [B, T, J, 3] rad)`` float32:
+    random walks of ``angle_std`` rad and ``root_std`` m Gaussian steps per frame (rotations first,
+    both drawn from ``rng``)."""
+    angles = np.cumsum(rng.normal(0, angle_std, (batch, frames, joints, 3)), axis=1).astype(np.float32)
+    root = np.cumsum(rng.normal(0, root_std, (batch, frames, 3)), axis=1).astype(np.float32)
+    return root, angles
 
 
 def fit_power_law(x, y) -> tuple[float, float, float]:

@@ -1,7 +1,6 @@
 """The benchmark's pieces: power-law fit, MFU arithmetic, FLOP counts, and the PyTorch peer computing
 the same model and loss as motionjax (so the speed comparison compares one computation)."""
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -9,13 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-
-from benchmarks import measure  # noqa: E402
-from experiments import base  # noqa: E402
-from motionjax import features, losses, models  # noqa: E402
-from motionjax import rotations as rot  # noqa: E402
-from motionjax.skeleton import deepmimic_humanoid, random_tree  # noqa: E402
+from benchmarks import measure, report
+from experiments import base
+from motionjax import features, losses, models
+from motionjax import rotations as rot
+from motionjax.skeleton import deepmimic_humanoid, random_tree
 
 
 def test_fit_power_law_recovers_exponent():
@@ -57,10 +54,9 @@ def test_time_call_waits_for_the_result():
 def _windows(skeleton, b, t, seed):
     """Smooth random motion, standardized: ``(clean, pred, mean, std)`` ``[B, T, F]``."""
     rng = np.random.default_rng(seed)
-    angles = np.cumsum(rng.normal(0, 0.08, (b, t, skeleton.num_joints, 3)), axis=1)
-    root = np.cumsum(rng.normal(0, 0.02, (b, t, 3)), axis=1) + np.array([0, 0.9, 0])
-    x = np.asarray(features.encode(skeleton, jnp.asarray(root, jnp.float32),
-                                   rot.axis_angle_to_quat(jnp.asarray(angles, jnp.float32))))
+    root, angles = measure.smooth_motion(rng, b, t, skeleton.num_joints, angle_std=0.08)
+    root += np.float32([0, 0.9, 0])
+    x = np.asarray(features.encode(skeleton, jnp.asarray(root), rot.axis_angle_to_quat(jnp.asarray(angles))))
     f = x.shape[-1]
     mean, std = x.reshape(-1, f).mean(0), x.reshape(-1, f).std(0) + 0.1
     clean = ((x - mean) / std).astype(np.float32)
@@ -134,33 +130,23 @@ def test_torch_model_matches_flax_model_with_copied_weights():
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/bench.py glue
-
-
-def _load_bench():
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-    spec = importlib.util.spec_from_file_location("bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# scripts/bench.py and its report (benchmarks/report.py)
 
 
 def test_bench_skips_torch_part_without_torch(monkeypatch, tmp_path):
-    bench = _load_bench()
+    from scripts import bench
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     monkeypatch.delitem(sys.modules, "benchmarks.torch_peer", raising=False)
     result = bench.part_torch(True, tmp_path, {})
     assert "pip install" in result["skipped"]
-    assert "skipped" in bench.markdown({"quick": True, "date": "", "wall_s": 1.0, "parts": {"torch": result},
-                                        "machine": bench.machine()})
+    assert "skipped" in report.markdown({"quick": True, "date": "", "wall_s": 1.0, "parts": {"torch": result},
+                                         "machine": report.machine()})
 
 
 def test_bench_table_flags_missed_targets():
-    bench = _load_bench()
     growth = {"batch": 8, "by_T": {32: 0.01, 64: 0.02, 128: 0.05}, "by_J": {15: 0.01, 30: 0.02},
               "fit_T": {"exponent": 1.3, "r2": 0.99}, "fit_T_tail": {"exponent": 1.32, "r2": 1.0},
               "fit_J": {"exponent": 1.0, "r2": 1.0}, "met": False}
-    table = bench.markdown({"quick": False, "date": "", "wall_s": 1.0, "parts": {"growth": growth},
-                            "machine": bench.machine()})
+    table = report.markdown({"quick": False, "date": "", "wall_s": 1.0, "parts": {"growth": growth},
+                             "machine": report.machine()})
     assert "| step time ∝ T^k | k = 1.32 (T ≥ 64); 1.30 (all T) | k ≤ 1.1 | **no** |" in table
