@@ -1,10 +1,12 @@
 """The honest straightforward setup of any experiment, for speed comparisons against it.
 
-Same data, model and loss, done the plain way: the dense ``jax.jacfwd`` Jacobian in the dynamics
-loss, the main-thread numpy loader (no Grain, no prefetch), fp32 compute.
+Same data, model and loss, done the plain way: the main-thread numpy loader (no Grain, no
+prefetch), fp32 compute, and the dense ``jax.jacfwd`` Jacobian in the dynamics loss. The default
+experiment has the dynamics loss off, so there the Jacobian changes nothing: ``scripts/bench.py``
+turns it on in both configs it compares.
 
-``get_config()`` is the plain ``deepmimic_denoise`` (``scripts/bench.py``); ``get_config("NAME")``
-or ``get_config("NAME:VARIANT")`` is the plain ``experiments/NAME.py`` (e.g. ``"bandai_autoencoder"``,
+``get_config()`` is the plain ``deepmimic_denoise``; ``get_config("NAME")`` or
+``get_config("NAME:VARIANT")`` is the plain ``experiments/NAME.py`` (e.g. ``"autoencoder:bandai"``,
 ``"deepmimic_denoise:runlocal"``; plain ``"runlocal"`` is the latter); :func:`plain` makes any config plain.
 """
 import importlib

@@ -7,8 +7,10 @@ even on a shared machine:
 
 a. ``train``: end-to-end training frames/s of ``experiments/deepmimic_denoise.py`` (optimized) vs
    ``experiments/baseline.py`` (dense ``jax.jacfwd`` dynamics loss, main-thread numpy loader, fp32,
-   no prefetch), both through :func:`motionjax.train.train_and_evaluate` for the same number of
-   frames, and their held-out MPJPE afterwards (mean of 3 seeds; 1 with ``--quick``);
+   no prefetch), both with the model and loss pinned by :func:`_experiment` (the residual
+   transformer with the dynamics loss on, not the default experiment's conv denoiser), both through
+   :func:`motionjax.train.train_and_evaluate` for the same number of frames, and their held-out
+   MPJPE afterwards (mean of 3 seeds; 1 with ``--quick``; and one run of each on the same batches);
 b. step-time breakdown of both: data wait (the trainer's own timing), compute split into model and
    loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
 c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense at J = 13, 24, 52, 100 ×
@@ -245,7 +247,7 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (c) dynamics loss across J: B's benchmark, called, not copied
+# (c) dynamics loss across J: scripts/bench_dynamics.py, called, not copied
 
 
 def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
