@@ -1,4 +1,5 @@
-"""Rotation representations as pure JAX functions over arrays with any leading dims.
+"""Rotation representations as pure functions over arrays with any leading dims: jax arrays in, jax
+out (jit- and grad-safe); numpy in, numpy out (the loader's workers run them without jax dispatch).
 
 Conventions: unit quaternions are ``[..., 4]`` in (w, x, y, z) order with the Hamilton product;
 matrices ``[..., 3, 3]`` act on column vectors; axis-angle (rotation vectors) are ``[..., 3]``

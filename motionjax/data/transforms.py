@@ -10,7 +10,7 @@ Forward, per window (:func:`make_example`):
   window start, floor at 0, optional uniform retarget) -> clean features -> noisy copy: time-warp
   jitter, tangent-space rotation noise, root position noise -> standardize -> joint/frame masking
   -> chunk ``[T, F] -> [T/C, C, F]``.
-Inverse (model side, jax or numpy): :func:`denormalize` (unchunk, destandardize, decode) and
+Inverse (model side, jax or numpy): :func:`unchunk`, :func:`denormalize` (destandardize, decode) and
 :func:`uncanonicalize` (back to the clip's world frame).
 """
 from __future__ import annotations
