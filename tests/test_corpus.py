@@ -10,6 +10,7 @@ import pytest
 
 from motionjax import rotations as rot
 from motionjax.data import corpus, prepare
+from motionjax.data.info import INDEX, load_info
 from motionjax.data.pipeline import ClipSource
 from motionjax.formats import Motion, deepmimic_clip_paths, load, read_bvh, write_bvh
 from motionjax.kinematics import forward_kinematics
@@ -122,7 +123,7 @@ def test_performers_share_a_skeleton_and_keep_their_bones(tmp_path):
     info = prepare.prepare(src, tmp_path / "out", window=32, splits=SPLITS, progress=False, workers=0,
                            dedup=False)
     assert info.names == ("take_0", "take_1", "take_2") and not info.skipped
-    doc = json.loads((tmp_path / "out" / prepare.INDEX).read_text())
+    doc = json.loads((tmp_path / "out" / INDEX).read_text())
     assert doc["detected"]["units"] == {"cm": 3}
     order = [base.skeleton.index(n) for n in info.skeleton.names]  # BVH writes joints depth-first
     src_clips = ClipSource(info)
@@ -208,7 +209,7 @@ def test_duplicates_are_dropped_and_cross_split_ones_reported(tmp_path):
     reasons = {Path(s["path"]).stem: s["reason"] for s in info.skipped}
     assert reasons["punch_copy"].startswith("exact duplicate of")
     assert reasons["zz_punch_noisy"].startswith("near duplicate of")
-    doc = json.loads((tmp_path / "out" / prepare.INDEX).read_text())
+    doc = json.loads((tmp_path / "out" / INDEX).read_text())
     (leak,) = doc["leakage"]
     assert "zz_punch_noisy" in leak["group"] and leak["moved_to"] == "train"
     kept = {info.names[c] for segs in info.splits.values() for c, _, _ in segs}
@@ -228,7 +229,7 @@ def test_prepared_data_is_never_destroyed(tmp_path):
     with pytest.raises(ValueError, match="512-frame window"):  # a forced rebuild that fails
         prepare.prepare(src, out, window=512, splits=SPLITS, progress=False, workers=0, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert prepare.load_info(out).names == info.names
+    assert load_info(out).names == info.names
     # A damaged shard is noticed on the next prepare and rebuilt from the sources.
     shard = Path(info.shard_paths()[0])
     data = bytearray(shard.read_bytes())

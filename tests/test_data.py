@@ -9,6 +9,7 @@ import pytest
 from motionjax import features
 from motionjax import rotations as rot
 from motionjax.data import prepare, records, synthetic, transforms
+from motionjax.data.info import INDEX
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
 from motionjax.kinematics import forward_kinematics
 from motionjax.skeleton import deepmimic_humanoid, smpl_like
@@ -247,9 +248,9 @@ def test_prepare_is_idempotent_and_skips_bad_files(tmp_path, prepared):
     assert info.names == ("humanoid3d_punch",)
     assert sorted(s["path"].rsplit("/", 1)[-1] for s in info.skipped) == ["broken.txt", "nan_clip.txt"]
     assert all(s["reason"] for s in info.skipped)
-    stamp = (out / prepare.INDEX).stat().st_mtime_ns
+    stamp = (out / INDEX).stat().st_mtime_ns
     prepare.prepare(src, out, window=WINDOW, progress=False, splits=SPLITS)
-    assert (out / prepare.INDEX).stat().st_mtime_ns == stamp  # nothing rewritten
+    assert (out / INDEX).stat().st_mtime_ns == stamp  # nothing rewritten
     with pytest.raises(Exception, match="broken.txt"):
         prepare.prepare(src, tmp_path / "strict", window=WINDOW, strict=True, progress=False, splits=SPLITS)
 

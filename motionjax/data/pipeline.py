@@ -38,7 +38,7 @@ from grain.experimental import ThreadPrefetchIterDataset
 
 from motionjax.data import prepare as prep
 from motionjax.data import records, synthetic, transforms
-from motionjax.data.prepare import DatasetInfo
+from motionjax.data.info import DatasetInfo
 
 
 def dataset_info(cfg) -> DatasetInfo:

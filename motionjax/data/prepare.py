@@ -45,6 +45,7 @@ import numpy as np
 
 from motionjax import features
 from motionjax.data import corpus, records, transforms
+from motionjax.data.info import FORMAT_VERSION, INDEX, DatasetInfo, load_info, skeleton_to_dict
 from motionjax.formats import Motion, MotionFormatError, deepmimic_clip_paths, load
 from motionjax.kinematics import forward_kinematics
 from motionjax.skeleton import Skeleton
@@ -53,93 +54,7 @@ from motionjax.skeleton import Skeleton
 # the test split; the last 20% of every other clip is the validation split.
 DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
                     "test": "clips:humanoid3d_dance_b,humanoid3d_getup_faceup,humanoid3d_spinkick"}
-INDEX = "index.json"
-FORMAT_VERSION = 3
 MIN_STD = 1e-3  # features constant in the data (e.g. hinge 6D components) standardize with std 1
-
-
-# --------------------------------------------------------------------------------------------
-# Metadata
-
-
-def skeleton_to_dict(skeleton: Skeleton) -> dict:
-    return {"names": list(skeleton.names), "parents": list(skeleton.parents), "kinds": list(skeleton.kinds),
-            "offsets": skeleton.offsets.tolist(), "axes": skeleton.axes.tolist(),
-            "masses": skeleton.masses.tolist(), "up_axis": skeleton.up_axis}
-
-
-def skeleton_from_dict(d: dict) -> Skeleton:
-    return Skeleton(d["names"], d["parents"], np.array(d["offsets"]), d["kinds"], np.array(d["axes"]),
-                    np.array(d["masses"]), d["up_axis"])
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DatasetInfo:
-    """What the trainer needs to know about a prepared (or synthetic) dataset.
-
-    Attributes:
-      data_dir: the prepared directory ("" for the synthetic corpus).
-      skeleton: the tree of every clip, with the median bone offsets over clips.
-      fps: frame rate of every record.
-      mean, std: ``[F]`` float32 feature stats (std floored at :data:`MIN_STD` -> 1).
-      names, frames: per record (clip id = record index); dropped clips are in no split.
-      splits: split name -> list of ``(clip, begin, end)`` segments.
-      window: window length the stats were computed with (must equal ``config.data.window``).
-      shards: ArrayRecord file names, relative to ``data_dir``.
-      train_windows: per segment of the ``train`` split, ``(number of windows, sum of their mean
-        dynamics scores)`` for ``window``: the normalizers of dynamics-weighted sampling.
-      skipped: ``[{"path", "reason"}]`` files or clips that were not kept.
-      synthetic: ``{"num_clips", "frames", "seed"}`` for the generated corpus, else None.
-      labels: per record, a dict of label names (``{"content": "walk", "style": "happy"}``).
-      train_split: the split the model trains on (the ``rest`` rule).
-    """
-
-    data_dir: str
-    skeleton: Skeleton
-    fps: float
-    mean: np.ndarray
-    std: np.ndarray
-    names: tuple[str, ...]
-    frames: tuple[int, ...]
-    splits: dict
-    window: int
-    train_windows: tuple = ()
-    shards: tuple[str, ...] = ()
-    skipped: tuple = ()
-    synthetic: dict | None = None
-    labels: tuple = ()
-    train_split: str = "train"
-
-    @property
-    def feature_dim(self) -> int:
-        return features.feature_dim(self.skeleton)
-
-    def split_frames(self, split: str) -> int:
-        return sum(e - b for _, b, e in self.splits[split])
-
-    def shard_paths(self) -> list[str]:
-        return [os.path.join(self.data_dir, s) for s in self.shards]
-
-
-def load_info(data_dir) -> DatasetInfo:
-    """Read ``index.json`` of a prepared directory."""
-    path = Path(data_dir) / INDEX
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no prepared dataset here; run "
-                                f"scripts/prepare_data.py --out {data_dir}")
-    doc = json.loads(path.read_text())
-    if doc.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format version {doc.get('version')}, expected {FORMAT_VERSION}; "
-                         f"prepare it again into a new directory (or delete {data_dir})")
-    clips = doc["clips"]
-    return DatasetInfo(
-        data_dir=str(data_dir), skeleton=skeleton_from_dict(doc["skeleton"]), fps=doc["fps"],
-        mean=np.array(doc["stats"]["mean"], np.float32), std=np.array(doc["stats"]["std"], np.float32),
-        names=tuple(c["name"] for c in clips), frames=tuple(c["frames"] for c in clips),
-        splits={k: [tuple(s) for s in v] for k, v in doc["splits"].items()}, window=doc["stats"]["window"],
-        train_windows=tuple(tuple(w) for w in doc["train_windows"]),
-        shards=tuple(s["file"] for s in doc["shards"]), skipped=tuple(doc["skipped"]),
-        labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"])
 
 
 # --------------------------------------------------------------------------------------------

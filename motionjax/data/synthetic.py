@@ -16,6 +16,7 @@ import numpy as np
 
 from motionjax import rotations as rot
 from motionjax.data import corpus, prepare, records, transforms
+from motionjax.data.info import DatasetInfo
 from motionjax.formats import Motion
 from motionjax.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid
 
@@ -94,7 +95,7 @@ def synthetic_motions(num_clips: int, *, frames: int = 240, fps: float = 30.0, s
 
 
 def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float = 30.0, seed: int = 0,
-                   stats_clips: int = 64, skeleton: Skeleton | None = None) -> prepare.DatasetInfo:
+                   stats_clips: int = 64, skeleton: Skeleton | None = None) -> DatasetInfo:
     """Metadata of the generated corpus; stats from the first ``stats_clips`` clips' windows.
 
     Splits: the first 80% of every clip trains, the last 20% is ``validation``; no clip is held
@@ -115,7 +116,7 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
     num = len(transforms.segment_windows(np.zeros(cut), window))
     train_windows = ((num, float(np.mean(score_sums))),) * num_clips
     names = [f"synthetic_{seed}_{i:07d}" for i in range(num_clips)]
-    return prepare.DatasetInfo(
+    return DatasetInfo(
         data_dir="", skeleton=source.skeleton, fps=fps, mean=moments.mean.astype(np.float32),
         std=moments.std().astype(np.float32), names=tuple(names), frames=(frames,) * num_clips,
         splits=corpus.segments(rules, ["train"] * num_clips, [frames] * num_clips), window=window,
