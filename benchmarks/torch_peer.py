@@ -542,7 +542,7 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
 
 def evaluate(model, info, contact_speed, batches) -> float:
     """Held-out MPJPE (cm) of the torch model with motionjax's evaluation code."""
-    from motionjax import eval as evaluation
+    from motionjax import evaluation
 
     def predict(x):
         with torch.no_grad():

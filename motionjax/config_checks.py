@@ -13,8 +13,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from motionjax import eval as evaluation
-from motionjax import parallel
+from motionjax import evaluation, parallel
 from motionjax.data import transforms
 
 

@@ -48,8 +48,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from motionjax import config_checks, losses, models, parallel
-from motionjax import eval as evaluation
+from motionjax import artifacts, config_checks, evaluation, losses, models, parallel
 from motionjax.data import pipeline as data
 from motionjax.features import feature_dim
 
@@ -788,7 +787,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
     summary["history"] = history
     mngr.close()
     if main:
-        evaluation.plot_learning_curves(
+        artifacts.plot_learning_curves(
             {k: v for k, v in history.items() if k in ("train/loss", "train/position") or
              (k.startswith("eval/") and k.endswith("/mpjpe"))}, workdir / "learning_curves.png")
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -818,7 +817,7 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
         row["input_mpjpe"], row["input_mpjpe_global"] = row["input"]["mpjpe"], row["input"]["mpjpe_global"]
         results.setdefault(split, {})[condition] = row
         if main and row["model"].get("by_label"):
-            evaluation.plot_label_breakdown(row["model"]["by_label"],
+            artifacts.plot_label_breakdown(row["model"]["by_label"],
                                             workdir / f"by_label_{split}_{condition}.png",
                                             title=f"{split}, {condition} input:")
     results["pca_latent_per_frame"] = pca.basis.shape[1]
@@ -833,12 +832,12 @@ def final_evaluation(config, info, state, predict, eval_sets, workdir: Path, mai
         pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
         clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(reconstructed),
                 "truth": pick(batch["clean"])}
-        evaluation.plot_skeletons(
+        artifacts.plot_skeletons(
             info.skeleton, {k: evaluation.feature_positions(info.skeleton, v, info.mean, info.std)
                             for k, v in clip.items()},
             workdir / "heldout_clip.png", title=f"{split}, noise level {config.train.eval_noise_level}")
         for name, features in clip.items():
-            evaluation.export_bvh(workdir / f"heldout_{name}.bvh", info.skeleton, float(info.fps), features,
+            artifacts.export_bvh(workdir / f"heldout_{name}.bvh", info.skeleton, float(info.fps), features,
                                   info.mean, info.std, name=name)
     return results
 
@@ -880,7 +879,7 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
 
 def results_table(results: dict) -> list[str]:
     """Text table: one line per split x input x method. MPJPE is root-relative (Human3.6M protocol
-    #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.eval`)."""
+    #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.evaluation`)."""
     lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'global cm':>9s} {'PA-MPJPE':>9s} "
              f"{'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
     for split, rows in results.items():

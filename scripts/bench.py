@@ -175,7 +175,7 @@ def same_stream(configs: dict, steps: int) -> dict:
     """Held-out MPJPE (cm) of each config's train step run from the same initial state on the same
     ``steps`` batches (the first config's Grain stream). The configs differ in implementation only
     (Jacobian, loader), so this isolates what the implementation changes from data-order noise."""
-    from motionjax import eval as evaluation
+    from motionjax import evaluation
     first = next(iter(configs.values()))
     info = pipeline.dataset_info(first.data)
     mesh = parallel.make_mesh(first.mesh)

@@ -1,8 +1,8 @@
-"""Held-out metrics (motionjax.eval) against independent numpy/scipy references."""
+"""Held-out metrics (motionjax.evaluation) against independent numpy/scipy references."""
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from motionjax import eval as evaluation
+from motionjax import evaluation
 from motionjax.skeleton import deepmimic_humanoid
 
 SKELETON = deepmimic_humanoid()

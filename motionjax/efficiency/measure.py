@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from motionjax import eval as evaluation
+from motionjax import evaluation
 from motionjax.data import pipeline
 
 
@@ -29,7 +29,7 @@ def eval_batches(config, info, split: str = "test", noise_level: float | None = 
 
 
 def mpjpe(predict, config, info, batches) -> float:
-    """Root-relative MPJPE (cm) of ``predict`` over ``batches`` (:func:`motionjax.eval.evaluate`)."""
+    """Root-relative MPJPE (cm) of ``predict`` over ``batches`` (:func:`motionjax.evaluation.evaluate`)."""
     m = evaluation.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
                             config.loss.contact_speed)
     return float(m["mpjpe"])
