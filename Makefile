@@ -18,7 +18,7 @@ train: $(VENV)/.installed
 	$(PY) scripts/train.py --config $(CONFIG) --workdir $(WORKDIR)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile  # whole test files per worker: module fixtures built once
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench.py

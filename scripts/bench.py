@@ -34,14 +34,12 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # experiments/ and benchmarks/ live next to the package
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -12,21 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for experiments/
-from experiments.base import get_config  # noqa: E402
-from motionjax.features import feature_dim  # noqa: E402
-from motionjax.models import make_model  # noqa: E402
-from motionjax.skeleton import deepmimic_humanoid  # noqa: E402
+from benchmarks import measure
+from experiments.base import get_config
+from motionjax.features import feature_dim
+from motionjax.models import make_model
+from motionjax.skeleton import deepmimic_humanoid
 
 
 def make_step(config, batch, window, chunk):
@@ -47,17 +43,6 @@ def make_step(config, batch, window, chunk):
     return lambda: step(model, optimizer, x).block_until_ready(), int(params)
 
 
-def interleaved_medians(runs, repeats):
-    """Median seconds per call of each ``run``, timed round-robin so load changes hit all alike."""
-    times = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, ts in zip(runs, times, strict=True):
-            start = time.perf_counter()
-            run()
-            ts.append(time.perf_counter() - start)
-    return [float(np.median(ts)) for ts in times]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -74,7 +59,9 @@ def main():
             run, params = make_step(config, args.batch, args.window, base.data.chunk)
             rows.append(dict(model=name, dtype=dtype, params=params))
             runs.append(run)
-    for row, seconds in zip(rows, interleaved_medians(runs, args.repeats), strict=True):
+    # Round-robin (load changes on a shared machine hit all four alike), one call per round.
+    times = measure.interleaved(dict(enumerate(runs)), rounds=args.repeats, repeats=1)
+    for row, seconds in zip(rows, times.values(), strict=True):
         row.update(ms=1e3 * seconds, frames_per_s=args.batch * args.window / seconds)
     ref = rows[0]["ms"]
     print(f"{jax.devices()[0].device_kind}, B={args.batch}, T={args.window}, C={base.data.chunk}")

@@ -20,12 +20,10 @@ upper bound on the wait.
 from __future__ import annotations
 
 import os
-import sys
 
 # Enough virtual devices for the largest mesh; set before jax is imported.
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=512"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # experiments/ configs
 
 import json  # noqa: E402
 import math  # noqa: E402
