@@ -8,7 +8,6 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax import losses
 from motionjax.features import decode, destandardize
 from motionjax.skeleton import Skeleton
 
@@ -86,7 +85,7 @@ def plot_skeletons(skeleton: Skeleton, clips: dict, path, num_poses: int = 8, ti
             p = pos[t] - pos[frames[0], 0] * np.eye(3)[forward] + np.eye(3)[forward] * 0.8 * i
             for j, parent in enumerate(skeleton.parents[1:], 1):
                 ax.plot(p[[parent, j], forward], p[[parent, j], up], "-", lw=1.5,
-                        color="C3" if j in losses.foot_joints(skeleton) else "C0")
+                        color="C3" if j in skeleton.foot_joints else "C0")
         ax.set_ylabel(name)
         ax.set_aspect("equal")
         ax.grid(alpha=0.3)

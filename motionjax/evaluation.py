@@ -71,7 +71,7 @@ def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed
     dist = lambda a, b: jnp.linalg.norm(a - b, axis=-1)
     accel = lambda p: (p[:, 2:] - 2 * p[:, 1:-1] + p[:, :-2]) * fps**2
     jerk = (pred[:, 3:] - 3 * pred[:, 2:-1] + 3 * pred[:, 1:-2] - pred[:, :-3]) * fps**3
-    p_feet, _ = losses.velocity(pred[..., losses.foot_joints(skeleton), :], fps)
+    p_feet, _ = losses.velocity(pred[..., skeleton.foot_joints, :], fps)
     _, planted = losses.foot_contacts(true, skeleton, fps, contact_speed)
     skate = jnp.linalg.norm(jnp.delete(p_feet, skeleton.up_axis, axis=-1), axis=-1)  # horizontal speed
     parents = np.asarray(skeleton.parents)[1:]

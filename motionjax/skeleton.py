@@ -130,6 +130,32 @@ class Skeleton:
         return m
 
     @functools.cached_property
+    def rest_positions(self) -> np.ndarray:
+        """``[J, 3]`` joint positions in the rest pose: every rotation identity, the root at the origin."""
+        p = np.zeros((self.num_joints, 3))
+        for j, parent in enumerate(self.parents[1:], 1):
+            p[j] = p[parent] + self.offsets[j]
+        return p
+
+    @functools.cached_property
+    def foot_joints(self) -> np.ndarray:
+        """Leaf joints within 5 cm of the lowest rest-pose height: the ankles/feet of any biped (the
+        joints of foot contact and foot skating)."""
+        height = self.rest_positions[:, self.up_axis]
+        leaves = np.array([j for j in range(self.num_joints) if not self.children[j]])
+        return leaves[height[leaves] <= height[leaves].min() + 0.05]
+
+    @functools.cached_property
+    def ball_mask(self) -> np.ndarray:
+        """``[J]`` bool: ball (3-DOF) joints."""
+        return np.array([k == BALL for k in self.kinds])
+
+    @functools.cached_property
+    def hinge_axes(self) -> np.ndarray:
+        """``[J, 3]`` the hinge axis of each hinge joint, zero for the other kinds."""
+        return self.axes * np.array([k == HINGE for k in self.kinds])[:, None]
+
+    @functools.cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
         kids = [[] for _ in self.names]
         for j, p in enumerate(self.parents[1:], 1):

@@ -161,3 +161,18 @@ def test_invalid_skeletons_are_rejected(bad, message):
                 axes=None, masses=None)
     with pytest.raises(ValueError, match=message):
         Skeleton(**{**args, **bad})
+
+
+def test_rest_pose_feet_and_joint_kind_masks():
+    from motionjax.kinematics import forward_kinematics
+
+    humanoid = deepmimic_humanoid()
+    assert [humanoid.names[j] for j in humanoid.foot_joints] == ["right_ankle", "left_ankle"]
+    for skeleton in (humanoid, random_tree(13, seed=1)):
+        rest = np.tile([1.0, 0.0, 0.0, 0.0], (skeleton.num_joints, 1))  # identity quaternions
+        positions, _ = forward_kinematics(skeleton, rest, np.zeros(3))
+        np.testing.assert_allclose(skeleton.rest_positions, positions, atol=1e-12)
+        np.testing.assert_array_equal(skeleton.ball_mask, skeleton.dofs == 3)
+        hinge = skeleton.dofs == 1
+        np.testing.assert_array_equal(skeleton.hinge_axes[hinge], skeleton.axes[hinge])
+        assert not skeleton.hinge_axes[~hinge].any()

@@ -24,7 +24,7 @@ import numpy as np
 from motionjax import features
 from motionjax import rotations as rot
 from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import BALL, HINGE, Skeleton
+from motionjax.skeleton import Skeleton
 
 # --------------------------------------------------------------------------------------------
 # Clip-level (prepare time)
@@ -270,8 +270,8 @@ def rotation_noise(skeleton: Skeleton, rotations, eps):
     """``q ⊗ exp(P_j ε)``: perturb ``rotations [..., J, 4]`` by rotation vectors ``eps [..., J, 3]``
     in each joint's local tangent space. ``P_j`` is the identity for ball joints, ``a aᵀ`` for
     hinges (they stay on their axis) and zero for fixed joints."""
-    ball = np.array([k == BALL for k in skeleton.kinds], eps.dtype)[:, None]
-    hinge_axes = (np.array([k == HINGE for k in skeleton.kinds])[:, None] * skeleton.axes).astype(eps.dtype)
+    ball = skeleton.ball_mask.astype(eps.dtype)[:, None]
+    hinge_axes = skeleton.hinge_axes.astype(eps.dtype)
     eps = eps * ball + np.sum(eps * hinge_axes, axis=-1, keepdims=True) * hinge_axes
     return rot.quat_mul(rotations, rot.axis_angle_to_quat(eps))
 
