@@ -6,6 +6,7 @@ calls and every claim in the benchmark is a ratio of numbers taken in the same r
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -49,17 +50,22 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def matmul(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], jax.Array], float]:
+    """The peak probe: a jitted ``[n, n] @ [n, n]`` matmul as a zero-argument call, and its FLOPs
+    (2n³). Time it next to the steps it normalises (:func:`interleaved`), or :func:`peak_flops`."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    return functools.partial(jax.jit(jnp.matmul), a, a), 2.0 * n**3
+
+
 def peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
-    """Achievable FLOP/s of this backend: a jitted ``[n, n] @ [n, n]`` matmul (2n³ FLOPs), best of runs.
+    """Achievable FLOP/s of this backend: :func:`matmul`, best of ``repeats`` runs.
 
     Measured in the same run as the steps it normalises, so MFU is not skewed by a load
     difference between a published peak and this machine now (shared CPUs, clocks).
     """
-    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-    matmul = jax.jit(lambda x, y: x @ y)
-    block(matmul(a, a))
-    best = min(_wall(lambda: block(matmul(a, a))) for _ in range(repeats))
-    return 2.0 * n**3 / best
+    call, flops = matmul(n, dtype)
+    block(call())
+    return flops / min(_wall(lambda: block(call())) for _ in range(repeats))
 
 
 def _wall(fn) -> float:

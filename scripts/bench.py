@@ -360,11 +360,11 @@ def part_mfu(quick: bool, out: Path, done: dict) -> dict:
         step, state, batch, _, _ = compiled_step(config, pipeline.dataset_info(config.data))
         calls[name], flops[name] = stepper(step, state, batch), measure.compiled_flops(step)
     n = 2048 if jax.default_backend() == "cpu" else 8192
-    for dtype in (jnp.float32, jnp.bfloat16):
-        a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-        calls[str(jnp.dtype(dtype))] = functools.partial(jax.jit(jnp.matmul), a, a)
+    matmul_flops = {}
+    for dtype in ("float32", "bfloat16"):
+        calls[dtype], matmul_flops[dtype] = measure.matmul(n, jnp.dtype(dtype))
     times = measure.interleaved(calls, rounds=3 if quick else 5)
-    peaks = {k: 2.0 * n**3 / times[k] for k in ("float32", "bfloat16")}
+    peaks = {k: matmul_flops[k] / times[k] for k in matmul_flops}
     peak = max(peaks.values())
     rows = {name: {"flops_per_step": flops[name], "step_s": times[name], "model_dtype": config.model.dtype,
                    "achieved_flops": flops[name] / times[name],
