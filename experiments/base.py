@@ -65,6 +65,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.latent_dim = 32            # latent width per `stride` frames (latent_dim / stride per frame)
     c.model.residual = False           # True: predict a correction to the input (bypasses the bottleneck)
     c.model.stages = 1                 # stride split over this many down/upsampling stages (stride^(1/n))
+    c.model.upsample = "linear"        # "linear": a vector -> k frames by a linear map | "interp": linear
+                                       # interpolation between group vectors (smooth across groups)
     c.model.input_positions = False    # the encoder also sees its input's root-relative FK joint positions
     c.model.global_rotations = False   # the head predicts window-frame rotations; local ones follow exactly
     c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
@@ -77,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.jacobian = "blocked"        # "blocked" | "jvp" | "dense"
     c.loss.rotation = 1.0              # weight of the rotation term, mean (1 - cos angle) per joint
     c.loss.position = 10.0             # weight of the FK position term, mean joint error (m)
+    c.loss.pose = 0.0                  # weight of the root-relative FK position error (m), MPJPE's quantity
     c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
     c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
     c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)

@@ -78,7 +78,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     """Weighted loss of predicted vs clean standardized windows.
 
     Args:
-      cfg: ``config.loss`` (weights ``rotation``, ``position``, ``foot``, ``dynamics_weight``;
+      cfg: ``config.loss`` (weights ``rotation``, ``position``, ``pose``, ``foot``, ``dynamics_weight``;
         ``contact_speed``; ``dynamics`` term weights and ``jacobian`` mode for B's loss).
       pred, target: ``[B, T, F]`` standardized features (model output and the clean window).
       mean, std: ``[F]`` feature statistics.
@@ -105,12 +105,16 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     t_fk = forward_kinematics(skeleton, t_rot, t_root, offsets)
     p_pos, t_pos = p_fk[0], t_fk[0]
     terms["position"] = masked_mean(_norm(p_pos - t_pos), axis_names=axes)
+    # The pose alone (root-relative, what MPJPE scores): the global term also asks for the root
+    # trajectory, metres of travel whose errors would otherwise dominate the gradient.
+    rel = lambda pos, root: pos - root[..., None, :]
+    terms["pose"] = masked_mean(_norm(rel(p_pos, p_root) - rel(t_pos, t_root)), axis_names=axes)
 
     p_feet, _ = velocity(p_pos[..., foot_joints(skeleton), :], fps, time_axis_name)
     _, planted = foot_contacts(t_pos, skeleton, fps, cfg.contact_speed, time_axis_name)
     terms["foot"] = masked_mean(jnp.sum(p_feet**2, -1), planted, axes)
 
-    loss = sum(cfg[k] * terms[k] for k in ("rotation", "position", "foot"))
+    loss = sum(cfg.get(k, 0.0) * terms[k] for k in ("rotation", "position", "pose", "foot"))
     if cfg.dynamics_weight > 0:
         dyn, dyn_metrics = dynamics.dynamics_loss(
             skeleton, p_root, p_rot, t_root, t_rot, fps, cfg.dynamics, jacobian=cfg.jacobian,

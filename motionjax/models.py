@@ -202,7 +202,11 @@ class ChunkedAutoencoder(nnx.Module):
     """
 
     def __init__(self, features, chunk, dim, depth, latent_dim, stride, residual, make_block, dtype,
-                 param_dtype, mesh, *, rngs, stages=1, kinematics: Kinematics | None = None, highpass=0):
+                 param_dtype, mesh, *, rngs, stages=1, kinematics: Kinematics | None = None, highpass=0,
+                 upsample="linear"):
+        if upsample not in ("linear", "interp"):
+            raise ValueError(f"model.upsample={upsample!r}: expected 'linear' or 'interp'")
+        self.upsample = upsample
         if chunk % stride:
             raise ValueError(f"bottleneck stride {stride} must divide the chunk length {chunk}")
         if highpass and not (residual and highpass % 2 and highpass // 2 <= chunk):
@@ -220,7 +224,11 @@ class ChunkedAutoencoder(nnx.Module):
         self.encoder = nnx.List([blocks(r) for r in rates])
         outs = [dim] * (stages - 1) + [latent_dim]
         self.downs = nnx.List([dense(k * dim, o) for k, o in zip(self.strides, outs, strict=True)])
-        self.ups = nnx.List([dense(o, k * dim) for k, o in zip(self.strides, outs, strict=True)])
+        # "linear": one vector -> k frames by a linear map (frames of a group are emitted apart, so
+        # the output steps between groups); "interp": one vector -> one, then linear interpolation
+        # between neighbouring vectors (smooth across groups; the blocks after it add the detail).
+        width = (lambda k: dim) if upsample == "interp" else (lambda k: k * dim)
+        self.ups = nnx.List([dense(o, width(k)) for k, o in zip(self.strides, outs, strict=True)])
         self.decoder = nnx.List([blocks(r) for r in rates])
         self.norm = nnx.LayerNorm(dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         # Zero heads: the model starts at the mean pose (or, residual, at the identity).
@@ -266,7 +274,10 @@ class ChunkedAutoencoder(nnx.Module):
         b, n = z.shape[:2]
         h = z
         for blocks, up, k in zip(self.decoder[::-1], self.ups[::-1], self.strides[::-1], strict=True):
-            h = up(h).reshape(b, n, h.shape[2] * k, -1)  # one vector -> k consecutive frames
+            if self.upsample == "interp":
+                h = self._interpolate(up(h), k)
+            else:
+                h = up(h).reshape(b, n, h.shape[2] * k, -1)  # one vector -> k consecutive frames
             for block in blocks:
                 h = block(h, self._windows)
         h = self.norm(h)
@@ -276,6 +287,19 @@ class ChunkedAutoencoder(nnx.Module):
             identity = jnp.array([1.0, 0, 0, 0, 1, 0], jnp.float32)
             rotations = self.kinematics.local_features(rotations.reshape(*h.shape[:-1], -1, 6) + identity)
         return jnp.concatenate([self.root_head(h).astype(jnp.float32), rotations], axis=-1)
+
+    def _interpolate(self, h, k: int):
+        """``h [B, N, c, D]`` at one vector per ``k`` frames -> ``[B, N, c·k, D]`` by linear
+        interpolation between group centres (the neighbouring chunks' edge vectors come as halos;
+        past the sequence ends the edge vector is held)."""
+        c = h.shape[2]
+        windows, _ = self._windows(h, 1)  # [B, N, 1 + c + 1, D]; edge copies past the ends
+        u = (np.arange(c * k) + 0.5) / k - 0.5 + 1  # fine frame -> coarse coordinate, in window slots
+        lo = np.floor(u).astype(int)
+        weights = np.zeros((c * k, c + 2), np.float32)
+        weights[np.arange(c * k), lo] = 1 - (u - lo)
+        weights[np.arange(c * k), lo + 1] = u - lo
+        return jnp.einsum("fw,bnwd->bnfd", weights.astype(h.dtype), windows)
 
     def highpass(self, x):
         """``x`` minus its centred moving average over ``highpass_frames`` (valid frames only): the
@@ -302,13 +326,13 @@ class MotionTransformer(ChunkedAutoencoder):
 
     def __init__(self, features, chunk, *, dim, depth, heads, mlp_ratio, halo, latent_dim, stride,
                  residual=False, dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs,
-                 stages=1, kinematics=None, highpass=0):
+                 stages=1, kinematics=None, highpass=0, upsample="linear"):
         # A coarser stage has fewer frames per chunk: its halo shrinks with it (at least 1 frame).
         block = lambda r, frames: AttentionBlock(dim, heads, mlp_ratio, max(1, halo * frames // chunk),
                                                  frames, dropout, dtype, param_dtype, rngs=r)
         super().__init__(features, chunk, dim, depth, latent_dim, stride, residual, block, dtype, param_dtype,
                          mesh, rngs=rngs, stages=stages, kinematics=kinematics,
-                         highpass=highpass)
+                         highpass=highpass, upsample=upsample)
 
 
 class TemporalConvNet(ChunkedAutoencoder):
@@ -317,11 +341,11 @@ class TemporalConvNet(ChunkedAutoencoder):
 
     def __init__(self, features, chunk, *, dim, depth, kernel, latent_dim, stride, residual=False,
                  dropout=0.0, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None, rngs, stages=1,
-                 kinematics=None, highpass=0):
+                 kinematics=None, highpass=0, upsample="linear"):
         block = lambda r, frames: ConvBlock(dim, kernel, dropout, dtype, param_dtype, rngs=r)
         super().__init__(features, chunk, dim, depth, latent_dim, stride, residual, block, dtype, param_dtype,
                          mesh, rngs=rngs, stages=stages, kinematics=kinematics,
-                         highpass=highpass)
+                         highpass=highpass, upsample=upsample)
 
 
 def _kinematics(config, info) -> Kinematics | None:
@@ -349,6 +373,7 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
         residual=config.residual, dropout=config.dropout, dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs, stages=config.get("stages", 1),
         kinematics=_kinematics(config, info), highpass=config.get("highpass", 0),
+        upsample=config.get("upsample", "linear"),
     )
     if config.name == "transformer":
         return MotionTransformer(feature_dim, chunk, heads=config.heads, mlp_ratio=config.mlp_ratio,

@@ -29,3 +29,30 @@ def test_reconstruction_loss_runs_fk_on_each_windows_offsets():
     np.testing.assert_allclose(float(terms["position"]), np.mean([float(e) for e in each]), rtol=1e-5)
     _, plain = losses.reconstruction_loss(cfg, SKELETON, 30.0, pred, target, mean, std)
     assert abs(float(plain["position"]) - float(terms["position"])) > 1e-3
+
+
+def test_pose_term_is_root_relative_mpjpe_and_weighted_into_the_loss():
+    """``pose`` ignores a shift of the whole predicted motion (``position`` does not), equals the
+    root-relative joint error of both motions' FK positions (numpy), and the
+    loss is the weighted sum of the terms."""
+    from motionjax.kinematics import forward_kinematics
+    cfg = get_config().loss
+    cfg.update(dynamics_weight=0.0, pose=3.0)
+    rng = np.random.default_rng(1)
+    f = feat.feature_dim(SKELETON)
+    mean, std = np.zeros(f, np.float32), np.ones(f, np.float32)
+    root = rng.normal(size=(2, 6, 3))
+    quats = rot.quat_normalize(rng.normal(size=(2, 6, SKELETON.num_joints, 4)))
+    target = jnp.asarray(feat.encode(SKELETON, root, quats), jnp.float32)
+    pred = jnp.asarray(feat.encode(SKELETON, root + 0.1, rot.quat_normalize(quats + 0.2)), jnp.float32)
+    loss, terms = losses.reconstruction_loss(cfg, SKELETON, 30.0, pred, target, mean, std)
+    shifted = pred.at[..., :3].add(jnp.array([0.5, -0.2, 0.3]))
+    _, moved = losses.reconstruction_loss(cfg, SKELETON, 30.0, shifted, target, mean, std)
+    np.testing.assert_allclose(float(moved["pose"]), float(terms["pose"]), rtol=1e-5)
+    assert float(moved["position"]) > float(terms["position"]) + 0.1
+    fk = lambda x: np.asarray(forward_kinematics(SKELETON, *feat.decode(SKELETON, x)[::-1])[0])
+    rel = lambda x: fk(x) - np.asarray(x)[..., None, :3]
+    expected = np.linalg.norm(rel(pred) - rel(target), axis=-1).mean()
+    np.testing.assert_allclose(float(terms["pose"]), expected, rtol=1e-4)
+    weighted = sum(cfg[k] * float(terms[k]) for k in ("rotation", "position", "pose", "foot"))
+    np.testing.assert_allclose(float(loss), weighted, rtol=1e-5)

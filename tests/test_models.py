@@ -253,3 +253,25 @@ def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame
         assert m.residual and m.highpass_frames > 0 and config.data.rot_noise > 0
     x = features((2, config.data.window // config.data.chunk, config.data.chunk, F))
     assert apply(m, x).shape == x.shape
+
+
+def test_interp_upsampling_is_linear_interpolation_across_chunks_and_devices():
+    """``upsample="interp"``: coarse vectors at group centres, fine frames linearly interpolated
+    between them (np.interp, ends held), the same whether the chunks sit on one device or four."""
+    m = model("tconv", stride=4, stages=2, upsample="interp")
+    n, c, k = 4, 4, 2  # 4 chunks of 4 coarse vectors, upsampled 2x
+    coarse = features((2, n * c, 3), 3)
+    h = coarse.reshape(2, n, c, 3)
+    centres = np.arange(n * c) * k + (k - 1) / 2  # fine-frame position of each coarse vector
+    fine = np.arange(n * c * k)
+    expected = np.array([[np.interp(fine, centres, np.asarray(coarse)[b, :, d]) for d in range(3)]
+                         for b in range(2)]).transpose(0, 2, 1).reshape(2, n, c * k, 3)
+    np.testing.assert_allclose(m._interpolate(h, k), expected, atol=1e-6)
+    mesh = jax.make_mesh((2, 4), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    sharded = model("tconv", mesh=mesh, stride=4, stages=2, upsample="interp")
+    hs = jax.device_put(h, NamedSharding(mesh, P("data", "time")))
+    np.testing.assert_allclose(jax.jit(lambda h: sharded._interpolate(h, k))(hs), expected, atol=1e-6)
+    # The whole model runs end to end with it, and the option is checked.
+    assert apply(perturb(m), features((2, 2, C, F))).shape == (2, 2, C, F)
+    with pytest.raises(ValueError, match="upsample"):
+        model("tconv", upsample="cubic")
