@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
+    # "clip": each window carries its clip's rest offsets (batch["offsets"] [B, J, 3]) and FK in the
+    # losses and metrics runs on them (several performers in one corpus: the motion as recorded);
+    # "canonical": every clip on the dataset skeleton (the per-joint median bones; no batch["offsets"]).
+    c.data.bones = "clip"
     c.data.rot_noise = 0.05            # tangent-space rotation noise std per axis (rad) on the noisy input
     c.data.pos_noise = 0.02            # root position noise std per axis (m)
     c.data.joint_mask_prob = 0.05      # chance a (frame, joint) rotation is masked in the noisy input

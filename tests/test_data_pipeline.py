@@ -45,7 +45,7 @@ def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info)
     n, f = cfg.window // cfg.chunk, info.feature_dim
     assert {k: v.shape for k, v in a[0].items()} == {
         "noisy": (8, n, cfg.chunk, f), "clean": (8, n, cfg.chunk, f), "mask": (8, n, cfg.chunk, 1),
-        "valid": (8, n, cfg.chunk, 1)}
+        "valid": (8, n, cfg.chunk, 1), "offsets": (8, info.skeleton.num_joints, 3)}
     assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in a[0].values())
     assert _equal(a, b) and not _equal(a, c)
     # Clean features are standardized with the stored stats: roughly zero mean, unit scale.

@@ -25,7 +25,10 @@ consumer took, not those waiting in the buffers.
 
 Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "mask": [B, N, C, 1]
 (1 = frame masked out of ``noisy``), "valid": [B, N, C, 1] (0 = edge padding past the end of a
-short segment: losses and metrics should weight frames by it)}``.
+short segment: losses and metrics should weight frames by it)}``; with ``data.bones = "clip"`` also
+``"offsets": [B, J, 3]`` float32, the rest offsets (m) of each window's clip (its performer's bones;
+mirrored and retargeted with the window), for FK in losses and metrics. ``"canonical"``: no
+``offsets``; every clip moves on the dataset skeleton (the per-joint median of the clips' bones).
 """
 from __future__ import annotations
 
@@ -50,7 +53,18 @@ def dataset_info(cfg) -> DatasetInfo:
                         workers=cfg.prepare_workers, progress=False)
 
 
+BONES = ("clip", "canonical")
+
+
+def _clip_bones(cfg) -> bool:
+    """Whether batches carry each clip's rest offsets (``data.bones``)."""
+    if cfg.bones not in BONES:
+        raise ValueError(f"config.data.bones={cfg.bones!r}; expected one of {BONES}")
+    return cfg.bones == "clip"
+
+
 def _check(cfg, info: DatasetInfo) -> None:
+    _clip_bones(cfg)
     if abs(cfg.fps - info.fps) > 1e-6 or cfg.window != info.window:
         raise ValueError(f"{info.data_dir or 'synthetic corpus'} was prepared at fps={info.fps}, "
                          f"window={info.window}; config asks fps={cfg.fps}, window={cfg.window}: re-run "
@@ -155,6 +169,7 @@ class SampleWindow:
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
         self.source, self.skeleton = source, info.skeleton
         self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
+        self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
         self._cache = {}
@@ -184,15 +199,20 @@ class SampleWindow:
             return None
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
         start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
-        return _window(clip, start, end, self.window)
+        return _window(clip, start, end, self.window, self.bones)
 
 
-def _window(clip: dict, start: int, end: int, window: int) -> dict:
-    """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``."""
+def _window(clip: dict, start: int, end: int, window: int, bones=None) -> dict:
+    """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``; with
+    ``bones`` (the dataset skeleton's offsets ``[J, 3]``) also the clip's ``offsets`` (a record
+    without its own has those)."""
     frames = np.arange(start, start + window)
     idx = np.minimum(frames, end - 1)
-    return {"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
-            "valid": (frames < end).astype(np.float32)}
+    out = {"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
+           "valid": (frames < end).astype(np.float32)}
+    if bones is not None:
+        out["offsets"] = np.asarray(clip.get("offsets", bones), np.float32)
+    return out
 
 
 def _is_window(x) -> bool:
@@ -216,7 +236,8 @@ class MakeExample:
     def transform(self, w: dict, draws: dict) -> dict:
         """Windows and given noise draws -> the batch dict."""
         out = transforms.make_example(self.skeleton, w["root_position"], w["rotations"], draws, self.mean,
-                                      self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale)
+                                      self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale,
+                                      offsets=w.get("offsets"))
         out["valid"] = transforms.chunk(w["valid"][..., None], self.chunk)
         return out
 
@@ -250,10 +271,16 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     return ds
 
 
-def _to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
-    # Every leaf is [B/processes, N, C, ...]; the spec shards B over 'data' and N over 'time'.
-    # Processes split the batch only: the 'time' axis must not span hosts (each holds all N).
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+PER_WINDOW = ("offsets",)  # batch keys with one value per window ([B, ...], no time axis)
+
+
+def to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
+    """This process's numpy batch -> global jax Arrays: ``[B/processes, N, C, ...]`` leaves with
+    ``sharding`` (B over 'data', N over 'time'), the :data:`PER_WINDOW` ones (``offsets [B, J, 3]``)
+    over 'data' only. Processes split the batch only: the 'time' axis must not span hosts."""
+    per_window = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(sharding.spec[0]))
+    return {k: jax.make_array_from_process_local_data(per_window if k in PER_WINDOW else sharding, v)
+            for k, v in batch.items()}
 
 
 def device_prefetch(ds: grain.IterDataset, sharding, depth: int) -> grain.IterDataset:
@@ -261,7 +288,7 @@ def device_prefetch(ds: grain.IterDataset, sharding, depth: int) -> grain.IterDa
     if depth > 0:
         ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
     if sharding is not None:
-        ds = ds.map(functools.partial(_to_global, sharding))
+        ds = ds.map(functools.partial(to_global, sharding))
         if depth > 0:
             ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
     return ds
@@ -315,10 +342,12 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     input, 1 = the training corruption; no masking, time warp or mirroring. A segment shorter than a
     window is edge-padded and the padding has ``valid = 0``; the last batch is filled up with
     ``valid = 0`` windows, so every batch has ``batch_size`` rows (one compiled shape). Each batch
-    also holds ``"clip" [B]`` int32: the window's clip id (``info.names``, ``info.labels``; -1 for fill).
+    also holds ``"clip" [B]`` int32: the window's clip id (``info.names``, ``info.labels``; -1 for fill),
+    and with ``data.bones = "clip"`` ``"offsets" [B, J, 3]``: its clip's rest offsets.
     """
     _check(cfg, info)
     t, source = cfg.window, ClipSource(info)
+    bones = info.skeleton.offsets if _clip_bones(cfg) else None
     noise = transforms.Noise(rot_std=cfg.rot_noise * noise_level, pos_std=cfg.pos_noise * noise_level)
     windows, clip_ids = [], []
     for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
@@ -326,7 +355,7 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
         clip = source[clip_id]
         records.check_clip(clip, info.skeleton)
         rng = np.random.default_rng([seed, clip_id, start])  # a window's noise whatever its batch
-        windows.append((_window(clip, start, end, t), noise.sample(rng, t, info.skeleton)))
+        windows.append((_window(clip, start, end, t, bones), noise.sample(rng, t, info.skeleton)))
     if not windows:
         return []
     pad = (-len(windows)) % cfg.batch_size

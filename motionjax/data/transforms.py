@@ -121,12 +121,14 @@ def heading(skeleton: Skeleton, root_rotation):
     return np.where(norm > 1e-6, yaw / np.maximum(norm, 1e-6), identity)
 
 
-def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0):
+def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0,
+                 offsets=None):
     """Express windows ``[..., T, 3]``, ``[..., T, J, 4]`` in their own start frame.
 
     Root-relative: the root's ground position at frame 0 goes to the origin. Heading: the root's
     yaw at frame 0 is removed (the window starts facing the same way). Floor: the lowest joint over
-    the window touches height 0. Retarget: positions scale by ``scale`` (uniform bone-length
+    the window touches height 0, by FK on ``offsets [..., J, 3]`` (each window's clip's rest
+    offsets; None: the skeleton's). Retarget: positions scale by ``scale`` (uniform bone-length
     retargeting to a canonical body size; bone offsets scale alike, rotations are unchanged).
 
     Returns ``(root_position, rotations, yaw [..., 4], origin [..., 3])``; :func:`uncanonicalize`
@@ -141,7 +143,8 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
     rotations = np.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
                                 rotations[..., :, 1:, :]], axis=-2)
     if floor:
-        pos, _ = forward_kinematics(skeleton, rotations, root, skeleton.offsets * scale)
+        bones = skeleton.offsets if offsets is None else np.asarray(offsets)[..., None, :, :]  # every frame
+        pos, _ = forward_kinematics(skeleton, rotations, root, bones * scale)
         lowest = pos[..., up].min(axis=(-1, -2))  # [...]
         root[..., up] -= lowest[..., None]
         origin[..., up] += lowest / scale
@@ -177,7 +180,8 @@ def mirror(skeleton: Skeleton, root_position, rotations):
     With ``M`` the reflection of ``skeleton.lateral_axis``, every rotation becomes ``M R M``
     (quaternion: keep w and the lateral component, negate the other two) and joint ``j`` takes
     its twin's rotation. FK of the result is FK of the input reflected, provided the rest offsets
-    are mirror-symmetric (true for the DeepMimic and SMPL-like bodies).
+    are mirror-symmetric (true for the DeepMimic and SMPL-like bodies) or FK runs on
+    :func:`mirror_offsets` of them.
     """
     a = skeleton.lateral_axis
     flip = np.ones(3, root_position.dtype)
@@ -185,6 +189,16 @@ def mirror(skeleton: Skeleton, root_position, rotations):
     sign = -np.ones(4, rotations.dtype)
     sign[0] = sign[1 + a] = 1
     return root_position * flip, (rotations * sign)[..., skeleton.symmetry, :]
+
+
+def mirror_offsets(skeleton: Skeleton, offsets):
+    """The rest offsets ``[..., J, 3]`` of the mirrored body: joint ``j`` takes its twin's offset
+    reflected across ``lateral_axis``. With them, FK of :func:`mirror`'s output is FK of its input
+    reflected for any offsets, also a performer whose two sides differ; offsets that are already
+    mirror images come back unchanged."""
+    flip = np.ones(3, np.asarray(offsets).dtype)
+    flip[skeleton.lateral_axis] = -1
+    return (np.asarray(offsets) * flip)[..., skeleton.symmetry, :]
 
 
 def normalize(skeleton: Skeleton, root_position, rotations, mean, std, *, floor=True, scale=1.0):
@@ -301,24 +315,35 @@ def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
 
 
 def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean, std, *,
-                 chunk_size: int, floor: bool = True, scale: float = 1.0) -> dict:
+                 chunk_size: int, floor: bool = True, scale: float = 1.0, offsets=None) -> dict:
     """Windows ``[..., T, 3]``, ``[..., T, J, 4]`` and their noise ``draws`` -> the training example.
 
+    ``offsets [..., J, 3]``: each window's clip's rest offsets (m); the example then carries them
+    as its body (mirrored with the window, scaled with the motion).
+
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
-    masked-out frames).
+    masked-out frames), plus ``"offsets" [..., J, 3]`` float32 when ``offsets`` is given.
     """
     m = np.asarray(draws["mirror"]) & mirrorable(skeleton)
     if m.ndim == 0 and m:
         root_position, rotations = mirror(skeleton, root_position, rotations)
+        offsets = None if offsets is None else mirror_offsets(skeleton, offsets)
     elif m.any():
         root_position, rotations = root_position.copy(), rotations.copy()
         root_position[m], rotations[m] = mirror(skeleton, root_position[m], rotations[m])
-    root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale)
+        if offsets is not None:
+            offsets = np.array(offsets)
+            offsets[m] = mirror_offsets(skeleton, offsets[m])
+    root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
+                                    offsets=offsets)
     clean = features.standardize(features.encode(skeleton, root, rots), mean, std)
     nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
     nrots = rotation_noise(skeleton, nrots, draws["rot"])
     noisy = features.standardize(features.encode(skeleton, nroot + draws["pos"], nrots), mean, std)
     noisy = mask_features(skeleton, noisy, draws["joint_mask"], draws["frame_mask"])
     mask = draws["frame_mask"][..., None].astype(np.float32)
-    return {"noisy": chunk(noisy.astype(np.float32), chunk_size),
-            "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}
+    out = {"noisy": chunk(noisy.astype(np.float32), chunk_size),
+           "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}
+    if offsets is not None:
+        out["offsets"] = (np.asarray(offsets) * scale).astype(np.float32)
+    return out
