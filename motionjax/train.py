@@ -80,18 +80,24 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
 
 
 def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
-    """``(pred, clean [B, N, C, F]) -> (loss, terms)``, one ``shard_map`` over the whole mesh: each
-    device decodes and runs FK on its own frames; time derivatives exchange halo frames only."""
+    """``(pred, clean [B, N, C, F], offsets [B, J, 3] | None) -> (loss, terms)``, one ``shard_map``
+    over the whole mesh: each device decodes and runs FK on its own frames (on its windows' clip
+    offsets when given, ``data.bones = "clip"``); time derivatives exchange halo frames only."""
     loss = functools.partial(losses.reconstruction_loss, config.loss, info.skeleton, float(info.fps),
                              mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
                              time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
     frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
     sharded = jax.shard_map(loss, mesh=mesh, in_specs=(frames, frames),
                             out_specs=P(), check_vma=False)
+    # Per-window offsets [B, J, 3]: over data only (every time shard of a window needs all its bones).
+    with_offsets = jax.shard_map(lambda p, t, o: loss(p, t, offsets=o), mesh=mesh,
+                                 in_specs=(frames, frames, P(parallel.DATA_AXIS)), out_specs=P(),
+                                 check_vma=False)
 
-    def loss_fn(pred, clean):
+    def loss_fn(pred, clean, offsets=None):
         b, n, c, f = clean.shape
-        return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f))
+        pred, clean = pred.reshape(b, n * c, f), clean.reshape(b, n * c, f)
+        return sharded(pred, clean) if offsets is None else with_offsets(pred, clean, offsets)
 
     return loss_fn
 
@@ -108,7 +114,7 @@ def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
         def compute(params):
             # copy: fresh Variables at this trace level, so dropout may advance its RNG count here.
             model = nnx.merge(graphdef, params, state["rest"], copy=True)
-            loss, terms = loss_fn(model(batch["noisy"]), batch["clean"])
+            loss, terms = loss_fn(model(batch["noisy"]), batch["clean"], batch.get("offsets"))
             return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
 
         (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
@@ -151,18 +157,41 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
 
 
 def jit_train_step(step, shardings, mesh):
-    """``jax.jit`` of a train step with the state's shardings in and out and the state donated."""
-    return jax.jit(step, in_shardings=(shardings, parallel.window_sharding(mesh)),
-                   out_shardings=(shardings, None), donate_argnums=0)
+    """``jax.jit`` of a train step with the state's shardings in and out and the state donated;
+    batch leaves ``[B, N, C, F]`` split over data x time, per-window ones (``offsets [B, J, 3]``)
+    over data only. One jitted function per set of batch keys (called or ``.lower``-ed alike)."""
+    window = parallel.window_sharding(mesh)
+    per_window = jax.sharding.NamedSharding(mesh, P(parallel.DATA_AXIS))
+
+    @functools.cache
+    def jitted(keys):
+        batch = {k: per_window if k in data.PER_WINDOW else window for k in keys}
+        return jax.jit(step, in_shardings=(shardings, batch), out_shardings=(shardings, None),
+                       donate_argnums=0)
+
+    class Step:
+        def __call__(self, state, batch):
+            return jitted(tuple(sorted(batch)))(state, batch)
+
+        def lower(self, state, batch):
+            return jitted(tuple(sorted(batch))).lower(state, batch)
+
+    return Step()
 
 
 def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
     """The batch the step is compiled for: ``noisy`` and ``clean`` as ``jax.ShapeDtypeStruct``
-    ``[B, N, C, F]`` float32 with the window sharding (nothing allocated)."""
+    ``[B, N, C, F]`` float32 with the window sharding, and with ``data.bones = "clip"`` ``offsets
+    [B, J, 3]`` over data (nothing allocated)."""
     d = config.data
     shape = (d.batch_size, d.window // d.chunk, d.chunk, feature_dim(info.skeleton))
     window = parallel.window_sharding(mesh)
-    return {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
+    batch = {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
+    if d.bones == "clip":  # each window's clip offsets, over data only
+        per_window = jax.sharding.NamedSharding(mesh, P(parallel.DATA_AXIS))
+        batch["offsets"] = jax.ShapeDtypeStruct((d.batch_size, info.skeleton.num_joints, 3), np.float32,
+                                                sharding=per_window)
+    return batch
 
 
 def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
@@ -340,8 +369,9 @@ def make_iterator(config: ml_collections.ConfigDict, info, mesh):
         return data.make_train_iterator(config.data, info, sharding=parallel.window_sharding(mesh),
                                         seed=config.seed)
     if config.data.loader == "naive":
-        return (parallel.global_batch(b, mesh) for b in data.make_naive_train_iterator(config.data, info,
-                                                                                        seed=config.seed))
+        window = parallel.window_sharding(mesh)  # offsets [B, J, 3] go over data only
+        return (data.to_global(window, b) for b in data.make_naive_train_iterator(config.data, info,
+                                                                                 seed=config.seed))
     raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
 
 
@@ -733,7 +763,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, stop: 
     while step < cfg.steps and stop["signal"] is None and not stopped_early:
         with chrono.data_wait():
             batch = next(iterator)
-        inputs = {k: batch[k] for k in ("noisy", "clean")}
+        inputs = {k: batch[k] for k in ("noisy", "clean", "offsets") if k in batch}
         if chrono.compile_s is None:
             with chrono.compiling():
                 state, metrics = train_step(state, inputs)
