@@ -245,13 +245,20 @@ def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame
     """The autoencoders have no skip and the stated numbers per frame; the denoisers' skip sees the
     input's high-frequency content only."""
     import importlib
+    import types
+
+    from motionjax.features import feature_dim
+    from motionjax.skeleton import deepmimic_humanoid
     config = importlib.import_module(f"experiments.{module}").get_config(variant)
-    m = make_model(config.model, F, config.data.chunk, nnx.Rngs(0))
+    sk = deepmimic_humanoid()  # a real skeleton: models that see FK positions need one
+    f = feature_dim(sk)
+    info = types.SimpleNamespace(skeleton=sk, mean=np.zeros(f, np.float32), std=np.ones(f, np.float32))
+    m = make_model(config.model, f, config.data.chunk, nnx.Rngs(0), info=info)
     if per_frame is not None:
         assert not m.residual and m.latent_per_frame == per_frame and config.data.rot_noise == 0
     else:
         assert m.residual and m.highpass_frames > 0 and config.data.rot_noise > 0
-    x = features((2, config.data.window // config.data.chunk, config.data.chunk, F))
+    x = features((2, config.data.window // config.data.chunk, config.data.chunk, f))
     assert apply(m, x).shape == x.shape
 
 
