@@ -27,6 +27,7 @@ from motionjax import dynamics, halo
 from motionjax import rotations as rot
 from motionjax.features import decode, destandardize, rotating_joints
 from motionjax.kinematics import forward_kinematics
+from motionjax.reduce import masked_mean
 from motionjax.skeleton import Skeleton
 
 
@@ -38,16 +39,6 @@ def foot_joints(skeleton: Skeleton) -> np.ndarray:
     height = np.asarray(pos)[:, skeleton.up_axis]
     leaves = np.array([j for j in range(skeleton.num_joints) if not skeleton.children[j]])
     return leaves[height[leaves] <= height[leaves].min() + 0.05]
-
-
-def masked_mean(x, where=None, axis_names=()):
-    """Mean of ``x`` over all elements (``where``: bool broadcastable to ``x``), global over the
-    mesh axes ``axis_names`` when called inside ``shard_map``."""
-    where = jnp.ones_like(x, bool) if where is None else jnp.broadcast_to(where, x.shape)
-    total, count = jnp.sum(jnp.where(where, x, 0.0)), jnp.sum(where, dtype=x.dtype)
-    if axis_names:
-        total, count = jax.lax.psum((total, count), axis_names)
-    return total / jnp.maximum(count, 1.0)
 
 
 def _norm(v):

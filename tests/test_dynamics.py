@@ -146,3 +146,20 @@ def test_batch_chunks_equal_one_pass(jacobian):
         np.testing.assert_allclose(c_terms[name], terms[name], rtol=1e-5)
     for g, ref in zip(c_grads, grads, strict=True):
         assert_close_relative(g, ref, 1e-5)
+
+
+def test_masked_mean_is_one_helper_and_zero_without_valid_frames():
+    """motionjax.reduce.masked_mean equals numpy's mean over the mask (0 on an empty mask), and a
+    3-frame window, which has no frame two away from both ends, gives a jerk term of 0, not NaN."""
+    from motionjax.reduce import masked_mean
+    rng = np.random.default_rng(0)
+    x, mask = rng.normal(size=(4, 5)).astype(np.float32), rng.uniform(size=(4, 5)) < 0.5
+    np.testing.assert_allclose(masked_mean(jnp.asarray(x), mask), x[mask].mean(), rtol=1e-6)
+    assert float(masked_mean(jnp.asarray(x), np.zeros_like(mask))) == 0.0
+    skeleton, fps, pred_root, pred_raw, target_root, target_rot = clip_batch()
+    short = lambda x: jnp.asarray(x[:, :3])
+    for jacobian in ("blocked", "jvp"):
+        _, terms = dynamics.dynamics_loss(skeleton, short(pred_root), rot.quat_normalize(short(pred_raw)),
+                                          short(target_root), short(target_rot), fps, WEIGHTS,
+                                          jacobian=jacobian)
+        assert float(terms["jerk"]) == 0.0 and float(terms["velocity"]) > 0  # frame 1 is valid for velocity
