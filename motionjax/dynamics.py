@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from motionjax import kinematics as K
 from motionjax import rotations as rot
 from motionjax.halo import pad_with_halos, valid_frames
+from motionjax.reduce import masked_sum, mean_of
 from motionjax.skeleton import Skeleton
 
 GRAVITY = 9.81  # m/s²
@@ -185,13 +186,12 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
     length = pred_rot.shape[1]
     inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
     if jacobian == "blocked":  # the tree layout end to end: components first, frames last
-        terms_of, sq = _motion_terms_tree, lambda x: jnp.sum(x * x, axis=0)
-        total = lambda x, mask: (jnp.sum(jnp.where(mask, x, 0.0)), jnp.sum(mask) * x.shape[0] * x.shape[1])
+        terms_of, sq = _motion_terms_tree, lambda x: jnp.sum(x * x, axis=0)  # [J, B, T]
+        total = lambda x, mask: masked_sum(x, mask)
     else:
         terms_of = functools.partial(_motion_terms, jacobian=jacobian)
-        sq = lambda x: jnp.sum(x * x, axis=-1)
-        total = lambda x, mask: (jnp.sum(jnp.where(mask[None, :, None], x, 0.0)),
-                                 jnp.sum(mask) * x.shape[0] * x.shape[2])
+        sq = lambda x: jnp.sum(x * x, axis=-1)  # [B, T, J]
+        total = lambda x, mask: masked_sum(x, mask[None, :, None])
     residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
                                         forces_only=False, fk=pred_fk)
     _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
@@ -199,7 +199,7 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
     pairs = {"velocity": total(sq(residual), inner), "force": total(sq(pred_tau - target_tau), inner),
              "jerk": total(sq(jerk), outer)}
     return ({name: pair[0] for name, pair in pairs.items()},
-            {name: jnp.asarray(pair[1], jnp.float32) for name, pair in pairs.items()})
+            {name: pair[1].astype(jnp.float32) for name, pair in pairs.items()})
 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
@@ -226,7 +226,8 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
 
     Returns:
       ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
-      for velocity and force) from either end of the global sequence.
+      for velocity and force) from either end of the global sequence (0 where there is none:
+      :func:`motionjax.reduce.mean_of`).
     """
     unknown = set(weights) - set(TERMS)
     if unknown:
@@ -246,7 +247,7 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         counts = jax.tree.map(lambda x: x[0] * chunks, counts)
     if time_axis_name is not None:
         totals, counts = jax.lax.psum((totals, counts), time_axis_name)
-    terms = {name: totals[name] / counts[name] for name in TERMS}
+    terms = {name: mean_of(totals[name], counts[name]) for name in TERMS}
     loss = sum(weights.get(name, 0.0) * value for name, value in terms.items())
     return loss, terms
 
