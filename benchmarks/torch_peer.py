@@ -25,6 +25,7 @@ from motionjax.data import pipeline as data
 from motionjax.data import transforms
 from motionjax.dynamics import GRAVITY, HALO
 from motionjax.features import rotating_joints
+from motionjax.kinematics import dof_layout, tree_plan
 from motionjax.losses import foot_joints
 from motionjax.skeleton import BALL, HINGE, Skeleton
 
@@ -117,21 +118,18 @@ class Body:
         self.skeleton = skeleton
         j = skeleton.num_joints
         self.num_joints, self.num_dof, self.up_axis = j, skeleton.num_dof, skeleton.up_axis
-        slot, self.plan = np.zeros(j, int), []
-        for ids in skeleton.levels:
-            slot[ids] = np.arange(len(ids))
-            parent_slot = torch.as_tensor(slot[np.asarray(skeleton.parents)[ids]]) if self.plan else None
-            self.plan.append((torch.as_tensor(ids), parent_slot))
-        self.unpermute = torch.as_tensor(np.argsort(np.concatenate(skeleton.levels)))
+        plan = tree_plan(skeleton)  # motionjax's level plan: joint ids and parent slots per level
+        as_tensor = lambda a: None if a is None else torch.as_tensor(a)
+        self.plan = [(torch.as_tensor(plan.order[start:stop]), as_tensor(slot))
+                     for (start, stop), slot in zip(plan.bounds, plan.parent_slot, strict=True)]
+        self.unpermute = torch.as_tensor(plan.rank)
         self.offsets = torch.as_tensor(skeleton.offsets, dtype=torch.float32)
         self.ancestor_mask = torch.as_tensor(skeleton.ancestor_mask, dtype=torch.float32)
         self.is_ball = torch.tensor([[k == BALL] for k in skeleton.kinds], dtype=torch.float32)
         hinge = np.array([[k == HINGE] for k in skeleton.kinds], float)
         self.hinge_axes = torch.as_tensor(skeleton.axes * hinge, dtype=torch.float32)
-        columns = np.array([3 * k + b for k, n in enumerate(skeleton.dofs) for b in range(n)], int)
+        columns, source, used = dof_layout(skeleton)
         self.dof_columns = torch.as_tensor(columns)
-        source, used = np.zeros(3 * j, int), np.zeros(3 * j, bool)
-        source[columns], used[columns] = np.arange(len(columns)), True
         self.dof_source, self.dof_used = torch.as_tensor(source), torch.as_tensor(used)
         masses = np.asarray(skeleton.masses, float)
         self.mass_fractions = torch.as_tensor(masses / masses.sum(), dtype=torch.float32)

@@ -106,6 +106,22 @@ _sum_children.defvjp(lambda plan, level, x: (_sum_children_impl(plan, level, x),
                      lambda plan, level, _, g: (_gather_parents(plan, level + 1, g),))
 
 
+def _split_levels_impl(plan, x):
+    return tuple(x[:, start:stop] for start, stop in plan.bounds)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _split_levels(plan, x):
+    """``[C, J, ...]`` -> one ``[C, n_d, ...]`` block per level. XLA transposes each slice into a
+    pad to all ``J`` rows (``depth × J`` rows written and summed); the transpose here is one
+    concatenate."""
+    return _split_levels_impl(plan, x)
+
+
+_split_levels.defvjp(lambda plan, x: (_split_levels_impl(plan, x), None),
+                     lambda plan, _, g: (jnp.concatenate(g, axis=1),))
+
+
 def _is_numpy(x):
     return isinstance(x, np.ndarray)
 
@@ -132,7 +148,12 @@ def tree_scan(skeleton: Skeleton, fn, xs, reverse: bool = False, custom_vjp: boo
     leaves = jax.tree.leaves(xs)
     numpy = all(_is_numpy(a) for a in leaves)
     xp = np if numpy else jnp
-    level_x = [jax.tree.map(lambda a, b=b: a[:, b[0]:b[1]], xs) for b in plan.bounds]
+    if custom_vjp and not numpy:
+        per_leaf = [_split_levels(plan, a) for a in leaves]
+        level_x = [jax.tree.unflatten(jax.tree.structure(xs), [p[d] for p in per_leaf])
+                   for d in range(len(plan.bounds))]
+    else:
+        level_x = [jax.tree.map(lambda a, b=b: a[:, b[0]:b[1]], xs) for b in plan.bounds]
     if numpy:
         parents = lambda d, t: jax.tree.map(lambda a: _gather_parents_impl(plan, d, a), t)
         kids = lambda d, t: jax.tree.map(
@@ -349,6 +370,19 @@ def _dof_columns(skeleton: Skeleton) -> np.ndarray:
     return np.array([3 * k + b for k, n in enumerate(skeleton.dofs) for b in range(n)], int)
 
 
+def dof_layout(skeleton: Skeleton):
+    """The numpy index plan of :func:`pack_dofs` / :func:`unpack_dofs` (shared with
+    ``benchmarks/torch_peer.py``): ``columns [num_dof - 3]`` the padded slot ``3k + b`` of each
+    packed rotational DOF, ``source [3J]`` each padded slot's packed index (a gather, no scatter)
+    and ``used [3J]`` whether the slot holds a DOF."""
+    columns = _dof_columns(skeleton)
+    source = np.zeros(3 * skeleton.num_joints, int)
+    source[columns] = np.arange(len(columns))
+    used = np.zeros(3 * skeleton.num_joints, bool)
+    used[columns] = True
+    return columns, source, used
+
+
 def pack_dofs(skeleton: Skeleton, root, joints):
     """``root [..., 3]``, padded ``joints [..., J, 3]`` -> generalized vector ``[..., num_dof]``."""
     flat = joints.reshape(*joints.shape[:-2], -1)
@@ -357,11 +391,7 @@ def pack_dofs(skeleton: Skeleton, root, joints):
 
 def unpack_dofs(skeleton: Skeleton, q):
     """Inverse of :func:`pack_dofs`: ``[..., num_dof]`` -> ``(root [..., 3], joints [..., J, 3])``."""
-    columns = _dof_columns(skeleton)
-    source = np.zeros(3 * skeleton.num_joints, int)  # padded slot -> packed index (gather, no scatter)
-    source[columns] = np.arange(len(columns))
-    used = np.zeros(3 * skeleton.num_joints, bool)
-    used[columns] = True
+    _, source, used = dof_layout(skeleton)
     flat = jnp.where(used, q[..., 3:][..., source], 0.0)
     return q[..., :3], flat.reshape(*q.shape[:-1], skeleton.num_joints, 3)
 
