@@ -26,7 +26,6 @@ from motionjax.data import transforms
 from motionjax.dynamics import GRAVITY, HALO
 from motionjax.features import rotating_joints
 from motionjax.kinematics import dof_layout, tree_plan
-from motionjax.losses import foot_joints
 from motionjax.skeleton import BALL, HINGE, Skeleton
 
 # Below this angle the Taylor branches take over (as in motionjax.rotations).
@@ -133,7 +132,7 @@ class Body:
         self.dof_source, self.dof_used = torch.as_tensor(source), torch.as_tensor(used)
         masses = np.asarray(skeleton.masses, float)
         self.mass_fractions = torch.as_tensor(masses / masses.sum(), dtype=torch.float32)
-        self.feet = torch.as_tensor(foot_joints(skeleton))
+        self.feet = torch.as_tensor(skeleton.foot_joints)
         self.rotating = torch.as_tensor(rotating_joints(skeleton))
 
 

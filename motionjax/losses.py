@@ -17,11 +17,8 @@ is a ``psum`` of local sums and counts over ``axis_names`` so masked means stay 
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from motionjax import dynamics, halo
 from motionjax import rotations as rot
@@ -29,16 +26,6 @@ from motionjax.features import decode, destandardize, rotating_joints
 from motionjax.kinematics import forward_kinematics
 from motionjax.reduce import masked_mean
 from motionjax.skeleton import Skeleton
-
-
-@functools.cache
-def foot_joints(skeleton: Skeleton) -> np.ndarray:
-    """Leaf joints within 5 cm of the lowest rest-pose height: the ankles/feet of any biped."""
-    rest = np.tile(np.array([1.0, 0, 0, 0]), (skeleton.num_joints, 1))
-    pos, _ = forward_kinematics(skeleton, rest, np.zeros(3))
-    height = np.asarray(pos)[:, skeleton.up_axis]
-    leaves = np.array([j for j in range(skeleton.num_joints) if not skeleton.children[j]])
-    return leaves[height[leaves] <= height[leaves].min() + 0.05]
 
 
 def _norm(v):
@@ -58,7 +45,7 @@ def foot_contacts(positions, skeleton: Skeleton, fps: float, max_speed: float,
                   time_axis_name: str | None = None):
     """``positions [B, T, J, 3]`` -> feet velocities ``[B, T, K, 3]`` (m/s), planted ``[B, T, K]``
     (speed below ``max_speed`` m/s on a valid frame). Velocity-based, so no floor height needed."""
-    vel, valid = velocity(positions[..., foot_joints(skeleton), :], fps, time_axis_name)
+    vel, valid = velocity(positions[..., skeleton.foot_joints, :], fps, time_axis_name)
     planted = (_norm(vel) < max_speed) & valid[None, :, None]
     return vel, planted
 
@@ -101,7 +88,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     rel = lambda pos, root: pos - root[..., None, :]
     terms["pose"] = masked_mean(_norm(rel(p_pos, p_root) - rel(t_pos, t_root)), axis_names=axes)
 
-    p_feet, _ = velocity(p_pos[..., foot_joints(skeleton), :], fps, time_axis_name)
+    p_feet, _ = velocity(p_pos[..., skeleton.foot_joints, :], fps, time_axis_name)
     _, planted = foot_contacts(t_pos, skeleton, fps, cfg.contact_speed, time_axis_name)
     terms["foot"] = masked_mean(jnp.sum(p_feet**2, -1), planted, axes)
 

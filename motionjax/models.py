@@ -35,8 +35,7 @@ from motionjax import rotations as rot
 from motionjax.features import decode, destandardize, rotating_joints
 from motionjax.halo import pad_with_halos
 from motionjax.kinematics import forward_kinematics
-
-DATA_AXIS, TIME_AXIS = "data", "time"  # mesh axes that shard the batch and chunk dimensions
+from motionjax.parallel import DATA_AXIS, TIME_AXIS
 
 
 def chunk_windows(x, halo: int, axis_name: str | None = None):
