@@ -58,17 +58,19 @@ def _mass_fractions(skeleton: Skeleton, dtype):
 
 
 def _products(skeleton, jacobian, rotations, root_position, positions, world, joint_velocity,
-              root_velocity, forces):
-    """``(J·[v_root, θ̇] [..., J, 3], Jᵀ·F as (torques [..., J, 3], root force [..., 3]))``."""
+              root_velocity, forces, offsets=None):
+    """``(J·[v_root, θ̇] [..., J, 3], Jᵀ·F as (torques [..., J, 3], root force [..., 3]))``; the
+    autodiff backends run FK on ``offsets`` (the blocked one reads them from ``positions``)."""
     if jacobian == "blocked":
         velocity = K.jacobian_vector_product(skeleton, positions, world, joint_velocity, root_velocity)
         return velocity, K.jacobian_transpose_product(skeleton, positions, world, forces)
     if jacobian == "jvp":
         velocity = K.autodiff_jacobian_vector_product(skeleton, rotations, root_position, joint_velocity,
-                                                      root_velocity)
-        return velocity, K.autodiff_jacobian_transpose_product(skeleton, rotations, root_position, forces)
+                                                      root_velocity, offsets)
+        return velocity, K.autodiff_jacobian_transpose_product(skeleton, rotations, root_position, forces,
+                                                               offsets)
     if jacobian == "dense":
-        jac = K.jacfwd_jacobian(skeleton, rotations, root_position)  # [..., 3J, num_dof]
+        jac = K.jacfwd_jacobian(skeleton, rotations, root_position, offsets)  # [..., 3J, num_dof]
         q_dot = K.pack_dofs(skeleton, root_velocity, joint_velocity)
         velocity = jnp.einsum("...mn,...n->...m", jac, q_dot).reshape(forces.shape)
         generalized = jnp.einsum("...mn,...m->...n", jac, forces.reshape(*forces.shape[:-2], -1))
@@ -82,15 +84,17 @@ def _frames(x, shift, length):
     return jax.lax.slice_in_dim(x, HALO + shift, HALO + shift + length, axis=1)
 
 
-def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None):
+def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None,
+                  offsets=None):
     """Per-frame quantities of one motion ``[B, T, ...]`` (local frames).
 
     ``fk``: the motion's ``(positions, world rotations)`` when the caller already ran FK on it.
+    ``offsets``: ``[B, 1, J, 3]`` rest offsets of each window (None: the skeleton's).
     Returns ``(velocity residual [B, T, J, 3], generalized forces [B, T, J + 1, 3],
     jerk [B, T, J, 3])``; with ``forces_only`` the residual and jerk are None.
     """
     length = rotations.shape[1]
-    positions, world = K.forward_kinematics(skeleton, rotations, root_position) if fk is None else fk
+    positions, world = K.forward_kinematics(skeleton, rotations, root_position, offsets) if fk is None else fk
     # FK runs on the local frames only; the stencils' neighbour frames arrive as positions.
     positions_pad = pad_with_halos(positions, HALO, axis=1, axis_name=time_axis_name)
     rot_pad = pad_with_halos(rotations, 1, axis=1, axis_name=time_axis_name)
@@ -108,7 +112,8 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     root_velocity = velocity[..., 0, :]
 
     predicted_velocity, (torques, root_force) = _products(
-        skeleton, jacobian, rotations, root_position, positions, world, joint_velocity, root_velocity, forces)
+        skeleton, jacobian, rotations, root_position, positions, world, joint_velocity, root_velocity, forces,
+        offsets)
     generalized = jnp.concatenate([root_force[..., None, :], torques], axis=-2)
     if forces_only:
         return None, generalized, None
@@ -130,7 +135,8 @@ def _quat_log_tree(q):
     return k * u
 
 
-def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None):
+def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None,
+                       offsets=None):
     """:func:`_motion_terms` of the blocked backend, in the tree layout of
     :mod:`motionjax.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss.
 
@@ -140,7 +146,8 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
     length = rotations.shape[1]
     q = tree(rotations)
     if fk is None:
-        positions, world = K.forward_kinematics_tree(skeleton, rotations, root_position, custom_vjp=True)
+        positions, world = K.forward_kinematics_tree(skeleton, rotations, root_position, offsets,
+                                                     custom_vjp=True)
     else:
         positions, world = tree(fk[0]), tree(fk[1])
     time_axis = 3
@@ -180,8 +187,8 @@ def _num_chunks(batch: int, length: int, chunk_frames: int | None) -> int:
     return next(fits, batch)
 
 
-def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, *, fps, jacobian,
-               time_axis_name):
+def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets, *, fps,
+               jacobian, time_axis_name):
     """``({term: sum of squares over valid frames}, {term: count})`` for one (local) batch."""
     length = pred_rot.shape[1]
     inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
@@ -193,9 +200,9 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
         sq = lambda x: jnp.sum(x * x, axis=-1)  # [B, T, J]
         total = lambda x, mask: masked_sum(x, mask[None, :, None])
     residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
-                                        forces_only=False, fk=pred_fk)
+                                        forces_only=False, fk=pred_fk, offsets=offsets)
     _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
-                                forces_only=True, fk=target_fk)
+                                forces_only=True, fk=target_fk, offsets=offsets)
     pairs = {"velocity": total(sq(residual), inner), "force": total(sq(pred_tau - target_tau), inner),
              "jerk": total(sq(jerk), outer)}
     return ({name: pair[0] for name, pair in pairs.items()},
@@ -204,7 +211,7 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
                   weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
-                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES):
+                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES, offsets=None):
     """The weighted joint-dynamics loss.
 
     Args:
@@ -223,6 +230,8 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         this many frames (whole windows; a divisor of ``B``), one after another, each
         recomputed in the backward pass, so the working set stays bounded as ``B·T`` grows.
         None: one pass.
+      offsets: optional ``[B, J, 3]`` rest offsets of each window's clip (m), used by every FK and
+        Jacobian of both motions; None: the skeleton's. ``pred_fk``/``target_fk`` must match them.
 
     Returns:
       ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
@@ -234,7 +243,9 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         raise ValueError(f"unknown dynamics loss terms {sorted(unknown)}; expected {TERMS}")
     if jacobian not in JACOBIANS:
         raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
-    motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk)
+    if offsets is not None:
+        offsets = jnp.asarray(offsets, pred_rot.dtype)[:, None]  # [B, 1, J, 3]: the same bones every frame
+    motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets)
     batch, length = pred_rot.shape[:2]
     chunks = _num_chunks(batch, length, chunk_frames)
     sums = functools.partial(_term_sums, skeleton, fps=fps, jacobian=jacobian, time_axis_name=time_axis_name)

@@ -523,51 +523,54 @@ def _parent_world_rotations(rotations, world_rotations):
     return rot.quat_mul(world_rotations, rot.quat_conj(rotations))
 
 
-def perturbed_positions(skeleton: Skeleton, rotations, root_position, q):
+def perturbed_positions(skeleton: Skeleton, rotations, root_position, q, offsets=None):
     """FK positions ``[..., J, 3]`` after a generalized displacement ``q [..., num_dof]``.
 
     The definition of the generalized coordinates as code: the root moves by ``q[:3]`` and each
     joint's local rotation becomes ``R_parent⁻¹ exp(D_k θ_k) R_parent q_k``. At ``q = 0`` its
-    ``jax.jacfwd`` is the Jacobian (:func:`jacfwd_jacobian`).
+    ``jax.jacfwd`` is the Jacobian (:func:`jacfwd_jacobian`). ``offsets``: as in :func:`forward_kinematics`.
     """
-    _, world = forward_kinematics(skeleton, rotations, root_position)
+    _, world = forward_kinematics(skeleton, rotations, root_position, offsets)
     translation, theta = unpack_dofs(skeleton, q)
     parent = _parent_world_rotations(rotations, world)
     local_delta = rot.quat_rotate(rot.quat_conj(parent), dofs_to_world(skeleton, world, theta))
     perturbed = rot.quat_mul(rot.axis_angle_to_quat(local_delta), rotations)
-    return forward_kinematics(skeleton, perturbed, root_position + translation)[0]
+    return forward_kinematics(skeleton, perturbed, root_position + translation, offsets)[0]
 
 
-def jacfwd_jacobian(skeleton: Skeleton, rotations, root_position):
+def jacfwd_jacobian(skeleton: Skeleton, rotations, root_position, offsets=None):
     """The dense Jacobian ``[..., 3J, num_dof]`` by ``jax.jacfwd`` of FK, frame by frame.
 
     The straightforward reference: ``num_dof`` forward-mode passes through FK per frame.
+    ``offsets``: ``[..., J, 3]`` rest offsets broadcast against the frames, or None (the skeleton's).
     """
-    def one_frame(rotations, root_position):
-        f = lambda q: perturbed_positions(skeleton, rotations, root_position, q).reshape(-1)
+    def one_frame(rotations, root_position, offsets):
+        f = lambda q: perturbed_positions(skeleton, rotations, root_position, q, offsets).reshape(-1)
         return jax.jacfwd(f)(jnp.zeros(skeleton.num_dof, rotations.dtype))
 
-    return jnp.vectorize(one_frame, signature="(j,w),(c)->(m,n)")(rotations, root_position)
+    if offsets is None:
+        offsets = jnp.asarray(skeleton.offsets, rotations.dtype)
+    return jnp.vectorize(one_frame, signature="(j,w),(c),(j,k)->(m,n)")(rotations, root_position, offsets)
 
 
 def autodiff_jacobian_vector_product(skeleton: Skeleton, rotations, root_position, joint_velocity,
-                                     root_velocity):
+                                     root_velocity, offsets=None):
     """:func:`jacobian_vector_product` by one ``jax.jvp`` of FK (no Jacobian, no blocks)."""
-    _, world = forward_kinematics(skeleton, rotations, root_position)
+    _, world = forward_kinematics(skeleton, rotations, root_position, offsets)
     local = rot.quat_rotate(rot.quat_conj(_parent_world_rotations(rotations, world)),
                             dofs_to_world(skeleton, world, joint_velocity))
     # d/dt exp(u t) ⊗ q = ½ [0, u] ⊗ q
     tangent = 0.5 * rot.quat_mul(jnp.concatenate([jnp.zeros_like(local[..., :1]), local], -1), rotations)
-    fk = lambda q, r: forward_kinematics(skeleton, q, r)[0]
+    fk = lambda q, r: forward_kinematics(skeleton, q, r, offsets)[0]
     return jax.jvp(fk, (rotations, root_position), (tangent, root_velocity))[1]
 
 
-def autodiff_jacobian_transpose_product(skeleton: Skeleton, rotations, root_position, forces):
+def autodiff_jacobian_transpose_product(skeleton: Skeleton, rotations, root_position, forces, offsets=None):
     """:func:`jacobian_transpose_product` by one ``jax.vjp`` of FK (no Jacobian, no blocks)."""
-    fk = lambda q, r: forward_kinematics(skeleton, q, r)[0]
+    fk = lambda q, r: forward_kinematics(skeleton, q, r, offsets)[0]
     _, pullback = jax.vjp(fk, rotations, root_position)
     rotation_cotangent, root_force = pullback(forces)
-    _, world = forward_kinematics(skeleton, rotations, root_position)
+    _, world = forward_kinematics(skeleton, rotations, root_position, offsets)
     # <ḡ, ½[0,u] ⊗ q> = ½ vec(ḡ ⊗ q⁻¹)·u (right multiplication by a unit q is orthogonal),
     # and u = R_parentᵀ δθ maps the local perturbation to the world one.
     moment = 0.5 * rot.quat_mul(rotation_cotangent, rot.quat_conj(rotations))[..., 1:]

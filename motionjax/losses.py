@@ -96,7 +96,8 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     if cfg.dynamics_weight > 0:
         dyn, dyn_metrics = dynamics.dynamics_loss(
             skeleton, p_root, p_rot, t_root, t_rot, fps, cfg.dynamics, jacobian=cfg.jacobian,
-            time_axis_name=time_axis_name, pred_fk=p_fk, target_fk=t_fk)
+            time_axis_name=time_axis_name, pred_fk=p_fk, target_fk=t_fk,
+            offsets=None if offsets is None else offsets[:, 0])
         if batch_axis_name is not None:  # local mean over an equal share of the batch
             dyn = jax.lax.pmean(dyn, batch_axis_name)
         terms["dynamics"] = dyn

@@ -163,3 +163,24 @@ def test_masked_mean_is_one_helper_and_zero_without_valid_frames():
                                           short(target_root), short(target_rot), fps, WEIGHTS,
                                           jacobian=jacobian)
         assert float(terms["jerk"]) == 0.0 and float(terms["velocity"]) > 0  # frame 1 is valid for velocity
+
+
+def test_per_window_offsets_reach_every_backend():
+    """Windows of two performers (bones x0.9 and x1.2): each backend's loss equals the mean of the
+    per-window losses on ``Skeleton.replace(offsets=...)`` (the independent reference: one body
+    per call), and differs from the loss on the dataset skeleton."""
+    skeleton, fps, *args = clip_batch(frames=12, batch=2)
+    offsets = (skeleton.offsets[None] * np.array([0.9, 1.2])[:, None, None]).astype(np.float32)
+    pred_root, pred_raw, target_root, target_rot = args
+    pred_rot = rot.quat_normalize(pred_raw)
+
+    def loss(sk, jacobian, i=slice(None), offsets=None):
+        return float(dynamics.dynamics_loss(sk, pred_root[i], pred_rot[i], target_root[i], target_rot[i], fps,
+                                            WEIGHTS, jacobian=jacobian, offsets=offsets)[0])
+
+    # Each window has as many valid frames, so the batch mean is the mean of the two windows.
+    reference = np.mean([loss(skeleton.replace(offsets=offsets[b]), "blocked", slice(b, b + 1))
+                         for b in range(2)])
+    for jacobian in dynamics.JACOBIANS:
+        np.testing.assert_allclose(loss(skeleton, jacobian, offsets=offsets), reference, rtol=1e-4)
+    assert abs(loss(skeleton, "blocked") - reference) > 1e-3 * reference
