@@ -89,6 +89,7 @@ def main():
     parser.add_argument("--out", default="docs")
     args = parser.parse_args()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     split = lambda items: [item.split("=", 1) for item in items]
     if args.sweep:
         print("\n".join(sweep(split(args.sweep), out)))
