@@ -87,6 +87,11 @@ def compiled_step(config, info):
     lowered, _ = train.lower_train_step(config, info, mesh)
     (graphdef, _, _), _, state, _ = train.init_state(config, info, mesh)
     batch = _batch(config, info, parallel.window_sharding(mesh))
+    abstract = train.abstract_batch(config, info, mesh)
+    if "offsets" in abstract:  # data.bones = "clip": every window on the body's own bones
+        spec = abstract["offsets"]
+        offsets = np.broadcast_to(info.skeleton.offsets, spec.shape).astype(np.float32)
+        batch["offsets"] = jax.device_put(offsets, spec.sharding)
     return lowered.compile(), state, batch, mesh, (graphdef, train.make_loss_fn(config, info, mesh))
 
 

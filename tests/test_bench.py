@@ -150,3 +150,22 @@ def test_bench_table_flags_missed_targets():
     table = report.markdown({"quick": False, "date": "", "wall_s": 1.0, "parts": {"growth": growth},
                              "machine": report.machine()})
     assert "| step time ∝ T^k | k = 1.32 (T ≥ 64); 1.30 (all T) | k ≤ 1.1 | **no** |" in table
+
+
+@pytest.mark.parametrize("bones", ["clip", "canonical"])
+def test_compiled_step_runs_on_the_batch_it_builds(deepmimic_dir, bones):
+    """bench's ahead-of-time step takes the batch bench builds for it, whatever keys the config's
+    batches carry (``data.bones="clip"`` adds per-window offsets): a compiled step checks its input
+    tree exactly, so a missing key is an error, not a retrace."""
+    from motionjax import train
+    from motionjax.data import pipeline
+    from runs import runlocal_config
+    from scripts import bench
+    config = runlocal_config(deepmimic_dir)
+    config.data.bones = bones
+    info = pipeline.dataset_info(config.data)
+    step, state, batch, mesh, _ = bench.compiled_step(config, info)
+    assert set(batch) == set(train.abstract_batch(config, info, mesh))
+    assert ("offsets" in batch) == (bones == "clip")
+    _, metrics = step(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
