@@ -112,6 +112,12 @@ def window_sharding(mesh: Mesh) -> NamedSharding:
     return named_sharding(mesh, "batch", "chunk", "frame", "feature")
 
 
+def per_window_sharding(mesh: Mesh) -> NamedSharding:
+    """A per-window batch leaf ``[B, ...]`` without a time axis (``offsets [B, J, 3]``): batch over
+    ``data`` only, since every time shard of a window needs all of it."""
+    return named_sharding(mesh, "batch")
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """A batch leaf ``[B]``, ``[B, F]`` (per window) or ``[B, T|N, ...]`` (time second, over ``time``)."""
     if ndim <= 2:

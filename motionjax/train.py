@@ -161,7 +161,7 @@ def jit_train_step(step, shardings, mesh):
     batch leaves ``[B, N, C, F]`` split over data x time, per-window ones (``offsets [B, J, 3]``)
     over data only. One jitted function per set of batch keys (called or ``.lower``-ed alike)."""
     window = parallel.window_sharding(mesh)
-    per_window = jax.sharding.NamedSharding(mesh, P(parallel.DATA_AXIS))
+    per_window = parallel.per_window_sharding(mesh)
 
     @functools.cache
     def jitted(keys):
@@ -188,9 +188,8 @@ def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
     window = parallel.window_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(shape, np.float32, sharding=window) for k in ("noisy", "clean")}
     if d.bones == "clip":  # each window's clip offsets, over data only
-        per_window = jax.sharding.NamedSharding(mesh, P(parallel.DATA_AXIS))
         batch["offsets"] = jax.ShapeDtypeStruct((d.batch_size, info.skeleton.num_joints, 3), np.float32,
-                                                sharding=per_window)
+                                                sharding=parallel.per_window_sharding(mesh))
     return batch
 
 

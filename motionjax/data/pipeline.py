@@ -39,6 +39,7 @@ import jax
 import numpy as np
 from grain.experimental import ThreadPrefetchIterDataset
 
+from motionjax import parallel
 from motionjax.data import prepare as prep
 from motionjax.data import records, synthetic, transforms
 from motionjax.data.info import DatasetInfo
@@ -278,7 +279,7 @@ def to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
     """This process's numpy batch -> global jax Arrays: ``[B/processes, N, C, ...]`` leaves with
     ``sharding`` (B over 'data', N over 'time'), the :data:`PER_WINDOW` ones (``offsets [B, J, 3]``)
     over 'data' only. Processes split the batch only: the 'time' axis must not span hosts."""
-    per_window = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(sharding.spec[0]))
+    per_window = parallel.per_window_sharding(sharding.mesh)
     return {k: jax.make_array_from_process_local_data(per_window if k in PER_WINDOW else sharding, v)
             for k, v in batch.items()}
 
