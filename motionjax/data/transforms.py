@@ -165,9 +165,7 @@ def mirrorable(skeleton: Skeleton, tol: float = 1e-3) -> bool:
     reflected across ``lateral_axis`` (within ``tol`` m). Rigs whose left and right joint frames
     differ (Bandai Namco's bones point along +x on the left and -x on the right) are not, and are
     never mirrored (the pipeline warns once)."""
-    flip = np.ones(3)
-    flip[skeleton.lateral_axis] = -1
-    ok = np.abs(skeleton.offsets[skeleton.symmetry] - skeleton.offsets * flip).max() <= tol
+    ok = np.abs(mirror_offsets(skeleton, skeleton.offsets) - skeleton.offsets).max() <= tol
     if not ok:
         logging.warning("mirror augmentation is off: the rest offsets of %s are not left/right mirror "
                         "images (joint frames differ between sides)", skeleton)
@@ -184,11 +182,17 @@ def mirror(skeleton: Skeleton, root_position, rotations):
     :func:`mirror_offsets` of them.
     """
     a = skeleton.lateral_axis
-    flip = np.ones(3, root_position.dtype)
-    flip[a] = -1
     sign = -np.ones(4, rotations.dtype)
     sign[0] = sign[1 + a] = 1
-    return root_position * flip, (rotations * sign)[..., skeleton.symmetry, :]
+    flipped = root_position * _lateral_flip(skeleton, root_position.dtype)
+    return flipped, (rotations * sign)[..., skeleton.symmetry, :]
+
+
+def _lateral_flip(skeleton: Skeleton, dtype) -> np.ndarray:
+    """``[3]``: the reflection across the body's sagittal plane (-1 on ``lateral_axis``)."""
+    flip = np.ones(3, dtype)
+    flip[skeleton.lateral_axis] = -1
+    return flip
 
 
 def mirror_offsets(skeleton: Skeleton, offsets):
@@ -196,9 +200,8 @@ def mirror_offsets(skeleton: Skeleton, offsets):
     reflected across ``lateral_axis``. With them, FK of :func:`mirror`'s output is FK of its input
     reflected for any offsets, also a performer whose two sides differ; offsets that are already
     mirror images come back unchanged."""
-    flip = np.ones(3, np.asarray(offsets).dtype)
-    flip[skeleton.lateral_axis] = -1
-    return (np.asarray(offsets) * flip)[..., skeleton.symmetry, :]
+    offsets = np.asarray(offsets)
+    return (offsets * _lateral_flip(skeleton, offsets.dtype))[..., skeleton.symmetry, :]
 
 
 def normalize(skeleton: Skeleton, root_position, rotations, mean, std, *, floor=True, scale=1.0):
