@@ -173,11 +173,13 @@ def summarize(runs: list[dict]) -> dict:
 
 def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds, out, *,
             max_seconds: float | None = None, reference: str | None = None, metric: str = METRIC,
-            log: Callable[[str], None] = print) -> dict:
+            log: Callable[[str], None] = print, on_run: Callable[[dict], None] | None = None) -> dict:
     """Every config of ``configs`` once per seed, alternating configs seed by seed; runs in
     ``out/runs/<name>/seed<N>``. Returns ``{"target", "seeds", "runs": {name: [run]},
     "summary": {name: summarize}, "ratios": {name: {"time", "steps"}}}``: ratios of the
-    medians, ``name`` ÷ ``reference`` (the first config by default; > 1 = slower than it)."""
+    medians, ``name`` ÷ ``reference`` (the first config by default; > 1 = slower than it).
+    ``on_run(runs)`` is called after every run with the runs so far (a long comparison that dies
+    keeps what it measured)."""
     out = Path(out)
     names = list(configs)
     reference = reference or names[0]
@@ -192,6 +194,8 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
             runs[name].append(r)
             log(f"{name} seed {seed}: {'reached' if r['reached'] else 'MISSED'} {r['value']:.3f} cm at step "
                 f"{r['step']}, {r['wall_s']:.1f} s counted ({time.perf_counter() - start:.0f} s elapsed)")
+            if on_run is not None:
+                on_run(runs)
     summary = {name: summarize(rs) for name, rs in runs.items()}
     ratio = lambda a, b: a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
     ratios = {name: {key: ratio(s[k], summary[reference][k])

@@ -8,6 +8,8 @@ BVH), scored by FK joint positions.
 Variants (``--config experiments/autoencoder.py:VARIANT``), comma-separated:
   ``bandai`` (default) or ``deepmimic``: the corpus;
   ``16``, ``8``, ``4``: numbers per frame (the rate of the rate-distortion table; default 16);
+  ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian): the physics-aware objective
+  of the time-to-target comparison (docs/time_to_target.md), where the plain way's dense Jacobian costs;
   ``runlocal``: a tiny model and a few steps (seconds; the tests).
 """
 from experiments import base
@@ -15,9 +17,11 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     parts = [p for p in (arg or "").split(",") if p]
-    unknown = [p for p in parts if p not in ("bandai", "deepmimic", "runlocal") and not p.isdigit()]
+    flags = ("bandai", "deepmimic", "dynamics", "runlocal")
+    unknown = [p for p in parts if p not in flags and not p.isdigit()]
     if unknown:
-        raise ValueError(f"unknown config variant {unknown}; expected bandai|deepmimic, 16|8|4, runlocal")
+        raise ValueError(f"unknown config variant {unknown}; expected bandai|deepmimic, 16|8|4, "
+                         "dynamics, runlocal")
     c = base.get_config()
     corpus = "deepmimic" if "deepmimic" in parts else "bandai"
     rate = next((int(p) for p in parts if p.isdigit()), 16)  # latent numbers per frame
@@ -50,6 +54,8 @@ def get_config(arg: str | None = None):
     c.train.eval_noise_level = 0.0    # the autoencoder is evaluated on clean input only
     if corpus == "deepmimic":
         c.train.update(steps=750, eval_every=250, checkpoint_every=250)
+    if "dynamics" in parts:
+        c.loss.dynamics_weight = 0.005
     if "runlocal" in parts:
         c.data.batch_size = 8
         c.model.update(dim=16, depth=1, kernel=3)

@@ -1,6 +1,6 @@
 """Time to target accuracy, side by side: wall-clock, steps and frames until validation MPJPE ≤ target.
 
-    python scripts/time_to_target.py --config experiments/bandai_autoencoder.py --target 2.3 \\
+    python scripts/time_to_target.py --config experiments/autoencoder.py:bandai,dynamics --target 2.3 \\
         [--levers optimized,baseline,uniform,batch2x,dynamics_loss] [--seeds 0,1,2] [--eval-every K] \\
         [--max-steps N] [--max-seconds S] [--out results/time_to_target]
 
@@ -64,8 +64,15 @@ def main(argv=None) -> dict:
     pipeline.dataset_info(config.data)  # prepare once, before anything is timed
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    partial = out / "time_to_target.partial.json"  # every finished run, rewritten after each one
+
+    def save_partial(runs):
+        doc = {"config": args.config, "target_cm": args.target, "runs": runs}
+        partial.write_text(json.dumps(ttt.jsonable(doc), indent=1, allow_nan=False))
+
     result = ttt.compare(configs, args.target, [int(s) for s in args.seeds.split(",")], out,
-                         max_seconds=args.max_seconds)
+                         max_seconds=args.max_seconds, on_run=save_partial)
+    partial.unlink(missing_ok=True)
     result["config"] = args.config
     result["levers"] = {name: ttt.LEVERS[name][0] for name in configs}
     table = ttt.markdown(result, result["levers"])

@@ -267,3 +267,18 @@ def test_bandai_prepared_fk_equals_raw_bvh(bandai):
     pos = forward_kinematics(bandai.skeleton, rec["rotations"].astype(np.float64),
                              rec["root_position"].astype(np.float64), rec["offsets"].astype(np.float64))[0]
     np.testing.assert_allclose(pos, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_workers_that_die_at_start_up_raise_instead_of_hanging(tmp_path):
+    # Spawned workers re-import __main__: a script preparing data at import time, without a
+    # `__main__` guard, kills every worker at start-up. multiprocessing.Pool respawned them forever.
+    import subprocess
+    import sys
+    script = tmp_path / "unguarded.py"
+    script.write_text("from motionjax.data import prepare\n"
+                      f"prepare.prepare(None, {str(tmp_path / 'out')!r}, workers=2, progress=False)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "if __name__ == '__main__':" in proc.stderr and "RuntimeError" in proc.stderr, proc.stderr[-2000:]

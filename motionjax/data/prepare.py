@@ -29,6 +29,7 @@ overwritten) unless ``force``. Shards are checked against their recorded sizes a
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import glob
 import hashlib
@@ -213,9 +214,18 @@ def _converted(paths, settings: Settings, workers: int) -> Iterator[dict]:
     if workers <= 1 or len(tasks) < 4:
         yield from map(_convert_file, tasks)
         return
-    # spawn: the parent may hold JAX's threads, which fork would copy in a locked state.
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        yield from pool.imap(_convert_file, tasks, chunksize=4)
+    # spawn: the parent may hold JAX's threads, which fork would copy in a locked state. An executor,
+    # not a Pool: a Pool respawns workers that die at start-up forever (a silent hang); this raises.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        try:
+            yield from pool.map(_convert_file, tasks, chunksize=4)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise RuntimeError(
+                f"prepare: a worker process died ({e}). Spawned workers re-import the __main__ module: "
+                "a script that prepares data at import time needs its top level under "
+                "`if __name__ == '__main__':`; or prepare in this process with workers=0 "
+                "(config.data.prepare_workers = 0)") from e
 
 
 # --------------------------------------------------------------------------------------------
