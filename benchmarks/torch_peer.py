@@ -429,7 +429,7 @@ class WindowDataset(torch.utils.data.Dataset):
     noise drawn from a generator seeded by ``(seed, i)``, transformed by the pipeline's ``MakeExample``."""
 
     def __init__(self, cfg, info, seed: int = 0):
-        self.slots, self.seed = data.train_slots(info, cfg.window, cfg.dynamics_weight), seed
+        self.slots, self.seed = data.train_slots(info, cfg.window, cfg.dynamics_sampling), seed
         self.sample = data.SampleWindow(data.ClipSource(info), info, cfg)
         self.make = data.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
 

@@ -1,0 +1,19 @@
+"""Experiment configs: ``experiments/NAME.py`` defines ``get_config(arg=None)`` (an ml_collections
+ConfigDict). ``scripts/train.py --config experiments/NAME.py[:ARG]`` loads one through ml_collections'
+``config_flags`` (with ``--config.x=y`` overrides); :func:`load` is the same for other scripts."""
+import importlib.util
+from pathlib import Path
+
+
+def load(spec: str):
+    """``path/to/experiment.py[:ARG]`` -> its ``get_config(ARG)`` (``get_config()`` without ``:ARG``).
+
+    Raises ``FileNotFoundError`` naming the path when there is no such file."""
+    path, _, arg = spec.partition(":")
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"experiment config {path}: no such file")
+    module_spec = importlib.util.spec_from_file_location(f"experiment_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)

@@ -6,6 +6,9 @@ dynamics terms), ``mesh`` (motionjax.parallel), ``train`` (motionjax.train).
 """
 import ml_collections
 
+from motionjax import dynamics
+from motionjax.data import DEEPMIMIC_SPLITS
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -25,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
-    c.data.dynamics_weight = 0.5       # window sampling: weight of the accel/jerk score vs uniform
+    c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform
     c.data.strict = False              # True: a bad file/record raises instead of being skipped+counted
     # Corpus conventions (motionjax.data.corpus); a change needs a new data.dir (prepared data is immutable).
     c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"
@@ -36,9 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Split rules (motionjax.data.corpus): "rest" (train), "clips:a,b", "pattern:GLOB", "label:K=V",
     # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on
     # (each has a sibling motion in training) are the test split; the last 20% of the others validate.
-    c.data.splits = ml_collections.ConfigDict({
-        "train": "rest", "validation": "tail:0.2",
-        "test": "clips:humanoid3d_dance_b,humanoid3d_getup_faceup,humanoid3d_spinkick"})
+    c.data.splits = ml_collections.ConfigDict(DEEPMIMIC_SPLITS)
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
@@ -87,9 +88,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
     c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
     c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)
-    # dynamics_loss term weights; magnitudes on the DeepMimic windows (noisy vs clean input):
-    # velocity ~0.09 (m/s)^2, force ~400 (N/kg)^2, jerk ~7e6 (m/s^3)^2 (~3e5 on clean motion).
-    c.loss.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 1e-3, "jerk": 1e-7})
+    # dynamics_loss term weights (velocity, force, jerk); the defaults and their magnitudes: dynamics.py
+    c.loss.dynamics = ml_collections.ConfigDict(dynamics.DEFAULT_WEIGHTS)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (("data", -1), ("time", 1))  # -1 fills with the remaining devices

@@ -40,6 +40,19 @@ def _is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# Keys an older config may still set: without this they would be silently ignored.
+_RENAMED = {"data.dynamics_weight": ("data.dynamics_sampling",
+                                     "the window-sampling mix; loss.dynamics_weight is the loss weight")}
+
+
+def _has(config, key: str) -> bool:
+    try:
+        _get(config, key)
+        return True
+    except (KeyError, AttributeError):
+        return False
+
+
 # key -> (predicate, what was expected)
 _RULES = {
     "seed": (_is_int, "an integer"),
@@ -51,6 +64,7 @@ _RULES = {
     "data.prefetch": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "data.eval_stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
+    "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "model.name": (lambda v: v in ("transformer", "tconv"), "'transformer' or 'tconv'"),
     "model.stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
@@ -82,6 +96,9 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
             problems.append(f"{key}={value!r}: expected {expected}")
             bad.add(key)
     d = config.data
+    for old, (new, what) in _RENAMED.items():
+        if _has(config, old):
+            problems.append(f"{old}: renamed {new} ({what})")
     try:
         sizes = parallel.mesh_shape(config.mesh.shape, num_devices)
     except (ValueError, TypeError) as e:

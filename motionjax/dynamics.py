@@ -47,6 +47,10 @@ from motionjax.skeleton import Skeleton
 
 GRAVITY = 9.81  # m/s²
 TERMS = ("velocity", "force", "jerk")
+# The default term weights (config.loss.dynamics): they bring the terms to comparable size. Magnitudes on
+# the DeepMimic windows (noisy vs clean input): velocity ~0.09 (m/s)^2, force ~400 (N/kg)^2, jerk ~7e6
+# (m/s^3)^2 (~3e5 on clean motion).
+DEFAULT_WEIGHTS = {"velocity": 1.0, "force": 1e-3, "jerk": 1e-7}
 JACOBIANS = ("blocked", "jvp", "dense")
 HALO = 2  # the jerk stencil reaches two frames each way
 CHUNK_FRAMES = 512  # see dynamics_loss (measured: 16,384 frames at J = 13, 512 -> 2.6x faster than one pass)

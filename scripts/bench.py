@@ -14,7 +14,7 @@ a. ``train``: end-to-end training frames/s of ``experiments/deepmimic_denoise.py
 b. step-time breakdown of both: data wait (the trainer's own timing), compute split into model and
    loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
 c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense at J = 13, 24, 52, 100 ×
-   256 to 65,536 frames per batch, float32 and bfloat16 (``scripts/bench_dynamics.py``, the one
+   256 to 65,536 frames per batch, float32 and bfloat16 (:mod:`benchmarks.dynamics_grid`, the one
    implementation; ``--quick``: J = 13, 24 at 256 and 1,024 frames, float32);
 d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, loss with the dense
    ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -39,20 +38,18 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.report import MPJPE_TOLERANCE, TARGETS, machine, markdown, plots  # noqa: E402
-from experiments import baseline, deepmimic_denoise  # noqa: E402
-from motionjax import diagnostics, parallel, train  # noqa: E402
-from motionjax import rotations as rot  # noqa: E402
-from motionjax.data import pipeline  # noqa: E402
-from motionjax.features import encode, feature_dim  # noqa: E402
-from motionjax.skeleton import random_tree  # noqa: E402
+from benchmarks import measure
+from benchmarks.report import MPJPE_TOLERANCE, TARGETS, machine, markdown, plots
+from experiments import baseline, deepmimic_denoise
+from motionjax import diagnostics, parallel, train
+from motionjax import rotations as rot
+from motionjax.data import pipeline
+from motionjax.features import encode, feature_dim
+from motionjax.skeleton import random_tree
 
 PARTS = ("train", "dynamics", "torch", "mfu", "growth")
 SEEDS = (0, 1, 2)  # part a trains each config once per seed (data order, noise, initial weights)
@@ -250,19 +247,15 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (c) dynamics loss across J: scripts/bench_dynamics.py, called, not copied
+# (c) dynamics loss across J: benchmarks/dynamics_grid.py (also scripts/bench_dynamics.py)
 
 
 def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
-    path = ROOT / "scripts" / "bench_dynamics.py"
-    if not path.exists():
-        return {"skipped": f"{path.relative_to(ROOT)} is missing"}
-    spec = importlib.util.spec_from_file_location("bench_dynamics", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    results = module.run(quick=quick)
-    module.plot(results, out / "dynamics.png")
-    return {"results": results, "markdown": module.markdown(results), "met": results["targets"]["met"]}
+    from benchmarks import dynamics_grid
+
+    results = dynamics_grid.run(quick=quick)
+    dynamics_grid.plot(results, out / "dynamics.png")
+    return {"results": results, "markdown": dynamics_grid.markdown(results), "met": results["targets"]["met"]}
 
 
 # ---------------------------------------------------------------------------------------------

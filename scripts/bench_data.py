@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for experiments.base
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from experiments.base import get_config  # noqa: E402
-from motionjax.data import load_info, pipeline, transforms  # noqa: E402
+from experiments.base import get_config
+from motionjax.data import load_info, pipeline, transforms
 
 
 def _per_window_costs(cfg, info, n: int) -> dict:
     sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
     make = pipeline.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
-    slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_weight)
+    slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling)
     rng = np.random.default_rng(0)
     t = time.perf_counter()
     windows = [sample(slots[i % len(slots)], rng) for i in range(n)]

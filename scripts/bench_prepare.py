@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # experiments.base
 
 BANDAI = ROOT.parent / "shared" / "data" / "bandai-namco-1" / "data"
 SPLITS = (("train", "rest"), ("validation", "stratified:content:0.1"), ("test", "stratified:content:0.1"))

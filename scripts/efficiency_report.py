@@ -5,12 +5,9 @@ Measures fp32, its StableHLO/ONNX exports, int8 (qwix; onnxruntime), magnitude p
 curve, masked fine-tuning), MLP channel pruning and a distilled vs data-only student (seeds), all in
 one process; writes ``efficiency.json`` and ``efficiency_pareto.png`` to ``--out``.
 """
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "trained run directory (checkpoints, config.json)")
 _OUT = flags.DEFINE_string("out", "runs/efficiency", "directory for efficiency.json and the plot")

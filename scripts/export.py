@@ -6,12 +6,9 @@ windows per call) and ``model_int8.onnx`` (onnxruntime dynamic int8) into ``--ou
 difference and the CPU latency per call; ``export.json`` holds the same.
 """
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory with checkpoints and config.json")
 _STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")

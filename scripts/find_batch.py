@@ -6,13 +6,10 @@ the limit is the device's (GPU/TPU) or, on CPU, ``--memory_limit`` bytes per dev
 the host's memory over its devices). ``--mode throughput`` also times the step at each power of two
 that fits and writes the frames/s vs batch curve (``batch_curve.png``) next to ``batch_finder.json``.
 """
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)")
 _MODE = flags.DEFINE_enum("mode", "throughput", ["memory", "throughput"], "what to choose")

@@ -16,25 +16,10 @@ refused (``--force`` rebuilds). Bad files are skipped and listed (``--strict`` a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments import experiments.base
-
-from motionjax.data import corpus, prepare, synthetic  # noqa: E402
-
-
-def _config_data(spec: str):
-    """``path.py[:arg]`` -> ``get_config(arg).data``."""
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("experiment_config", path)
-    if module_spec is None:
-        raise SystemExit(f"error: --config {path}: not a Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None).data
+import experiments
+from motionjax.data import corpus, prepare, synthetic
 
 
 def main(argv=None):
@@ -65,7 +50,10 @@ def main(argv=None):
 
     settings, source, out = prepare.Settings(), None, "data_cache/deepmimic"
     if args.config:
-        data = _config_data(args.config)
+        try:
+            data = experiments.load(args.config).data
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: --config: {e}") from None
         settings, source, out = prepare.Settings.from_config(data), data.source, data.dir
     changes = {k: v for k, v in (("fps", args.fps), ("window", args.window), ("units", args.units),
                                  ("up_axis", args.up_axis)) if v is not None}

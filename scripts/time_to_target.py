@@ -14,25 +14,10 @@ MPJPE vs wall-clock and vs steps) to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # experiments/ and benchmarks/ live next to the package
-
-
-def load_config(spec: str):
-    """``path/to/experiment.py[:variant]`` -> its ``get_config(variant)``."""
-    path, _, variant = spec.partition(":")
-    file = Path(path)
-    if not file.is_file():
-        raise SystemExit(f"error: --config {path}: no such file")
-    module_spec = importlib.util.spec_from_file_location(f"_ttt_{file.stem}", file)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(variant or None)
+import experiments
 
 
 def main(argv=None) -> dict:
@@ -54,12 +39,15 @@ def main(argv=None) -> dict:
     from benchmarks import time_to_target as ttt
     from motionjax.data import pipeline
 
-    config = load_config(args.config)
+    try:
+        config = experiments.load(args.config)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: --config: {e}") from None
     if args.max_steps:
         config.train.steps = args.max_steps
     configs = ttt.variants(config, [x for x in args.levers.split(",") if x], args.eval_every)
-    if "uniform" in configs and config.data.dynamics_weight == 0:
-        print("warning: the config samples uniformly already (data.dynamics_weight = 0): "
+    if "uniform" in configs and config.data.dynamics_sampling == 0:
+        print("warning: the config samples uniformly already (data.dynamics_sampling = 0): "
               "'uniform' is the same as the config", flush=True)
     pipeline.dataset_info(config.data)  # prepare once, before anything is timed
     out = Path(args.out)

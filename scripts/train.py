@@ -14,15 +14,11 @@ import contextlib
 import os
 import re
 import sys
-from pathlib import Path
 
-# Experiment files import their base config as `experiments.base`: put the repo root on the path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from motionjax import parallel  # noqa: E402
+from motionjax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)",
                                           lock_config=True)

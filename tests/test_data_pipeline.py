@@ -74,7 +74,7 @@ def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
 
 @pytest.mark.parametrize("count", [2, 3])
 def test_process_shards_are_disjoint_and_complete(info, cfg, count):
-    total = len(pipeline.train_slots(info, cfg.window, cfg.dynamics_weight))
+    total = len(pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling))
     seen = []
     for index in range(count):
         ds = pipeline.slot_dataset(info, cfg, seed=0, process_index=index, process_count=count)
@@ -157,7 +157,7 @@ def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
     got = {}
     for w in (0.0, 1.0):
         c = cfg.copy_and_resolve_references()
-        c.dynamics_weight = w
+        c.dynamics_sampling = w
         sample = pipeline.SampleWindow(source, info, c)
         rng = np.random.default_rng(0)
         drawn = []
@@ -177,7 +177,7 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     (seg,) = [s for s in info.splits["train"] if s[0] == walk]
     length = seg[2] - seg[1]
     assert cfg.window / 2 <= length < cfg.window  # 30 frames at 30 fps
-    assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_weight))
+    assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling))
     sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
     win = sample((0, *seg), np.random.default_rng(0))
     np.testing.assert_array_equal(win["valid"], np.arange(cfg.window) < length)
@@ -186,7 +186,7 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     pad = clip["rotations"][[length - 1] * (cfg.window - length)]
     np.testing.assert_array_equal(win["rotations"][length:], pad)
     # Every training clip (run has 19 frames: over half a window) gets slots.
-    slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_weight)
+    slots = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling)
     assert set(slots[:, 1]) == {c for c, _, _ in info.splits["train"]}
 
 

@@ -385,3 +385,13 @@ def test_config_checks_accept_the_experiments():
 
     for variant in (None, "runlocal"):
         config_checks.check_config(deepmimic_denoise.get_config(variant), num_devices=8)
+
+
+def test_a_renamed_config_key_is_named_not_ignored():
+    from experiments import deepmimic_denoise
+
+    config = deepmimic_denoise.get_config()
+    config.data.dynamics_weight = 0.0  # an older config's spelling of data.dynamics_sampling
+    with pytest.raises(config_checks.ConfigError,
+                       match=r"data.dynamics_weight: renamed data.dynamics_sampling"):
+        config_checks.check_config(config, num_devices=8)

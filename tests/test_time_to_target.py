@@ -53,7 +53,7 @@ def test_a_missed_target_is_reported_as_a_miss(tmp_path, data_dir):
 
 def test_side_by_side_alternates_seed_by_seed_and_keeps_misses(tmp_path, monkeypatch):
     configs = ttt.variants(_config(tmp_path), ["optimized", "uniform", "batch2x"])
-    assert configs["uniform"].data.dynamics_weight == 0 and configs["optimized"].data.dynamics_weight > 0
+    assert configs["uniform"].data.dynamics_sampling == 0 and configs["optimized"].data.dynamics_sampling > 0
     assert configs["batch2x"].data.batch_size == 16 and configs["batch2x"].train.eval_every == 1
     order = []
 

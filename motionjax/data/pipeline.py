@@ -130,7 +130,7 @@ def _window_totals(info: DatasetInfo) -> tuple[int, float]:
     return sum(n for n, _ in info.train_windows), sum(s for _, s in info.train_windows)
 
 
-def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.ndarray:
+def train_slots(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.ndarray:
     """``[S, 4]`` (slot id, clip, begin, end): one epoch of training draws.
 
     Segment ``c`` fills ``max(1, round(SLOTS·p(c)))`` slots with ``p(c)`` its share of the window
@@ -145,7 +145,7 @@ def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.nd
     for seg, (n, score_sum) in zip(info.splits[info.train_split], info.train_windows, strict=True):
         if n:
             hot = score_sum / total if total > 0 else n / num
-            share = (1 - dynamics_weight) * n / num + dynamics_weight * hot
+            share = (1 - dynamics_sampling) * n / num + dynamics_sampling * hot
             slots += [seg] * max(1, round(SLOTS * share))
     return np.concatenate([np.arange(len(slots))[:, None], np.asarray(slots, np.int64)], axis=1)
 
@@ -153,7 +153,7 @@ def train_slots(info: DatasetInfo, window: int, dynamics_weight: float) -> np.nd
 def slot_dataset(info: DatasetInfo, cfg, *, seed: int, process_index: int,
                  process_count: int) -> grain.MapDataset:
     """This process's share of the slots (every ``process_count``-th), shuffled, repeated forever."""
-    slots = grain.MapDataset.source(train_slots(info, cfg.window, cfg.dynamics_weight))
+    slots = grain.MapDataset.source(train_slots(info, cfg.window, cfg.dynamics_sampling))
     slots = slots[process_index::process_count]
     return slots.shuffle(seed=seed).repeat()
 
@@ -162,14 +162,14 @@ class SampleWindow:
     """``(slot, rng) -> window`` (or None for a bad record), one training example.
 
     The start is drawn from :func:`transforms.window_weights` restricted to the slot's segment
-    (``dynamics_weight`` mixes score-weighted and uniform).
+    (``dynamics_sampling`` mixes score-weighted and uniform).
     """
 
     CACHE = 256  # segments kept decoded with their start distribution (a small corpus stays resident)
 
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
         self.source, self.skeleton = source, info.skeleton
-        self.window, self.dynamics_weight = cfg.window, cfg.dynamics_weight
+        self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
@@ -185,7 +185,7 @@ class SampleWindow:
             clip = self.source[clip_id]
             records.check_clip(clip, self.skeleton)
             scores = transforms.segment_windows(clip["score"][begin:end], self.window)
-            p = transforms.window_weights(scores, self.dynamics_weight, self.num_windows, self.total_score)
+            p = transforms.window_weights(scores, self.dynamics_sampling, self.num_windows, self.total_score)
             if len(self._cache) >= self.CACHE:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = clip, np.cumsum(p)
@@ -308,7 +308,7 @@ def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
     """The baseline loader: same windows, noise and transforms, one window at a time in numpy on
     the main thread, no Grain, no workers, no prefetch (how a plain training script does it)."""
     _check(cfg, info)
-    slots = train_slots(info, cfg.window, cfg.dynamics_weight)
+    slots = train_slots(info, cfg.window, cfg.dynamics_sampling)
     sample = SampleWindow(ClipSource(info), info, cfg)
     make = MakeExample(info, cfg, transforms.Noise.from_config(cfg))
     rng = np.random.default_rng(seed)

@@ -86,7 +86,7 @@ def segment_windows(score, window: int):
     return np.array([score.mean()]) if score.size >= SHORT_SEGMENT * window else np.zeros(0)
 
 
-def window_weights(scores, dynamics_weight: float, num_windows: int, total_score: float):
+def window_weights(scores, dynamics_sampling: float, num_windows: int, total_score: float):
     """Probability of each window with score ``scores [n]`` among all ``num_windows`` training
     windows (scores summing to ``total_score``): ``(1 - w)/N + w·score/S``.
 
@@ -95,7 +95,7 @@ def window_weights(scores, dynamics_weight: float, num_windows: int, total_score
     """
     if total_score <= 0:
         return np.full(np.shape(scores), 1.0 / num_windows)
-    return (1 - dynamics_weight) / num_windows + dynamics_weight * np.asarray(scores) / total_score
+    return (1 - dynamics_sampling) / num_windows + dynamics_sampling * np.asarray(scores) / total_score
 
 
 # --------------------------------------------------------------------------------------------
