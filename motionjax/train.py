@@ -87,17 +87,14 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
                              mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
                              time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
     frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
-    sharded = jax.shard_map(loss, mesh=mesh, in_specs=(frames, frames),
-                            out_specs=P(), check_vma=False)
-    # Per-window offsets [B, J, 3]: over data only (every time shard of a window needs all its bones).
-    with_offsets = jax.shard_map(lambda p, t, o: loss(p, t, offsets=o), mesh=mesh,
-                                 in_specs=(frames, frames, P(parallel.DATA_AXIS)), out_specs=P(),
-                                 check_vma=False)
+    # Per-window offsets [B, J, 3] over data only (every time shard of a window needs all its bones);
+    # None (an empty tree) matches any spec.
+    sharded = jax.shard_map(lambda p, t, o: loss(p, t, offsets=o), mesh=mesh,
+                            in_specs=(frames, frames, P(parallel.DATA_AXIS)), out_specs=P(), check_vma=False)
 
     def loss_fn(pred, clean, offsets=None):
         b, n, c, f = clean.shape
-        pred, clean = pred.reshape(b, n * c, f), clean.reshape(b, n * c, f)
-        return sharded(pred, clean) if offsets is None else with_offsets(pred, clean, offsets)
+        return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets)
 
     return loss_fn
 

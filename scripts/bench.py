@@ -35,7 +35,6 @@ import os
 import shutil
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import jax
@@ -48,7 +47,8 @@ from experiments import baseline, deepmimic_denoise
 from motionjax import diagnostics, parallel, train
 from motionjax import rotations as rot
 from motionjax.data import pipeline
-from motionjax.features import encode, feature_dim
+from motionjax.data.info import stand_in
+from motionjax.features import encode
 from motionjax.skeleton import random_tree
 
 PARTS = ("train", "dynamics", "torch", "mfu", "growth")
@@ -117,13 +117,6 @@ def stepper(step, state, batch):
 def time_step(step, state, batch, repeats: int) -> float:
     """Median seconds per training step."""
     return measure.time_call(stepper(step, state, batch), repeats=repeats, warmup=1)
-
-
-def synthetic_info(skeleton, fps=30.0):
-    """What the step needs of a dataset (skeleton, fps, feature stats) for a skeleton without data."""
-    f = feature_dim(skeleton)
-    return types.SimpleNamespace(skeleton=skeleton, fps=fps, mean=np.zeros(f, np.float32),
-                                 std=np.ones(f, np.float32), feature_dim=f)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +379,7 @@ def part_growth(quick: bool, out: Path, done: dict) -> dict:
         config.data.update(window=t, batch_size=1024 // t)
         calls["BT", t] = stepper(*compiled_step(config, info)[:3])
     for j in () if quick else (15, 30, 60, 120):  # --quick: T only (the target), to fit in 2 min
-        tree = synthetic_info(random_tree(j, seed=0), float(info.fps))
+        tree = stand_in(random_tree(j, seed=0), float(info.fps))
         calls["J", j] = stepper(*compiled_step(base, tree)[:3])
     times = measure.interleaved(calls, rounds=3 if quick else 5)
     by_t = {t: s for (axis, t), s in times.items() if axis == "T"}

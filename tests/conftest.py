@@ -13,6 +13,11 @@ import pytest
 _FLAG = "--xla_force_host_platform_device_count=8"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Most of the suite's time is XLA compiling small programs that then run for milliseconds: skip
+# LLVM's expensive backend passes (jax_disable_most_optimizations; HLO passes such as fusion and
+# collective placement still run). Subprocesses inherit it. JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs
+# the suite on the fully optimized programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # Many tests build the same train step (the tiny runlocal config) in this process and in trainer
 # subprocesses, which inherit this environment: each program compiles once per session.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

@@ -42,6 +42,17 @@ def value_and_grads(f):
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
 
 
+def assert_same_loss_terms_and_grads(got, want, rtol=1e-5):
+    """``((loss, terms), grads)`` of :func:`value_and_grads` equal: loss, every term, every gradient."""
+    (loss, terms), grads = got
+    (want_loss, want_terms), want_grads = want
+    np.testing.assert_allclose(loss, want_loss, rtol=rtol)
+    for name in dynamics.TERMS:
+        np.testing.assert_allclose(terms[name], want_terms[name], rtol=rtol)
+    for g, ref in zip(grads, want_grads, strict=True):
+        assert_close_relative(g, ref, rtol)
+
+
 def assert_close_relative(actual, expected, rtol):
     actual, expected = np.asarray(actual, float), np.asarray(expected, float)
     assert np.abs(actual - expected).max() <= rtol * np.abs(expected).max(), \
@@ -109,12 +120,7 @@ def test_sharded_over_time_equals_unsharded(shards):
         return dynamics.sharded_dynamics_loss(mesh, skeleton, pred_root, rot.quat_normalize(pred_raw),
                                               target_root, target_rot, fps, WEIGHTS)
 
-    (s_loss, s_terms), s_grads = value_and_grads(sharded)(*args)
-    np.testing.assert_allclose(s_loss, loss, rtol=1e-5)
-    for name in dynamics.TERMS:
-        np.testing.assert_allclose(s_terms[name], terms[name], rtol=1e-5)
-    for g, ref in zip(s_grads, grads, strict=True):
-        assert_close_relative(g, ref, 1e-5)
+    assert_same_loss_terms_and_grads(value_and_grads(sharded)(*args), ((loss, terms), grads))
 
 
 def test_bad_arguments_raise():
@@ -139,13 +145,7 @@ def test_batch_chunks_equal_one_pass(jacobian):
         return value_and_grads(loss)(*args)
 
     assert dynamics._num_chunks(4, 24, 48) == 2
-    (loss, terms), grads = f(None)
-    (c_loss, c_terms), c_grads = f(48)
-    np.testing.assert_allclose(c_loss, loss, rtol=1e-5)
-    for name in dynamics.TERMS:
-        np.testing.assert_allclose(c_terms[name], terms[name], rtol=1e-5)
-    for g, ref in zip(c_grads, grads, strict=True):
-        assert_close_relative(g, ref, 1e-5)
+    assert_same_loss_terms_and_grads(f(48), f(None))
 
 
 def test_masked_mean_is_one_helper_and_zero_without_valid_frames():

@@ -245,14 +245,12 @@ def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame
     """The autoencoders have no skip and the stated numbers per frame; the denoisers' skip sees the
     input's high-frequency content only."""
     import importlib
-    import types
 
-    from motionjax.features import feature_dim
+    from motionjax.data.info import stand_in
     from motionjax.skeleton import deepmimic_humanoid
     config = importlib.import_module(f"experiments.{module}").get_config(variant)
-    sk = deepmimic_humanoid()  # a real skeleton: models that see FK positions need one
-    f = feature_dim(sk)
-    info = types.SimpleNamespace(skeleton=sk, mean=np.zeros(f, np.float32), std=np.ones(f, np.float32))
+    info = stand_in(deepmimic_humanoid())  # a real skeleton: models that see FK positions need one
+    f = info.feature_dim
     m = make_model(config.model, f, config.data.chunk, nnx.Rngs(0), info=info)
     if per_frame is not None:
         assert not m.residual and m.latent_per_frame == per_frame and config.data.rot_noise == 0

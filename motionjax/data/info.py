@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,11 @@ def load_info(data_dir) -> DatasetInfo:
         train_windows=tuple(tuple(w) for w in doc["train_windows"]),
         shards=tuple(s["file"] for s in doc["shards"]), skipped=tuple(doc["skipped"]),
         labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"])
+
+
+def stand_in(skeleton: Skeleton, fps: float = 30.0) -> types.SimpleNamespace:
+    """What a model and the losses need of a dataset (skeleton, fps, feature statistics), for a
+    skeleton without data (benchmarks, tests): zero mean, unit std, so features pass unscaled."""
+    f = features.feature_dim(skeleton)
+    return types.SimpleNamespace(skeleton=skeleton, fps=fps, mean=np.zeros(f, np.float32),
+                                 std=np.ones(f, np.float32), feature_dim=f)
