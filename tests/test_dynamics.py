@@ -159,9 +159,10 @@ def test_masked_mean_is_one_helper_and_zero_without_valid_frames():
     skeleton, fps, pred_root, pred_raw, target_root, target_rot = clip_batch()
     short = lambda x: jnp.asarray(x[:, :3])
     for jacobian in ("blocked", "jvp"):
-        _, terms = dynamics.dynamics_loss(skeleton, short(pred_root), rot.quat_normalize(short(pred_raw)),
-                                          short(target_root), short(target_rot), fps, WEIGHTS,
-                                          jacobian=jacobian)
+        loss = jax.jit(functools.partial(dynamics.dynamics_loss, skeleton, fps=fps, weights=WEIGHTS,
+                                         jacobian=jacobian))
+        _, terms = loss(short(pred_root), rot.quat_normalize(short(pred_raw)), short(target_root),
+                        short(target_rot))
         assert float(terms["jerk"]) == 0.0 and float(terms["velocity"]) > 0  # frame 1 is valid for velocity
 
 
@@ -175,8 +176,10 @@ def test_per_window_offsets_reach_every_backend():
     pred_rot = rot.quat_normalize(pred_raw)
 
     def loss(sk, jacobian, i=slice(None), offsets=None):
-        return float(dynamics.dynamics_loss(sk, pred_root[i], pred_rot[i], target_root[i], target_rot[i], fps,
-                                            WEIGHTS, jacobian=jacobian, offsets=offsets)[0])
+        # Jitted: one compile per call is faster than dispatching the loss op by op.
+        f = jax.jit(lambda *a: dynamics.dynamics_loss(sk, *a, fps, WEIGHTS, jacobian=jacobian,
+                                                      offsets=offsets)[0])
+        return float(f(pred_root[i], pred_rot[i], target_root[i], target_rot[i]))
 
     # Each window has as many valid frames, so the batch mean is the mean of the two windows.
     reference = np.mean([loss(skeleton.replace(offsets=offsets[b]), "blocked", slice(b, b + 1))
