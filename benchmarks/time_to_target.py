@@ -174,13 +174,16 @@ def summarize(runs: list[dict]) -> dict:
 
 def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds, out, *,
             max_seconds: float | None = None, reference: str | None = None, metric: str = METRIC,
-            log: Callable[[str], None] = print, on_run: Callable[[dict], None] | None = None) -> dict:
+            log: Callable[[str], None] = print, on_run: Callable[[dict], None] | None = None,
+            done: dict[str, list[dict]] | None = None, run_missing: bool = True) -> dict:
     """Every config of ``configs`` once per seed, alternating configs seed by seed; runs in
     ``out/runs/<name>/seed<N>``. Returns ``{"target", "seeds", "runs": {name: [run]},
     "summary": {name: summarize}, "ratios": {name: {"time", "steps"}}}``: ratios of the
     medians, ``name`` ÷ ``reference`` (the first config by default; > 1 = slower than it).
     ``on_run(runs)`` is called after every run with the runs so far (a long comparison that dies
-    keeps what it measured)."""
+    keeps what it measured). ``done``: runs measured before (``{name: [run]}``, e.g. from that
+    record), reused for their seeds instead of run again; ``run_missing=False`` runs nothing new
+    (the report of what ``done`` holds)."""
     out = Path(out)
     names = list(configs)
     reference = reference or names[0]
@@ -188,6 +191,12 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
     start = time.perf_counter()
     for seed in seeds:
         for name in names:
+            before = [r for r in (done or {}).get(name, []) if r.get("seed") == int(seed)]
+            if before:
+                runs[name].append(before[0])
+                continue
+            if not run_missing:
+                continue
             c = copy.deepcopy(configs[name])
             c.seed = int(seed)
             r = run_to_target(c, out / "runs" / name / f"seed{seed}", target, max_seconds=max_seconds,
@@ -197,6 +206,9 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
                 f"{r['step']}, {r['wall_s']:.1f} s counted ({time.perf_counter() - start:.0f} s elapsed)")
             if on_run is not None:
                 on_run(runs)
+    runs = {name: rs for name, rs in runs.items() if rs}
+    if reference not in runs:
+        raise ValueError(f"time_to_target: no run of the reference {reference!r}")
     summary = {name: summarize(rs) for name, rs in runs.items()}
     ratio = lambda a, b: a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
     ratios = {name: {key: ratio(s[k], summary[reference][k])

@@ -82,3 +82,28 @@ def test_side_by_side_alternates_seed_by_seed_and_keeps_misses(tmp_path, monkeyp
     assert "| optimized | 2/2 |" in table and "| uniform | 1/2 | miss" in table
     ttt.plot(result, tmp_path / "ttt.png")
     assert (tmp_path / "ttt.png").stat().st_size > 1000
+
+
+def test_resume_reuses_recorded_runs_and_runs_only_the_missing(tmp_path, monkeypatch):
+    configs = ttt.variants(_config(tmp_path), ["optimized", "uniform"])
+    order = []
+
+    def fake_run(config, workdir, target, **_):
+        order.append((Path(workdir).parent.name, config.seed))
+        return {"reached": True, "step": 2, "frames": 512, "wall_s": 1.0 + config.seed, "value": 1.0,
+                "curve": [{"step": 2, "wall_s": 1.0, "value": 1.0}], "final": {"test/mpjpe": 3.0},
+                "seed": config.seed, **dict.fromkeys(ttt.SPLIT_KEYS, 0.2)}
+
+    monkeypatch.setattr(ttt, "run_to_target", fake_run)
+    recorded = {"optimized": [dict(fake_run(configs["optimized"], tmp_path / "optimized" / "s", 1), seed=s,
+                                   wall_s=10.0) for s in (0, 1)],
+                "uniform": [dict(fake_run(configs["uniform"], tmp_path / "uniform" / "s", 1), seed=0,
+                                 wall_s=10.0)]}
+    order.clear()
+    report = ttt.compare(configs, 5.0, [0, 1], tmp_path, log=lambda _: None, done=recorded,
+                         run_missing=False)
+    assert order == [] and len(report["runs"]["uniform"]) == 1  # nothing run; the missing pair left out
+    result = ttt.compare(configs, 5.0, [0, 1], tmp_path, log=lambda _: None, done=recorded)
+    assert order == [("uniform", 1)]  # only the pair not recorded
+    assert [r["wall_s"] for r in result["runs"]["optimized"]] == [10.0, 10.0]  # the recorded runs, reused
+    assert [r["seed"] for r in result["runs"]["uniform"]] == [0, 1]
