@@ -63,9 +63,10 @@ def rate(pairs, out: Path) -> list[str]:
     lines = ["| corpus | numbers/frame | split | model MPJPE cm | PCA MPJPE cm |", "|---|---|---|---|---|"]
     lines += [f"| {c} | {n} | {s} | {m:.2f} | {p:.2f} |" for c, n, s, m, p in rows]
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.8, 3.6))
     for i, corpus in enumerate(sorted({r[0] for r in rows})):
         pts = sorted((n, m, p) for c, n, s, m, p in rows if c == corpus and s == "test")
         ax.plot([n for n, _, _ in pts], [m for _, m, _ in pts], "o-", color=f"C{i}", label=f"{corpus} model")
@@ -73,8 +74,12 @@ def rate(pairs, out: Path) -> list[str]:
     ax.set(xscale="log", yscale="log", xlabel="numbers per frame", ylabel="test MPJPE (cm)",
            title="rate-distortion (unseen clips)")
     ax.set_xticks([4, 8, 16], ["4", "8", "16"])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 1, 10, not 10^0, 10^1
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(out / "models_rate_distortion.png", dpi=110)
     plt.close(fig)
