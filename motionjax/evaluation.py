@@ -97,6 +97,7 @@ def motion_metrics(skeleton: Skeleton, fps: float, pred, true, valid=None, conta
     return {k: float(jnp.sum(s)) / max(float(jnp.sum(c)), 1.0) for k, (s, c) in sums.items()}
 
 
+@functools.partial(jax.jit, static_argnames=("skeleton",))  # op by op, FK dominated evaluation time
 def feature_positions(skeleton: Skeleton, features, mean, std, offsets=None):
     """Standardized features ``[..., T, F]`` -> joint positions ``[..., T, J, 3]`` (m), by FK on
     ``offsets`` (``[..., J, 3]``, one set per window: a clip's rest offsets) or the skeleton's."""

@@ -172,8 +172,8 @@ def test_staged_bottleneck_is_the_only_path_from_input_to_output(name):
     # The Jacobian of the output w.r.t. the input factors through the 8-number latent per 4 frames:
     # its rank over one chunk is at most the chunk's latent size.
     graphdef, state = nnx.split(m)
-    jac = jax.jacobian(lambda v: nnx.merge(graphdef, state)(v.reshape(1, 1, C, F)).reshape(-1))(
-        x[:1, :1].reshape(-1))
+    jac = jax.jit(jax.jacobian(lambda v: nnx.merge(graphdef, state)(v.reshape(1, 1, C, F)).reshape(-1)))(
+        x[:1, :1].reshape(-1))  # jitted: op by op, the transformer's Jacobian took ~15 s
     assert np.linalg.matrix_rank(np.asarray(jac), tol=1e-4) <= (C // 4) * 8
     with pytest.raises(ValueError, match="integer power"):
         model(name, stride=4, stages=3)
