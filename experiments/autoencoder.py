@@ -7,9 +7,11 @@ BVH), scored by FK joint positions.
 
 Variants (``--config experiments/autoencoder.py:VARIANT``), comma-separated:
   ``bandai`` (default) or ``deepmimic``: the corpus;
-  ``16``, ``8``, ``4``: numbers per frame (the rate of the rate-distortion table; default 16);
-  ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian): the physics-aware objective
-  of the time-to-target comparison (docs/time_to_target.md), where the plain way's dense Jacobian costs;
+  ``16``, ``8``, ``4``: numbers per frame (the rate of the rate-distortion table; default 16; the
+  table compares them at ``--config.train.steps=3000``);
+  ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian) and, on Bandai, the 3,000-step
+  schedule: the physics-aware objective of the time-to-target comparison (docs/time_to_target.md),
+  where the plain way's dense Jacobian costs;
   ``runlocal``: a tiny model and a few steps (seconds; the tests).
 """
 from experiments import base
@@ -49,13 +51,18 @@ def get_config(arg: str | None = None):
     c.loss.update(position=1.0, pose=10.0)
     c.loss.foot = 0.0                 # clean target: skating is scored, not trained
     c.loss.dynamics_weight = 0.0      # see docs/models.md: the dynamics loss did not earn its place
-    c.train.update(steps=3000, learning_rate=3e-3, warmup_steps=100, weight_decay=1e-4, eval_every=500,
+    # 8,000 steps (18 min on 2 quiet cores): validation 1.42 cm at 3,000 steps, still falling; 1.19 at
+    # 8,000 (docs/models.md). Dropout 0.1 did not help at 3,000 (1.45).
+    c.train.update(steps=8000, learning_rate=3e-3, warmup_steps=100, weight_decay=1e-4, eval_every=500,
                    checkpoint_every=500, references=())
     c.train.eval_noise_level = 0.0    # the autoencoder is evaluated on clean input only
     if corpus == "deepmimic":
         c.train.update(steps=750, eval_every=250, checkpoint_every=250)
     if "dynamics" in parts:
         c.loss.dynamics_weight = 0.005
+        if corpus == "bandai":
+            # The time-to-target task keeps the 3,000-step schedule it was measured with (its budget).
+            c.train.steps = 3000
     if "runlocal" in parts:
         c.data.batch_size = 8
         c.model.update(dim=16, depth=1, kernel=3)
