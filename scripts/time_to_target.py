@@ -11,7 +11,8 @@ stopping at the first evaluation ≤ target (or the budget: ``train.steps``/``--
 ``time_to_target.json``, ``time_to_target.md`` (the table) and ``time_to_target.png`` (validation
 MPJPE vs wall-clock and vs steps) to ``--out`` and prints the table. Every finished run is recorded
 at once (``time_to_target.partial.json``): ``--resume`` reuses the recorded runs and runs only the
-missing (lever, seed) pairs, in ``--levers`` order; ``--report-only`` runs none.
+missing (lever, seed) pairs, in ``--levers`` order; ``--report-only`` runs none. Recorded runs that a
+resumed comparison does not use (fewer levers or seeds) stay in the partial record.
 """
 from __future__ import annotations
 
@@ -84,9 +85,13 @@ def main(argv=None) -> dict:
 
     done = _recorded_runs(out, args) if args.resume else {}
 
+    def known(runs):
+        """This comparison's runs plus the recorded ones it does not use (other levers or seeds)."""
+        return {name: [r for r in done.get(name, []) if r not in runs.get(name, [])] + runs.get(name, [])
+                for name in {**done, **runs}}
+
     def save_partial(runs):
-        kept = {name: [r for r in done.get(name, []) if r not in rs] + rs for name, rs in runs.items()}
-        doc = {"config": args.config, "target_cm": args.target, "runs": kept}
+        doc = {"config": args.config, "target_cm": args.target, "runs": known(runs)}
         partial.write_text(json.dumps(ttt.jsonable(doc), indent=1, allow_nan=False))
 
     result = ttt.compare(configs, args.target, [int(s) for s in args.seeds.split(",")], out,
@@ -98,7 +103,12 @@ def main(argv=None) -> dict:
     (out / "time_to_target.json").write_text(json.dumps(ttt.jsonable(result), indent=2, allow_nan=False))
     (out / "time_to_target.md").write_text(f"`{args.config}`\n\n{table}\n")
     ttt.plot(result, out / "time_to_target.png")
-    partial.unlink(missing_ok=True)  # its runs are in time_to_target.json now
+    unused = [name for name, rs in known(result["runs"]).items() if rs != result["runs"].get(name)]
+    if unused:  # a --resume with fewer levers or seeds: the other recorded runs stay on record
+        save_partial(result["runs"])
+        print(f"{partial} keeps the recorded runs this comparison did not use ({', '.join(unused)})")
+    else:
+        partial.unlink(missing_ok=True)  # its runs are all in time_to_target.json now
     print(table, flush=True)
     print(f"wrote {out / 'time_to_target.json'}, {out / 'time_to_target.md'}, {out / 'time_to_target.png'}")
     return result
