@@ -118,6 +118,52 @@ def test_mirror_is_a_reflection_of_fk_and_an_involution(clip):
                                (forward_kinematics(smpl, sq, sr)[0] * flip)[..., smpl.symmetry, :], atol=1e-6)
 
 
+def _reframed(skel, quats, frames):
+    """The same body and motion with joint ``j``'s local frame turned by ``frames[j]`` (a rig whose
+    left and right joint frames differ, like Bandai Namco's): ``q~_j = B_p^-1 q_j B_j``,
+    ``o~_j = B_p^-1 o_j``; FK is unchanged."""
+    parent = np.stack([rot.identity_quat((), np.float64, np) if p < 0 else frames[p] for p in skel.parents])
+    q = rot.quat_mul(rot.quat_conj(parent), rot.quat_mul(quats, frames))
+    return skel.replace(offsets=rot.quat_rotate(rot.quat_conj(parent), skel.offsets)), q
+
+
+def test_mirror_frames_from_the_data_mirror_a_rig_whose_sides_differ():
+    """A rig whose right-side joint frames are turned half-way about the up axis is not mirrored by
+    the plain frames; the frames :func:`mirror_frames` picks from the feature means mirror it
+    exactly: the result equals the plain mirror done on the original rig, re-expressed."""
+    smpl = smpl_like()
+    rng = np.random.default_rng(0)
+    # A left/right symmetric mean pose (mirroring takes axis-angle v to -M v), so mean rotations
+    # tell frames apart.
+    flip = -transforms._lateral_flip(smpl, np.float64)
+    pose = rng.normal(0, 0.5, (24, 3))
+    pose[smpl.symmetry == np.arange(24)] *= flip == 1
+    first = np.flatnonzero(smpl.symmetry > np.arange(24))  # one joint of each pair
+    pose[smpl.symmetry[first]] = pose[first] * flip
+    sq = rot.axis_angle_to_quat(pose + rng.normal(0, 0.2, (200, 24, 3)))
+    sr = rng.normal(0, 0.1, (200, 3))
+    right = np.array(["right" in n for n in smpl.names])
+    up = np.zeros(3)
+    up[smpl.up_axis] = np.pi
+    turn = np.where(right[:, None], rot.axis_angle_to_quat(up), rot.identity_quat((), np.float64, np))
+    rig, q = _reframed(smpl, sq, turn)
+    np.testing.assert_allclose(forward_kinematics(rig, q, sr)[0], forward_kinematics(smpl, sq, sr)[0],
+                               atol=1e-9)
+    assert not transforms.mirrorable(rig)
+    assert transforms.mirror_frames(rig) is None  # no statistics: cannot tell the frames
+    frames = transforms.mirror_frames(rig, features.encode(rig, sr, q).mean(0))
+    assert frames is not None
+    mr, mq = transforms.mirror(rig, sr, q, frames)
+    want_r, want_q = transforms.mirror(smpl, sr, sq)  # the plain mirror is exact on the original rig
+    _, want_q = _reframed(smpl, want_q, turn)
+    np.testing.assert_allclose(mr, want_r, atol=1e-12)
+    np.testing.assert_allclose(np.abs((mq * want_q).sum(-1)), 1.0, atol=1e-9)  # same rotations (q ~ -q)
+    np.testing.assert_allclose(transforms.mirror_offsets(rig, rig.offsets, frames), rig.offsets, atol=1e-9)
+    # The plain frames give the right FK only through mirrored offsets, and rotations off the data.
+    _, plain_q = transforms.mirror(rig, sr, q)
+    assert np.abs(np.abs((plain_q * want_q).sum(-1)) - 1).max() > 0.1
+
+
 def test_clean_prob_leaves_that_share_of_windows_uncorrupted(clip):
     skel = clip[0]
     noise = transforms.Noise(rot_std=0.1, pos_std=0.03, joint_mask_prob=0.2, time_warp=1.0, clean_prob=0.3)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -161,31 +162,130 @@ def uncanonicalize(root_position, rotations, yaw, origin, *, scale: float = 1.0)
 
 @functools.lru_cache(maxsize=16)
 def mirrorable(skeleton: Skeleton, tol: float = 1e-3) -> bool:
-    """Whether :func:`mirror` is exact for this skeleton: every joint's rest offset is its twin's
-    reflected across ``lateral_axis`` (within ``tol`` m). Rigs whose left and right joint frames
-    differ (Bandai Namco's bones point along +x on the left and -x on the right) are not, and are
-    never mirrored (the pipeline warns once)."""
-    ok = np.abs(mirror_offsets(skeleton, skeleton.offsets) - skeleton.offsets).max() <= tol
-    if not ok:
-        logging.warning("mirror augmentation is off: the rest offsets of %s are not left/right mirror "
-                        "images (joint frames differ between sides)", skeleton)
-    return bool(ok)
+    """Whether :func:`mirror` with the plain frames is exact for this skeleton: every joint's rest
+    offset is its twin's reflected across ``lateral_axis`` (within ``tol`` m), i.e. all joint
+    frames are parallel to the world's at rest (DeepMimic, SMPL-like bodies). Rigs whose left and
+    right joint frames differ (Bandai Namco's bones point along +x on the left and -x on the right)
+    are not; :func:`mirror_frames` finds their frames from the data."""
+    return bool(np.abs(mirror_offsets(skeleton, skeleton.offsets) - skeleton.offsets).max() <= tol)
 
 
-def mirror(skeleton: Skeleton, root_position, rotations):
+class MirrorFrames(NamedTuple):
+    """The reflections :func:`mirror` applies: diagonal sign matrices with det -1."""
+    world: np.ndarray   # [3]: the world's, across a vertical plane
+    joints: np.ndarray  # [J, 3]: ``N_j``, each joint frame's onto its twin's
+
+
+def _plain_frames(skeleton: Skeleton) -> MirrorFrames:
+    """The world reflection across ``lateral_axis``, in the world and in every joint frame."""
+    flip = _lateral_flip(skeleton, np.float64)
+    return MirrorFrames(flip, np.tile(flip, (skeleton.num_joints, 1)))
+
+
+# The reflections a joint frame may map onto its twin's: diagonal sign matrices with det -1.
+_REFLECTIONS = np.array([(-1, 1, 1), (1, -1, 1), (1, 1, -1), (-1, -1, -1)], np.float64)
+
+
+def mirror_frames(skeleton: Skeleton, mean=None, tol: float = 1e-3) -> MirrorFrames | None:
+    """The frames that mirror this skeleton's motion, or ``None`` when it cannot be mirrored.
+
+    With all joint frames parallel to the world's at rest (:func:`mirrorable`) every reflection is
+    the world's across ``lateral_axis``. Other rigs give each side its own joint frames (Bandai
+    Namco: every bone along its joint's ±x), and the offsets alone leave the reflections ambiguous,
+    so the data decide: the feature ``mean [F]`` holds each joint's mean rotation (its first two
+    columns), and the mirrored rotation of joint ``j`` is ``N_parent R_j N_j``. Down the tree, each
+    ``N_j`` is the candidate whose mirrored mean rotation and bone directions are nearest the
+    twin's own (for the root,
+    together with the world's reflection: any vertical plane mirrors a motion, up to a turn that
+    canonicalization removes). ``None`` unless every choice wins clearly (by 2x), the chosen frames
+    make the rest offsets mirror images within ``tol`` m, and there are no hinges (a hinge's
+    mirror must stay a hinge).
+    """
+    if mirrorable(skeleton, tol):
+        return _plain_frames(skeleton)
+    key = None if mean is None else np.asarray(mean, np.float64).tobytes()
+    return _data_frames(skeleton, key, tol)
+
+
+@functools.lru_cache(maxsize=16)
+def _data_frames(skeleton: Skeleton, mean_bytes, tol: float) -> MirrorFrames | None:
+    def off(why):
+        logging.warning("mirror augmentation is off for %s: %s", skeleton, why)
+        return None
+
+    if mean_bytes is None:
+        return off("its left and right joint frames differ and no feature statistics were given")
+    if "hinge" in skeleton.kinds:
+        return off("it has hinge joints")
+    ids = features.rotating_joints(skeleton)
+    m = np.frombuffer(mean_bytes, np.float64)[3:].reshape(len(ids), 2, 3)
+    mean_rot = {j: m[k].T for k, j in enumerate(ids)}  # [3, 2]: the first two matrix columns
+
+    length = np.linalg.norm(skeleton.offsets, axis=-1, keepdims=True)
+    direction = np.where(length > 1e-6, skeleton.offsets / np.maximum(length, 1e-6), 0.0)  # [J, 3]
+
+    def choose(j, n_parent):
+        """(cost, N_j, second-best cost) of joint ``j`` under its parent's reflection: the distance
+        of the mirrored mean rotation from the twin's, plus that of the mirrored bone directions
+        (in ``j``'s frame) from the twin's children's."""
+        sym, kids = skeleton.symmetry, list(skeleton.children[j])
+        cost = [np.abs(n_parent[:, None] * mean_rot[j] * n[None, :2] - mean_rot[sym[j]]).sum()
+                + np.abs(direction[kids] * n - direction[sym[kids]]).sum() for n in _REFLECTIONS]
+        best, second = np.sort(cost)[:2]
+        return best, _REFLECTIONS[int(np.argmin(cost))], second
+
+    worlds = [np.where(np.arange(3) == a, -1.0, 1.0) for a in range(3) if a != skeleton.up_axis]
+    joints = np.zeros((skeleton.num_joints, 3))
+    world = worlds[0]
+    for j in range(skeleton.num_joints):  # parents come first
+        p = skeleton.parents[j]
+        if j not in mean_rot:  # a fixed joint stays the identity: N_parent I N_j = I
+            joints[j] = world if p < 0 else joints[p]
+            continue
+        if p < 0:
+            (best, n, second), world = min(((choose(j, w), w) for w in worlds), key=lambda c: c[0][0])
+        else:
+            best, n, second = choose(j, joints[p])
+        if not best * 2 < second:
+            return off(f"joint {skeleton.names[j]!r}'s mirrored frame is ambiguous in the data")
+        joints[j] = n
+    frames = MirrorFrames(world, joints)
+    if np.abs(mirror_offsets(skeleton, skeleton.offsets, frames) - skeleton.offsets).max() > tol:
+        return off("its rest offsets are not mirror images in the frames the data pick")
+    return frames
+
+
+def _sign_quat(signs) -> np.ndarray:
+    """``[..., 3]`` diagonal of a rotation (det +1) -> its quaternion ``[..., 4]``: the identity or a
+    half turn about the axis whose sign is +1."""
+    s = np.asarray(signs)
+    q = np.zeros(s.shape[:-1] + (4,))
+    q[..., 0] = s.sum(-1) == 3
+    q[..., 1:] = (s > 0) & (s.sum(-1, keepdims=True) == -1)
+    return q
+
+
+def _parent_frames(skeleton: Skeleton, frames: MirrorFrames) -> np.ndarray:
+    """``[J, 3]``: the reflection of each joint's parent frame (the world's for the root)."""
+    return np.stack([frames.world if p < 0 else frames.joints[p] for p in skeleton.parents])
+
+
+def mirror(skeleton: Skeleton, root_position, rotations, frames: MirrorFrames | None = None):
     """Reflect windows across the body's sagittal plane and swap left/right joints.
 
-    With ``M`` the reflection of ``skeleton.lateral_axis``, every rotation becomes ``M R M``
-    (quaternion: keep w and the lateral component, negate the other two) and joint ``j`` takes
-    its twin's rotation. FK of the result is FK of the input reflected, provided the rest offsets
-    are mirror-symmetric (true for the DeepMimic and SMPL-like bodies) or FK runs on
-    :func:`mirror_offsets` of them.
+    ``frames`` (:func:`mirror_frames`; default: the world reflection ``M`` across ``lateral_axis``
+    everywhere) holds the reflections ``N_j``. The root position becomes ``M p``, and joint ``j``'s
+    twin takes the local rotation ``N_parent R_j N_j`` (``N_parent = M`` for the root), a rotation
+    since both factors reflect: as quaternions ``p_parent ⊗ q_j ⊗ p_j`` with ``p`` the half turn
+    ``-N``. FK of the result is FK of the input reflected, provided the rest offsets are mirror
+    images in these frames or FK runs on :func:`mirror_offsets` of them.
     """
-    a = skeleton.lateral_axis
-    sign = -np.ones(4, rotations.dtype)
-    sign[0] = sign[1 + a] = 1
-    flipped = root_position * _lateral_flip(skeleton, root_position.dtype)
-    return flipped, (rotations * sign)[..., skeleton.symmetry, :]
+    frames = _plain_frames(skeleton) if frames is None else frames
+    dtype = rotations.dtype
+    half = _sign_quat(-frames.joints).astype(dtype)                         # [J, 4]
+    parent = _sign_quat(-_parent_frames(skeleton, frames)).astype(dtype)    # [J, 4]
+    out = rot.quat_mul(parent, rot.quat_mul(rotations, half))
+    return root_position * frames.world.astype(root_position.dtype), out[..., skeleton.symmetry, :]
 
 
 def _lateral_flip(skeleton: Skeleton, dtype) -> np.ndarray:
@@ -195,13 +295,14 @@ def _lateral_flip(skeleton: Skeleton, dtype) -> np.ndarray:
     return flip
 
 
-def mirror_offsets(skeleton: Skeleton, offsets):
-    """The rest offsets ``[..., J, 3]`` of the mirrored body: joint ``j`` takes its twin's offset
-    reflected across ``lateral_axis``. With them, FK of :func:`mirror`'s output is FK of its input
+def mirror_offsets(skeleton: Skeleton, offsets, frames: MirrorFrames | None = None):
+    """The rest offsets ``[..., J, 3]`` of the mirrored body: joint ``c``'s twin takes ``N_parent o_c``
+    (``frames`` as in :func:`mirror`). With them, FK of :func:`mirror`'s output is FK of its input
     reflected for any offsets, also a performer whose two sides differ; offsets that are already
     mirror images come back unchanged."""
     offsets = np.asarray(offsets)
-    return (offsets * _lateral_flip(skeleton, offsets.dtype))[..., skeleton.symmetry, :]
+    frames = _plain_frames(skeleton) if frames is None else frames
+    return (offsets * _parent_frames(skeleton, frames).astype(offsets.dtype))[..., skeleton.symmetry, :]
 
 
 def normalize(skeleton: Skeleton, root_position, rotations, mean, std, *, floor=True, scale=1.0):
@@ -327,16 +428,17 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
     masked-out frames), plus ``"offsets" [..., J, 3]`` float32 when ``offsets`` is given.
     """
-    m = np.asarray(draws["mirror"]) & mirrorable(skeleton)
+    frames = mirror_frames(skeleton, mean)
+    m = np.asarray(draws["mirror"]) & (frames is not None)
     if m.ndim == 0 and m:
-        root_position, rotations = mirror(skeleton, root_position, rotations)
-        offsets = None if offsets is None else mirror_offsets(skeleton, offsets)
+        root_position, rotations = mirror(skeleton, root_position, rotations, frames)
+        offsets = None if offsets is None else mirror_offsets(skeleton, offsets, frames)
     elif m.any():
         root_position, rotations = root_position.copy(), rotations.copy()
-        root_position[m], rotations[m] = mirror(skeleton, root_position[m], rotations[m])
+        root_position[m], rotations[m] = mirror(skeleton, root_position[m], rotations[m], frames)
         if offsets is not None:
             offsets = np.array(offsets)
-            offsets[m] = mirror_offsets(skeleton, offsets[m])
+            offsets[m] = mirror_offsets(skeleton, offsets[m], frames)
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
                                     offsets=offsets)
     clean = features.standardize(features.encode(skeleton, root, rots), mean, std)
