@@ -190,6 +190,38 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     assert set(slots[:, 1]) == {c for c, _, _ in info.splits["train"]}
 
 
+def test_speed_augmentation_plays_windows_faster_or_slower(cfg, info):
+    """``data.speed_range``: a window at speed 2 is every other frame of the clip, at speed 1/2 every
+    other frame is the slerp midpoint of its neighbours; frames past the segment are edge padding
+    and marked invalid; off by default (no extra random draw: the same windows as before)."""
+    clip_id, begin, end = info.splits["train"][0]
+    clip = pipeline.ClipSource(info)[clip_id]
+    root, rots = clip["root_position"], clip["rotations"]
+    same = lambda a, b: np.abs(np.abs((a * b).sum(-1)) - 1).max() < 1e-6  # noqa: E731 (q ~ -q)
+    fast = pipeline._window(clip, begin, end, 8, speed=2.0)
+    np.testing.assert_allclose(fast["root_position"], root[begin:begin + 16:2], atol=1e-6)
+    assert same(fast["rotations"], rots[begin:begin + 16:2])
+    slow = pipeline._window(clip, begin, end, 8, speed=0.5)
+    a, b = slice(begin, begin + 4), slice(begin + 1, begin + 5)
+    np.testing.assert_allclose(slow["root_position"][1::2], (root[a] + root[b]) / 2, atol=1e-6)
+    midpoints = transforms.rot.quat_slerp(rots[a], rots[b], np.full((4, rots.shape[1]), 0.5))
+    assert same(slow["rotations"][1::2], midpoints)
+    tail = pipeline._window(clip, end - 3, end, 8, speed=1.5)  # frames end-3, -1.5, end, ...: 2 valid
+    np.testing.assert_array_equal(tail["valid"], np.arange(8) < 2)
+    np.testing.assert_allclose(tail["root_position"][2:], root[[end - 1] * 6], atol=1e-6)
+    assert cfg.speed_range == 1.0
+    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
+    win = sample((0, clip_id, begin, end), np.random.default_rng(3))
+    cdf = sample._segment(clip_id, begin, end)[1]
+    start = begin + int(np.searchsorted(cdf, np.random.default_rng(3).random() * cdf[-1], side="right"))
+    np.testing.assert_array_equal(win["rotations"], rots[start:start + cfg.window])
+    faster = cfg.copy_and_resolve_references()
+    faster.speed_range = 1.25
+    speeds = pipeline.SampleWindow(pipeline.ClipSource(info), info, faster)
+    win = speeds((0, clip_id, begin, end), np.random.default_rng(3))
+    assert not np.array_equal(win["rotations"], rots[start:start + cfg.window])
+
+
 def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog):
     from array_record.python.array_record_module import ArrayRecordWriter
     motions = [read_deepmimic(p) for p in deepmimic_clip_paths()[:2]]

@@ -170,6 +170,7 @@ class SampleWindow:
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
         self.source, self.skeleton = source, info.skeleton
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
+        self.log_speed = float(np.log(cfg.get("speed_range", 1.0)))
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
@@ -200,17 +201,24 @@ class SampleWindow:
             return None
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
         start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
-        return _window(clip, start, end, self.window, self.bones)
+        speed = np.exp(rng.uniform(-self.log_speed, self.log_speed)) if self.log_speed else 1.0
+        return _window(clip, start, end, self.window, self.bones, speed)
 
 
-def _window(clip: dict, start: int, end: int, window: int, bones=None) -> dict:
+def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
     """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``; with
     ``bones`` (the dataset skeleton's offsets ``[J, 3]``) also the clip's ``offsets`` (a record
-    without its own has those)."""
-    frames = np.arange(start, start + window)
-    idx = np.minimum(frames, end - 1)
-    out = {"root_position": clip["root_position"][idx], "rotations": clip["rotations"][idx],
-           "valid": (frames < end).astype(np.float32)}
+    without its own has those). ``speed != 1`` plays the motion that much faster: frame ``i`` is
+    the clip at frame ``start + i·speed``, root lerped and rotations slerped between frames."""
+    if speed == 1.0:
+        frames = np.arange(start, start + window)
+        idx = np.minimum(frames, end - 1)
+        root, rotations = clip["root_position"][idx], clip["rotations"][idx]
+    else:
+        frames = start + np.arange(window) * speed
+        root, rotations = transforms.interpolate_frames(clip["root_position"], clip["rotations"],
+                                                        np.minimum(frames, end - 1))
+    out = {"root_position": root, "rotations": rotations, "valid": (frames <= end - 1).astype(np.float32)}
     if bones is not None:
         out["offsets"] = np.asarray(clip.get("offsets", bones), np.float32)
     return out

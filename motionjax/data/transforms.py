@@ -39,12 +39,17 @@ def resample(root_position, rotations, src_fps: float, dst_fps: float):
     """
     if abs(src_fps / dst_fps - 1) < 1e-5:
         return root_position, rotations
+    n = int(np.floor((root_position.shape[0] - 1) * dst_fps / src_fps + 1e-6)) + 1
+    return interpolate_frames(root_position, rotations, np.arange(n) * (src_fps / dst_fps))
+
+
+def interpolate_frames(root_position, rotations, frames):
+    """A clip ``[T, 3]``, ``[T, J, 4]`` at fractional frame indices ``frames [N]`` (in ``[0, T-1]``):
+    root lerped, rotations slerped between the neighbouring frames."""
     t = root_position.shape[0]
-    n = int(np.floor((t - 1) * dst_fps / src_fps + 1e-6)) + 1
-    u = np.arange(n) * (src_fps / dst_fps)
-    i0 = np.minimum(np.floor(u).astype(int), max(t - 2, 0))
+    i0 = np.minimum(np.floor(frames).astype(int), max(t - 2, 0))
     i1 = np.minimum(i0 + 1, t - 1)
-    frac = (u - i0)[:, None].astype(root_position.dtype)
+    frac = (frames - i0)[:, None].astype(root_position.dtype)
     root = root_position[i0] * (1 - frac) + root_position[i1] * frac
     quats = rot.quat_slerp(rotations[i0], rotations[i1], np.broadcast_to(frac, rotations[i0].shape[:-1]))
     return root, rot.quat_normalize(quats).astype(rotations.dtype)
