@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
 from motionjax.features import decode, destandardize
@@ -73,19 +72,25 @@ def plot_skeletons(skeleton: Skeleton, clips: dict, path, num_poses: int = 8, ti
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
 
     up, lateral = skeleton.up_axis, skeleton.lateral_axis
     forward = 3 - up - lateral
+    bones = np.arange(1, skeleton.num_joints)
+    parents = np.asarray(skeleton.parents)[bones]
+    colors = ["C3" if j in skeleton.foot_joints else "C0" for j in bones] * num_poses
     fig, axes = plt.subplots(len(clips), 1, figsize=(2 + 1.2 * num_poses, 2.2 * len(clips)),
                              squeeze=False, sharex=True, sharey=True)
     for ax, (name, pos) in zip(axes[:, 0], clips.items(), strict=True):
         pos = np.asarray(pos)
         frames = np.linspace(0, len(pos) - 1, num_poses).round().astype(int)
-        for i, t in enumerate(frames):
-            p = pos[t] - pos[frames[0], 0] * np.eye(3)[forward] + np.eye(3)[forward] * 0.8 * i
-            for j, parent in enumerate(skeleton.parents[1:], 1):
-                ax.plot(p[[parent, j], forward], p[[parent, j], up], "-", lw=1.5,
-                        color="C3" if j in skeleton.foot_joints else "C0")
+        # Pose i is shifted 0.8 m forward of pose i-1 (from where the first one starts).
+        shift = (0.8 * np.arange(num_poses) - pos[frames[0], 0, forward])[:, None]
+        x, y = pos[frames][..., forward] + shift, pos[frames][..., up]    # [P, J]
+        segments = np.stack([np.stack([x[:, parents], y[:, parents]], -1),
+                             np.stack([x[:, bones], y[:, bones]], -1)], -2)  # [P, J-1, 2, 2]
+        ax.add_collection(LineCollection(segments.reshape(-1, 2, 2), colors=colors, linewidths=1.5))
+        ax.autoscale_view()
         ax.set_ylabel(name)
         ax.set_aspect("equal")
         ax.grid(alpha=0.3)
@@ -100,6 +105,6 @@ def export_bvh(path, skeleton: Skeleton, fps: float, features, mean, std, name: 
     from motionjax.formats import Motion
     from motionjax.formats.bvh import write_bvh
 
-    root, rotations = decode(skeleton, destandardize(jnp.asarray(features, jnp.float32), mean, std))
+    root, rotations = decode(skeleton, destandardize(np.asarray(features, np.float32), mean, std))
     write_bvh(Path(path), Motion(skeleton, fps, np.asarray(root, np.float64),
                                  np.asarray(rotations, np.float64), name=name))
