@@ -32,6 +32,10 @@ def get_config(arg: str | None = None):
         # 32 windows x 64 frames per step: at equal frames, twice the updates of batch 64 won on
         # validation (2.64 vs 2.83 cm at 800 vs 400 steps).
         c.data.batch_size = 32
+        # Augmentation, chosen on validation at 3,000 steps (docs/models.md): mirrored windows (the rig's
+        # per-side joint frames mapped by transforms.mirror_frames; 1.42 -> 1.30 cm) played at 0.8-1.25x
+        # speed (1.30 -> 1.25 cm).
+        c.data.update(mirror_prob=0.5, speed_range=1.25)
     else:
         c.data.batch_size = 32        # DeepMimic: ~1,300 training frames in 32-frame windows
     # Reconstruction: the input is the clean window (no noise, masking or time warp).
@@ -62,8 +66,10 @@ def get_config(arg: str | None = None):
     if "dynamics" in parts:
         c.loss.dynamics_weight = 0.005
         if corpus == "bandai":
-            # The time-to-target task keeps the 3,000-step schedule it was measured with (its budget).
+            # The time-to-target task keeps the 3,000-step schedule it was measured with (its budget)
+            # and the data of then: no mirroring (Bandai's rig could not be mirrored) or speed change.
             c.train.steps = 3000
+            c.data.update(mirror_prob=0.0, speed_range=1.0)
     if "runlocal" in parts:
         c.data.batch_size = 8
         c.model.update(dim=16, depth=1, kernel=3)
