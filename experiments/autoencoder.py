@@ -55,9 +55,9 @@ def get_config(arg: str | None = None):
     c.loss.update(position=1.0, pose=10.0)
     c.loss.foot = 0.0                 # clean target: skating is scored, not trained
     c.loss.dynamics_weight = 0.0      # see docs/models.md: the dynamics loss did not earn its place
-    # 8,000 steps (18 min on 2 quiet cores): validation 1.42 cm at 3,000 steps, still falling; 1.19 at
-    # 8,000 (docs/models.md). At 3,000, dropout 0.1 (1.45), width 256 (1.67), kernel 9 (1.45) and
-    # depth 2 (1.64) did not help.
+    # 8,000 steps (17.5 min on 2 quiet cores): validation 1.42 cm at 3,000 steps without augmentation,
+    # still falling; 1.08 at 8,000 with it, flat over the last 1,000 (docs/models.md). At 3,000,
+    # dropout 0.1 (1.45), width 256 (1.67), kernel 9 (1.45) and depth 2 (1.64) did not help.
     c.train.update(steps=8000, learning_rate=3e-3, warmup_steps=100, weight_decay=1e-4, eval_every=500,
                    checkpoint_every=500, references=())
     c.train.eval_noise_level = 0.0    # the autoencoder is evaluated on clean input only
