@@ -200,11 +200,10 @@ def mirror_frames(skeleton: Skeleton, mean=None, tol: float = 1e-3) -> MirrorFra
     so the data decide: the feature ``mean [F]`` holds each joint's mean rotation (its first two
     columns), and the mirrored rotation of joint ``j`` is ``N_parent R_j N_j``. Down the tree, each
     ``N_j`` is the candidate whose mirrored mean rotation and bone directions are nearest the
-    twin's own (for the root,
-    together with the world's reflection: any vertical plane mirrors a motion, up to a turn that
-    canonicalization removes). ``None`` unless every choice wins clearly (by 2x), the chosen frames
-    make the rest offsets mirror images within ``tol`` m, and there are no hinges (a hinge's
-    mirror must stay a hinge).
+    twin's own (for the root, together with the world's reflection: any vertical plane mirrors a
+    motion, up to a turn that canonicalization removes). ``None`` unless every choice wins clearly
+    (by 2x), the chosen frames make the rest offsets mirror images within ``tol`` m, and there are
+    no hinges (a hinge's mirror must stay a hinge).
     """
     if mirrorable(skeleton, tol):
         return _plain_frames(skeleton)
