@@ -184,8 +184,9 @@ _train_cmd, _wait_for_checkpoint = train_cmd, wait_for_checkpoint
 
 # Long enough to interrupt mid-run; no dynamics loss (tested above) keeps compilation short; the
 # parameters are compared, so the final evaluation looks at one split only.
-RUN = ("--config.train.steps=40", "--config.train.checkpoint_every=4", "--config.train.eval_every=1000",
-       "--config.loss.dynamics_weight=0", "--config.train.final_splits=('validation',)")
+RUN_SETTINGS = {"train.steps": 40, "train.checkpoint_every": 4, "train.eval_every": 1000,
+                "loss.dynamics_weight": 0.0, "train.final_splits": ("validation",)}
+RUN = tuple(f"--config.{key}={value!r}" for key, value in RUN_SETTINGS.items())  # the trainer's flags
 
 
 def _final_params(workdir, step):
@@ -203,8 +204,7 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     # The reference: the same run through the library in this process, saving only at the end (a
     # save does not change the training: the interrupted run's frequent checkpoints must not either).
     config = runlocal_config(data_dir)
-    config.train.update(steps=40, checkpoint_every=40, eval_every=1000, final_splits=("validation",))
-    config.loss.dynamics_weight = 0.0
+    config.update_from_flattened_dict({**RUN_SETTINGS, "train.checkpoint_every": 40})
     assert train.run_experiment(config, reference)["status"] == "done"
 
     proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
@@ -228,4 +228,5 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
                    cwd=REPO)
     assert json.loads((interrupted / "summary.json").read_text())["status"] == "done"
+    assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
