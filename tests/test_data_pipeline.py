@@ -222,6 +222,24 @@ def test_speed_augmentation_plays_windows_faster_or_slower(cfg, info):
     assert not np.array_equal(win["rotations"], rots[start:start + cfg.window])
 
 
+def test_reverse_augmentation_plays_windows_backwards(cfg, info):
+    """``data.reverse_prob``: a reversed window is the forward window (same start draw) with its
+    frames, root and validity flipped in time (off by default)."""
+    clip_id, begin, end = info.splits["train"][0]
+    slot = (0, clip_id, begin, begin + cfg.window // 2)  # shorter than a window: padded, flipped too
+    assert cfg.reverse_prob == 0.0
+    forward = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
+    backward_cfg = cfg.copy_and_resolve_references()
+    backward_cfg.reverse_prob = 1.0
+    backward = pipeline.SampleWindow(pipeline.ClipSource(info), info, backward_cfg)
+    fwd, bwd = forward(slot, np.random.default_rng(5)), backward(slot, np.random.default_rng(5))
+    assert fwd.keys() == bwd.keys() and "valid" in fwd
+    assert not fwd["valid"].all()  # the window runs past the segment: its padding moves to the front
+    for key in fwd:
+        expected = fwd[key] if key == "offsets" else fwd[key][::-1]  # bones are per clip, not per frame
+        np.testing.assert_array_equal(bwd[key], expected, err_msg=key)
+
+
 def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog):
     from array_record.python.array_record_module import ArrayRecordWriter
     motions = [read_deepmimic(p) for p in deepmimic_clip_paths()[:2]]

@@ -171,6 +171,7 @@ class SampleWindow:
         self.source, self.skeleton = source, info.skeleton
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.log_speed = float(np.log(cfg.get("speed_range", 1.0)))
+        self.reverse_prob = float(cfg.get("reverse_prob", 0.0))
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
@@ -202,7 +203,11 @@ class SampleWindow:
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
         start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
         speed = np.exp(rng.uniform(-self.log_speed, self.log_speed)) if self.log_speed else 1.0
-        return _window(clip, start, end, self.window, self.bones, speed)
+        window = _window(clip, start, end, self.window, self.bones, speed)
+        # No draw when off, so configs without it keep their random stream.
+        if self.reverse_prob and rng.random() < self.reverse_prob:
+            window = _reverse(window)
+        return window
 
 
 def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
@@ -222,6 +227,11 @@ def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: fl
     if bones is not None:
         out["offsets"] = np.asarray(clip.get("offsets", bones), np.float32)
     return out
+
+
+def _reverse(window: dict) -> dict:
+    """The window played backwards (time axis flipped; ``offsets`` are per clip and stay)."""
+    return {k: (v if k == "offsets" else v[::-1].copy()) for k, v in window.items()}
 
 
 def _is_window(x) -> bool:
