@@ -91,7 +91,10 @@ def _free_port() -> int:
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
 def test_two_processes_match_one(tmp_path):
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    # 2 devices per process; conftest's other XLA flags kept.
+    flags = ["--xla_force_host_platform_device_count=2",
+             *(f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags),
                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                PYTHONPATH=str(Path(__file__).parents[1]))
     logs = [tmp_path / f"worker_{i}.log" for i in range(2)]
