@@ -45,6 +45,11 @@ _RENAMED = {"data.dynamics_weight": ("data.dynamics_sampling",
                                      "the window-sampling mix; loss.dynamics_weight is the loss weight")}
 
 
+def _split_names(v) -> bool:
+    return (isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
+            and all(isinstance(s, str) for s in v))
+
+
 def _has(config, key: str) -> bool:
     try:
         _get(config, key)
@@ -77,8 +82,9 @@ _RULES = {
     "train.checkpoint_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.keep_checkpoints": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.stop_timeout_s": (lambda v: _is_number(v) and v > 0, "a positive number of seconds"),
-    "train.eval_splits": (lambda v: isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
-                          and all(isinstance(s, str) for s in v), "a non-empty tuple of split names"),
+    "train.eval_splits": (_split_names, "a non-empty tuple of split names"),
+    # The final evaluation also draws and exports a held-out clip from the last of them.
+    "train.final_splits": (_split_names, "a non-empty tuple of split names"),
 }
 
 

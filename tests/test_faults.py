@@ -328,6 +328,7 @@ BAD = [  # (key, value, expected text)
     ("train.learning_rate", 0.0, "train.learning_rate=0.0: expected a positive number"),
     ("train.checkpoint_every", 0, "train.checkpoint_every=0: expected a positive integer"),
     ("train.eval_splits", (), "train.eval_splits=(): expected a non-empty tuple of split names"),
+    ("train.final_splits", (), "train.final_splits=(): expected a non-empty tuple of split names"),
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
     ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
      "one of train.eval_splits=('validation',)"),
