@@ -83,9 +83,15 @@ def _products(skeleton, jacobian, rotations, root_position, positions, world, jo
     raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
 
 
-def _frames(x, shift, length):
-    """Frames ``t + shift`` for the ``length`` local frames of a halo-padded ``[B, T + 4, ...]``."""
-    return jax.lax.slice_in_dim(x, HALO + shift, HALO + shift + length, axis=1)
+# The time stencils as (offset: coefficient) at a power of fps: velocity, acceleration, jerk.
+_STENCILS = (({-1: -0.5, 1: 0.5}, 1), ({-1: 1.0, 0: -2.0, 1: 1.0}, 2),
+             ({-2: -0.5, -1: 1.0, 1: -1.0, 2: 0.5}, 3))
+
+
+def _apply_stencils(x, start, length, fps, axis):
+    """Every stencil of :data:`_STENCILS` on the ``length`` frames of ``x`` from ``start`` on."""
+    frames = lambda s: jax.lax.slice_in_dim(x, start + s, start + s + length, axis=axis)
+    return tuple(sum(c * frames(s) for s, c in stencil.items()) * fps**power for stencil, power in _STENCILS)
 
 
 def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None,
@@ -102,10 +108,7 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     # FK runs on the local frames only; the stencils' neighbour frames arrive as positions.
     positions_pad = pad_with_halos(positions, HALO, axis=1, axis_name=time_axis_name)
     rot_pad = pad_with_halos(rotations, 1, axis=1, axis_name=time_axis_name)
-    p = lambda s: _frames(positions_pad, s, length)
-
-    velocity = (p(1) - p(-1)) * (fps / 2)
-    acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
+    velocity, acceleration, jerk = _apply_stencils(positions_pad, HALO, length, fps, axis=1)
     gravity = jnp.zeros(3, rotations.dtype).at[skeleton.up_axis].set(-GRAVITY)
     forces = _mass_fractions(skeleton, rotations.dtype)[:, None] * (acceleration - gravity)
 
@@ -121,7 +124,6 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     generalized = jnp.concatenate([root_force[..., None, :], torques], axis=-2)
     if forces_only:
         return None, generalized, None
-    jerk = (p(2) - 2 * p(1) + 2 * p(-1) - p(-2)) * (fps**3 / 2)
     return predicted_velocity - velocity, generalized, jerk
 
 
@@ -139,13 +141,33 @@ def _quat_log_tree(q):
     return k * u
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _stencils_tree(positions_pad, length, fps):
+    """``(velocity, acceleration, jerk)`` ``[3, J, B, T]`` of halo-padded ``[3, J, B, T + 4]``
+    positions. Its VJP is the transposed stencils (offsets negated) on the cotangents zero-padded
+    once: XLA would transpose each of the five shifted reads into its own pad to ``T + 4``."""
+    return _apply_stencils(positions_pad, HALO, length, fps, axis=3)
+
+
+def _stencils_tree_vjp(length, fps, _, cotangents):
+    wide = [jnp.pad(g, [(0, 0)] * 3 + [(2 * HALO, 2 * HALO)]) for g in cotangents]
+    frames = lambda g, s: jax.lax.slice_in_dim(g, HALO - s, HALO - s + length + 2 * HALO, axis=3)
+    return (sum(sum(c * frames(g, s) for s, c in stencil.items()) * fps**power
+                for g, (stencil, power) in zip(wide, _STENCILS, strict=True)),)
+
+
+_stencils_tree.defvjp(lambda x, length, fps: (_stencils_tree(x, length, fps), None), _stencils_tree_vjp)
+
+
 def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None,
                        offsets=None):
     """:func:`_motion_terms` of the blocked backend, in the tree layout of
-    :mod:`motionjax.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss.
+    :mod:`motionjax.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss,
+    with the reverse-mode algebra (:func:`motionjax.kinematics.algebra`).
 
     Returns ``(velocity residual [3, J, B, T], generalized forces [3, J + 1, B, T], jerk [3, J, B, T])``.
     """
+    ops = K.algebra(custom_vjp=True)
     tree = lambda x: K.to_tree_layout(skeleton, x, custom_vjp=True)
     length = rotations.shape[1]
     q = tree(rotations)
@@ -157,19 +179,18 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
     time_axis = 3
     positions_pad = pad_with_halos(positions, HALO, axis=time_axis, axis_name=time_axis_name)
     rot_pad = pad_with_halos(q, 1, axis=time_axis, axis_name=time_axis_name)
-    p = lambda s: jax.lax.slice_in_dim(positions_pad, HALO + s, HALO + s + length, axis=time_axis)
+    velocity, acceleration, jerk = _stencils_tree(positions_pad, length, fps)
 
-    velocity = (p(1) - p(-1)) * (fps / 2)
-    acceleration = (p(1) - 2 * p(0) + p(-1)) * fps**2
     gravity = jnp.zeros((3, 1, 1, 1), q.dtype).at[skeleton.up_axis].set(-GRAVITY)
     mass = K.to_tree_layout(skeleton, np.asarray(skeleton.masses, float)[:, None] / np.sum(skeleton.masses))
     forces = jnp.asarray(mass[..., None, None], q.dtype) * (acceleration - gravity)
 
     # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
     before, after = rot_pad[..., :-2], rot_pad[..., 2:]
-    local_omega = _quat_log_tree(K.quat_mul(after, K.quat_conj(before)))
-    parent = K.quat_mul(world, K.quat_conj(q))
-    joint_velocity = K.world_to_dofs_tree(skeleton, world, K.quat_rotate(parent, local_omega * (fps / 2)))
+    local_omega = _quat_log_tree(ops.quat_mul(after, K.quat_conj(before)))
+    parent = ops.quat_mul(world, K.quat_conj(q))
+    joint_velocity = K.world_to_dofs_tree(skeleton, world, ops.quat_rotate(parent, local_omega * (fps / 2)),
+                                          custom_vjp=True)
     root_velocity = velocity[:, 0]
 
     torques, root_force = K.jacobian_transpose_product_tree(skeleton, positions, world, forces,
@@ -179,7 +200,6 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
         return None, generalized, None
     predicted_velocity = K.jacobian_vector_product_tree(skeleton, positions, world, joint_velocity,
                                                         root_velocity, custom_vjp=True)
-    jerk = (p(2) - 2 * p(1) + 2 * p(-1) - p(-2)) * (fps**3 / 2)
     return predicted_velocity - velocity, generalized, jerk
 
 
