@@ -3,9 +3,10 @@
 For each skeleton size J, frames per batch and dtype, the three backends of
 :func:`motionjax.dynamics.dynamics_loss` are jitted (loss + gradient w.r.t. the predicted root and
 rotations, as training uses it), their compiled temp memory read from
-``compiled.memory_analysis()``, and timed round-robin: each round calls every backend once, so a
-load change on a shared machine hits all alike; times are medians over rounds and each ratio
-comes with the spread of its per-round ratios. Prints a table, writes JSON and a PNG plot.
+``compiled.memory_analysis()``, and timed round-robin: each round times every backend once (after an
+untimed call of the same program: steady state, as in training), so a load change on a shared
+machine hits all alike; times are medians over rounds and each ratio comes with the spread of its
+per-round ratios. Prints a table, writes JSON and a PNG plot.
 
 The library of ``scripts/bench_dynamics.py`` (the command line) and of ``scripts/bench.py`` part c:
 ``run``, ``markdown`` and ``plot``.
@@ -61,18 +62,25 @@ def _loss_and_grad(skeleton, jacobian):
 
 def _time_round_robin(fns: dict, args, budget_s: float, min_rounds: int = 3, max_rounds: int = 9):
     """Per-round seconds of each compiled function, called in turn every round (after one warm-up
-    call each, whose time sets the number of rounds within ``budget_s``)."""
+    call each, whose time sets the number of rounds within ``budget_s``).
+
+    Each timed call follows an untimed call of the same function: a program's time depends on what
+    ran just before it (measured on a 2-vCPU VM: blocked at J = 24, 1,024 frames, 15–19 ms back to
+    back, 29–61 ms right after a dense call, 55–89 ms after 0.5 s idle), and a training step runs
+    back to back. Rounds still interleave the backends, so load drift hits all alike."""
+    call = lambda fn: jax.block_until_ready(fn(*args))
     warm = {}
     for name, fn in fns.items():
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        call(fn)
         warm[name] = time.perf_counter() - start
-    rounds = int(np.clip(budget_s / max(sum(warm.values()), 1e-6), min_rounds, max_rounds))
+    rounds = int(np.clip(budget_s / max(2 * sum(warm.values()), 1e-6), min_rounds, max_rounds))
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            call(fn)
             start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
+            call(fn)
             times[name].append(time.perf_counter() - start)
     return times
 
