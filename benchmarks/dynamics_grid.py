@@ -13,6 +13,7 @@ The library of ``scripts/bench_dynamics.py`` (the command line) and of ``scripts
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import measure
 from motionjax import dynamics, parallel, rotations
 from motionjax.skeleton import deepmimic_humanoid, random_tree, smpl_like
 
@@ -61,28 +63,13 @@ def _loss_and_grad(skeleton, jacobian):
 
 
 def _time_round_robin(fns: dict, args, budget_s: float, min_rounds: int = 3, max_rounds: int = 9):
-    """Per-round seconds of each compiled function, called in turn every round (after one warm-up
-    call each, whose time sets the number of rounds within ``budget_s``).
-
-    Each timed call follows an untimed call of the same function: a program's time depends on what
-    ran just before it (measured on a 2-vCPU VM: blocked at J = 24, 1,024 frames, 15–19 ms back to
-    back, 29–61 ms right after a dense call, 55–89 ms after 0.5 s idle), and a training step runs
-    back to back. Rounds still interleave the backends, so load drift hits all alike."""
-    call = lambda fn: jax.block_until_ready(fn(*args))
-    warm = {}
-    for name, fn in fns.items():
-        start = time.perf_counter()
-        call(fn)
-        warm[name] = time.perf_counter() - start
-    rounds = int(np.clip(budget_s / max(2 * sum(warm.values()), 1e-6), min_rounds, max_rounds))
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            call(fn)
-            start = time.perf_counter()
-            call(fn)
-            times[name].append(time.perf_counter() - start)
-    return times
+    """Per-round seconds of each compiled function (:func:`benchmarks.measure.interleaved_rounds`,
+    each timed call after an untimed one of the same program: steady state, as in training). The
+    time of one first call each sets the number of rounds within ``budget_s``."""
+    calls = {name: functools.partial(fn, *args) for name, fn in fns.items()}
+    first = {name: measure.time_call(call, repeats=1, warmup=0) for name, call in calls.items()}
+    rounds = int(np.clip(budget_s / max(2 * sum(first.values()), 1e-6), min_rounds, max_rounds))
+    return measure.interleaved_rounds(calls, rounds, repeats=1, warmup=1)
 
 
 def _ratio(times, name):

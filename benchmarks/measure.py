@@ -34,19 +34,30 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
     return statistics.median(times)
 
 
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats: int = 2,
-                sync: Callable[[object], object] = block) -> dict[str, float]:
-    """Median wall time (s) per call of each of ``calls``, timed round-robin.
+def interleaved_rounds(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats: int = 2,
+                       warmup: int = 0, sync: Callable[[object], object] = block) -> dict[str, list[float]]:
+    """Per-round wall times (s) of each of ``calls``, timed round-robin: every round times each call
+    (the median of ``repeats`` calls after ``warmup`` untimed ones), so a load change on a shared
+    machine hits every candidate alike, which sequential timing (all of one, then all of the next)
+    does not give.
 
-    A load change on a shared machine then hits every candidate alike, which sequential timing
-    (all of one, then all of the next) does not give.
+    ``warmup=1`` measures each program in steady state, as a training loop runs it: on a small VM a
+    short program's time depends on what ran just before it (the dynamics grid at J = 24, 1,024
+    frames: 15–19 ms back to back, 29–61 ms right after another program, 55–89 ms after 0.5 s idle).
     """
     for fn in calls.values():
-        sync(fn())  # warm-up
+        sync(fn())  # compile / first-call costs
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
-            times[name].append(time_call(fn, repeats=repeats, warmup=0, sync=sync))
+            times[name].append(time_call(fn, repeats=repeats, warmup=warmup, sync=sync))
+    return times
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats: int = 2, warmup: int = 0,
+                sync: Callable[[object], object] = block) -> dict[str, float]:
+    """Median over rounds of :func:`interleaved_rounds`: one wall time (s) per call."""
+    times = interleaved_rounds(calls, rounds, repeats, warmup, sync)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
