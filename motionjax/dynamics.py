@@ -88,10 +88,15 @@ _STENCILS = (({-1: -0.5, 1: 0.5}, 1), ({-1: 1.0, 0: -2.0, 1: 1.0}, 2),
              ({-2: -0.5, -1: 1.0, 1: -1.0, 2: 0.5}, 3))
 
 
+def _stencil(x, stencil, start, length, axis):
+    """``Σ_s c_s x[t + s]`` over ``{s: c_s}`` for the ``length`` frames ``t`` of ``x`` from ``start`` on."""
+    frames = lambda s: jax.lax.slice_in_dim(x, start + s, start + s + length, axis=axis)
+    return sum(c * frames(s) for s, c in stencil.items())
+
+
 def _apply_stencils(x, start, length, fps, axis):
     """Every stencil of :data:`_STENCILS` on the ``length`` frames of ``x`` from ``start`` on."""
-    frames = lambda s: jax.lax.slice_in_dim(x, start + s, start + s + length, axis=axis)
-    return tuple(sum(c * frames(s) for s, c in stencil.items()) * fps**power for stencil, power in _STENCILS)
+    return tuple(_stencil(x, stencil, start, length, axis) * fps**power for stencil, power in _STENCILS)
 
 
 def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None,
@@ -151,8 +156,7 @@ def _stencils_tree(positions_pad, length, fps):
 
 def _stencils_tree_vjp(length, fps, _, cotangents):
     wide = [jnp.pad(g, [(0, 0)] * 3 + [(2 * HALO, 2 * HALO)]) for g in cotangents]
-    frames = lambda g, s: jax.lax.slice_in_dim(g, HALO - s, HALO - s + length + 2 * HALO, axis=3)
-    return (sum(sum(c * frames(g, s) for s, c in stencil.items()) * fps**power
+    return (sum(_stencil(g, {-s: c for s, c in stencil.items()}, HALO, length + 2 * HALO, axis=3) * fps**power
                 for g, (stencil, power) in zip(wide, _STENCILS, strict=True)),)
 
 
