@@ -76,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
                                        # interpolation between group vectors (smooth across groups)
     c.model.input_positions = False    # the encoder also sees its input's root-relative FK joint positions
     c.model.global_rotations = False   # the head predicts window-frame rotations; local ones follow exactly
+    c.model.position_head = False      # the head also predicts joint positions; rotations = their IK projection
     c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
                                        # many frames (odd; 0 = x itself), so it cannot memorize poses
     c.model.dropout = 0.0
@@ -107,6 +108,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.b2 = 0.99
     c.train.weight_decay = 1e-4
     c.train.grad_clip = 1.0            # global-norm clipping
+    c.train.ema_decay = 0.0            # >0: evaluate (and export) an exponential moving average of the params
     c.train.grad_accum_steps = 1       # >1: optax.MultiSteps averages this many micro-batches per update
     c.train.retain_host_memory = True  # glibc: reuse freed host memory (parallel.retain_host_memory)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint

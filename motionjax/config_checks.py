@@ -76,6 +76,7 @@ _RULES = {
     "train.learning_rate": (lambda v: _is_number(v) and v > 0, "a positive number"),
     "train.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "train.grad_accum_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.ema_decay": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1): 0 = off"),
     "train.max_nonfinite_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.log_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.eval_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),

@@ -152,7 +152,7 @@ def tree_scan(skeleton: Skeleton, fn, xs, reverse: bool = False, custom_vjp: boo
     numpy = all(_is_numpy(a) for a in leaves)
     xp = np if numpy else jnp
     if custom_vjp and not numpy:
-        per_leaf = [_split_levels(plan, a) for a in leaves]
+        per_leaf = [(_split_levels_impl if _is_numpy(a) else _split_levels)(plan, a) for a in leaves]
         level_x = [jax.tree.unflatten(jax.tree.structure(xs), [p[d] for p in per_leaf])
                    for d in range(len(plan.bounds))]
     else:
@@ -395,6 +395,109 @@ def forward_kinematics_tree(skeleton: Skeleton, rotations, root_position, offset
     root = xp.broadcast_to(root, (3,) + batch)
     offsets = _offsets_tree(skeleton, offsets, len(batch), rotations.dtype, xp)
     return _fk_tree(skeleton, to_tree_layout(skeleton, rotations, custom_vjp), root, offsets, custom_vjp)
+
+
+@functools.lru_cache(maxsize=64)
+def _ik_plan(skeleton: Skeleton):
+    """Static tables of :func:`inverse_kinematics`, per joint ``j`` (joint order):
+
+    ``targets [J, K]``: the joints ``j``'s rotation places, its children and, through fixed joints,
+    their descendants, the longest rest vector first (the "primary"), padded with ``j``;
+    ``rest [J, K, 3]``: each target's rest vector from ``j`` in ``j``'s frame (zero for padding);
+    ``swing [J]``: a ball joint with a target (its primary target is met exactly);
+    ``weights [J, K]``: the targets the least-squares turn about one axis fits (a ball joint's
+    secondary targets, about the primary's direction; all of a hinge's, about its axis).
+    Zero-length targets (end sites at their parent) carry no direction and are left out."""
+    num, parents, kinds = skeleton.num_joints, skeleton.parents, skeleton.kinds
+    found = [[] for _ in range(num)]
+    for k in range(1, num):
+        rest, a = np.array(skeleton.offsets[k], float), parents[k]
+        while a > 0 and kinds[a] == "fixed":  # a fixed joint turns with its parent
+            rest, a = rest + skeleton.offsets[a], parents[a]
+        if np.linalg.norm(rest) > 1e-6:
+            found[a].append((np.linalg.norm(rest), k, rest))
+    width = max(1, max(len(f) for f in found))
+    targets = np.repeat(np.arange(num)[:, None], width, axis=1)
+    rest, weights = np.zeros((num, width, 3)), np.zeros((num, width))
+    swing = np.zeros(num, bool)
+    for j, f in enumerate(found):
+        for i, (_, k, r) in enumerate(sorted(f, key=lambda e: -e[0])):
+            targets[j, i], rest[j, i] = k, r
+        swing[j] = kinds[j] == "ball" and bool(f)
+        weights[j, : len(f)] = kinds[j] == "hinge"
+        weights[j, 1 : len(f)] = kinds[j] != "fixed"
+    return targets, rest, swing, weights
+
+
+def _normalized(v, eps=1e-12):
+    return v / jnp.sqrt(jnp.sum(v * v, axis=0, keepdims=True) + eps)
+
+
+def inverse_kinematics(skeleton: Skeleton, positions, hint, custom_vjp: bool = False):
+    """Local joint rotations whose FK on the skeleton's bones places the joints at ``positions``
+    (exactly where the bones allow), the rotations the positions leave free taken from ``hint``.
+
+    Down the tree (one level at a time, :func:`tree_scan`), each joint starts from its hint and
+    turns to aim at its targets (:func:`_ik_plan`) from the position FK has already given it: a
+    ball joint by the shortest arc onto its primary target, then about that direction by the
+    least-squares angle onto the others (the pelvis: spine exactly, hips fitted); a hinge about its
+    axis by the least-squares angle onto all of them. Aiming each bone from the joint FK placed,
+    not from the predicted parent, keeps a position error from piling up down a chain. A bone's
+    twist and an end joint's rotation (nothing below it has a length) are the hint's.
+
+    Args:
+      skeleton: the tree and its rest offsets (the bones FK will use).
+      positions: ``[..., J, 3]`` target joint positions; joint 0's is the root position.
+      hint: ``[..., J, 4]`` local rotations (unit quaternions, wxyz; identity for fixed joints).
+      custom_vjp: gathers and products with their own VJPs (reverse mode only; :func:`tree_scan`).
+
+    Returns:
+      ``[..., J, 4]`` local rotations; with the positions of FK of ``hint``, ``hint`` again.
+    """
+    targets, rest, swing, weights = _ik_plan(skeleton)
+    dtype, batch = positions.dtype, positions.shape[:-2]
+    # Static tables stay numpy, so each level skips the steps none of its joints takes.
+    const = lambda a: to_tree_layout(skeleton, np.asarray(a, np.float32)).reshape(
+        (a.shape[-1], skeleton.num_joints) + (1,) * len(batch))  # [C, J, 1...]
+    ops = algebra(custom_vjp)
+    tree = lambda a: to_tree_layout(skeleton, a, custom_vjp)
+    goal = tuple(tree(positions[..., targets[:, k], :]) for k in range(targets.shape[1]))
+    xs = (tree(hint), const(skeleton.offsets), goal,
+          tuple(const(rest[:, k]) for k in range(rest.shape[1])),
+          tuple(const(weights[:, k : k + 1]) for k in range(weights.shape[1])),
+          const(swing[:, None]), const(skeleton.axes * np.array([k == "hinge" for k in skeleton.kinds])[:, None]))
+    root = jnp.moveaxis(positions[..., 0, :], -1, 0)[:, None]  # [3, 1, ...]
+    ex = jnp.asarray([1.0, 0.0, 0.0], dtype).reshape((3, 1) + (1,) * len(batch))
+
+    def step(parent, x):
+        q, offset, goal, rest, weights, swing, axis = x
+        if parent is None:
+            p, parent_rot = root, jnp.zeros_like(q).at[0].set(1.0)
+        else:
+            parent_pos, parent_rot, _ = parent
+            p = parent_pos + ops.quat_rotate(parent_rot, offset)
+        world, t = ops.quat_mul(parent_rot, q), ex
+        if swing.any():  # shortest arc from where the hint points the primary bone to where it should
+            u = _normalized(jnp.where(swing > 0, ops.quat_rotate(world, rest[0]), ex))
+            t = _normalized(jnp.where(swing > 0, goal[0] - p, ex))
+            arc = jnp.concatenate([1.0 + jnp.sum(u * t, 0, keepdims=True), ops.cross(u, t)])
+            world = ops.quat_mul(_normalized(arc), world)
+        fitted = [k for k, w in enumerate(weights) if w.any()]
+        if fitted:  # least-squares turn about one axis: max Σ d·(R v)  =>  θ = atan2(Σ a·(v × d), Σ v⊥·d⊥)
+            a = t if not axis.any() else jnp.where(np.sum(axis * axis, 0, keepdims=True) > 0,
+                                                    ops.quat_rotate(parent_rot, axis), t)
+            sin = cos = 0.0
+            for k in fitted:
+                v, d = ops.quat_rotate(world, rest[k]), goal[k] - p
+                sin = sin + weights[k] * jnp.sum(a * ops.cross(v, d), 0, keepdims=True)
+                cos = cos + weights[k] * (jnp.sum(v * d, 0, keepdims=True)
+                                          - jnp.sum(v * a, 0, keepdims=True) * jnp.sum(d * a, 0, keepdims=True))
+            fits = sum(weights) > 0
+            half = jnp.arctan2(jnp.where(fits, sin, 0.0), jnp.where(fits, cos, 1.0)) / 2
+            world = ops.quat_mul(jnp.concatenate([jnp.cos(half), jnp.sin(half) * a]), world)
+        return p, world, ops.quat_mul(quat_conj(parent_rot), world)
+
+    return from_tree_layout(skeleton, tree_scan(skeleton, step, xs, custom_vjp=custom_vjp)[2], custom_vjp)
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from motionjax import rotations as rot
 from motionjax.features import decode, destandardize, rotating_joints
 from motionjax.halo import pad_with_halos
-from motionjax.kinematics import forward_kinematics
+from motionjax.kinematics import forward_kinematics, inverse_kinematics
 from motionjax.parallel import DATA_AXIS, TIME_AXIS
 
 
@@ -151,12 +151,20 @@ class Kinematics:
     ``global_rotations``: the rotation head predicts each joint's rotation in the window frame and
     the local rotations follow as ``R_parentᵀ·R`` (exactly, not learnt), so an error in a hip
     rotation no longer swings the whole leg chain below it.
+    ``position_head``: the decoder also predicts root-relative joint positions, as a correction to
+    the FK of its rotations, and the output rotations are their IK projection
+    (:func:`motionjax.kinematics.inverse_kinematics`): each joint's error is its own, as in a
+    position-space model, and the output is still a motion on the skeleton's bones.
     """
 
-    def __init__(self, skeleton, mean, std, input_positions: bool = False, global_rotations: bool = False):
+    def __init__(self, skeleton, mean, std, input_positions: bool = False, global_rotations: bool = False,
+                 position_head: bool = False):
+        if global_rotations and position_head:
+            raise ValueError("model.global_rotations and model.position_head are two output heads; pick one")
         self.skeleton = skeleton
         self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
         self.input_positions, self.global_rotations = input_positions, global_rotations
+        self.position_head = position_head
         ids = rotating_joints(skeleton)
         slot = {int(j): i for i, j in enumerate(ids)}
         # Nearest rotating ancestor of each rotating joint (fixed joints turn with their parent); -1: none.
@@ -177,6 +185,17 @@ class Kinematics:
         _, rotations = decode(self.skeleton, destandardize(x.astype(jnp.float32), self.mean, self.std))
         pos = forward_kinematics(self.skeleton, rotations, jnp.zeros(x.shape[:-1] + (3,), jnp.float32))[0]
         return pos.reshape(*x.shape[:-1], -1) / POSITION_SCALE
+
+    def project(self, rotations, correction):
+        """Standardized rotation features ``[..., 6·R]`` (the hint) and a position correction
+        ``[..., 3·J]`` (/ scale) -> standardized rotation features whose FK reaches FK(hint) + correction.
+        """
+        mean, std = self.mean[3:], self.std[3:]
+        hint = decode(self.skeleton, jnp.pad(rotations * std + mean, [(0, 0)] * (rotations.ndim - 1) + [(3, 0)]))[1]
+        goal = forward_kinematics(self.skeleton, hint, jnp.zeros(rotations.shape[:-1] + (3,), jnp.float32))[0]
+        goal = goal + correction.reshape(goal.shape) * POSITION_SCALE
+        local = inverse_kinematics(self.skeleton, goal, hint)[..., rotating_joints(self.skeleton), :]
+        return (rot.quat_to_6d(local).reshape(rotations.shape) - mean) / std
 
     def local_features(self, sixd_global):
         """World-frame 6D rotations ``[..., R, 6]`` (raw) -> standardized local 6D features ``[..., 6·R]``."""
@@ -233,6 +252,8 @@ class ChunkedAutoencoder(nnx.Module):
         # Zero heads: the model starts at the mean pose (or, residual, at the identity).
         zero = functools.partial(dense, kernel_init=nnx.initializers.zeros)
         self.root_head, self.rotation_head = zero(dim, 3), zero(dim, features - 3)
+        if kinematics is not None and kinematics.position_head:
+            self.position_head = zero(dim, 3 * kinematics.skeleton.num_joints)
 
     @property
     def latent_per_frame(self) -> float:
@@ -285,6 +306,8 @@ class ChunkedAutoencoder(nnx.Module):
             # Zero head = identity world rotations to start from; Gram-Schmidt makes any output valid.
             identity = jnp.array([1.0, 0, 0, 0, 1, 0], jnp.float32)
             rotations = self.kinematics.local_features(rotations.reshape(*h.shape[:-1], -1, 6) + identity)
+        if self.kinematics is not None and self.kinematics.position_head:
+            rotations = self.kinematics.project(rotations, self.position_head(h).astype(jnp.float32))
         return jnp.concatenate([self.root_head(h).astype(jnp.float32), rotations], axis=-1)
 
     def _interpolate(self, h, k: int):
@@ -348,7 +371,7 @@ class TemporalConvNet(ChunkedAutoencoder):
 
 
 def _kinematics(config, info) -> Kinematics | None:
-    flags = {k: bool(config.get(k, False)) for k in ("input_positions", "global_rotations")}
+    flags = {k: bool(config.get(k, False)) for k in ("input_positions", "global_rotations", "position_head")}
     if not any(flags.values()):
         return None
     if info is None:
@@ -361,8 +384,8 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
                info=None):
     """The model named by ``config.name`` (the ``model`` section of the experiment config).
 
-    ``info``: the dataset (skeleton, feature mean/std); needed when ``config.input_positions`` or
-    ``config.global_rotations`` is set (:class:`Kinematics`).
+    ``info``: the dataset (skeleton, feature mean/std); needed when ``config.input_positions``,
+    ``config.global_rotations`` or ``config.position_head`` is set (:class:`Kinematics`).
 
     ``mesh``: when given, the chunk axis of the input is expected sharded over its ``'time'`` axis
     (and the batch over ``'data'``) and halos are exchanged between devices.

@@ -103,9 +103,10 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
+def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0):
     """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
-    math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both)."""
+    math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both).
+    ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average."""
 
     def step(state, batch):
         def compute(params):
@@ -117,10 +118,11 @@ def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn):
         (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "rest": rest}
+        if ema_decay:
+            new["ema"] = optax.incremental_update(new["params"], state["ema"], 1.0 - ema_decay)
         finite = jnp.isfinite(loss) & _all_finite(grads)
         # A non-finite step keeps every leaf of the old state, optimizer moments included.
-        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new,
-                           {k: state[k] for k in ("params", "opt_state", "rest")})
+        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, {k: state[k] for k in new})
         new["nonfinite_total"] = state["nonfinite_total"] + (~finite).astype(jnp.int32)
         new["nonfinite_run"] = jnp.where(finite, 0, state["nonfinite_run"] + 1)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms,
@@ -141,6 +143,8 @@ def init_state(config: ml_collections.ConfigDict, info, mesh):
     tx = make_optimizer(config.train)
     state = {"params": params, "rest": rest, "opt_state": tx.init(params),
              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
+    if config.train.ema_decay:
+        state["ema"] = jax.tree.map(jnp.copy, params)
     shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
     return (graphdef, eval_graphdef, model), tx, parallel.put(state, shardings), shardings
 
@@ -149,7 +153,8 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
     out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    step = jit_train_step(pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh)), shardings, mesh)
+    step = jit_train_step(pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay),
+                          shardings, mesh)
     return step, state, shardings, eval_graphdef
 
 
@@ -215,8 +220,14 @@ def _global(x, sharding):
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
+def evaluated_params(state):
+    """The parameters evaluation and export use: the moving average when the run keeps one."""
+    return state.get("ema", state["params"])
+
+
 def make_predict(eval_graphdef, mesh, state_shardings):
-    """``predict(state, x [B, N, C, F] numpy) -> numpy`` in eval mode; pads B to the data axis."""
+    """``predict(state, x [B, N, C, F] numpy) -> numpy`` in eval mode (:func:`evaluated_params`);
+    pads B to the data axis."""
     window = parallel.window_sharding(mesh)
 
     @functools.partial(jax.jit, in_shardings=(state_shardings["params"], state_shardings["rest"], window),
@@ -227,7 +238,7 @@ def make_predict(eval_graphdef, mesh, state_shardings):
     def predict(state, x):
         b, pad = x.shape[0], -x.shape[0] % mesh.shape[parallel.DATA_AXIS]
         x = np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x
-        return np.asarray(apply(state["params"], state["rest"], _global(x, window)))[:b]
+        return np.asarray(apply(evaluated_params(state), state["rest"], _global(x, window)))[:b]
 
     return predict
 

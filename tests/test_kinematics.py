@@ -151,3 +151,97 @@ def test_fk_hinges_and_offsets_rotate_with_their_parent():
     pos, _ = forward_kinematics(sk, q, np.array([1.0, 0, 0]))
     # a = root + R_y(90°)·(1,0,0) = (1,0,-1);  b = a + R_y(90°)·R_z(90°)·(0,2,0) = a + (0,0,2).
     np.testing.assert_allclose(pos, [[1, 0, 0], [1, 0, -1], [1, 0, 1]], atol=1e-12)
+
+
+def _ik_skeleton():
+    """Ball joints with what the IK must handle: a fixed joint with a length (its child hangs off the
+    ball joint above it), zero-length end sites, and branching joints (the Bandai/BVH shape)."""
+    tree = random_tree(16, seed=4, hinge_prob=0.0)
+    parents, offsets = list(tree.parents), list(tree.offsets)
+    kinds = list(tree.kinds)
+    leaf = max(set(range(16)) - set(parents))
+    rng = np.random.default_rng(0)
+    for parent, kind, offset in [(5, "fixed", rng.normal(size=3) * 0.1), (16, BALL, rng.normal(size=3) * 0.1),
+                                 (leaf, "fixed", np.zeros(3)), (17, "fixed", np.zeros(3))]:
+        parents.append(parent), kinds.append(kind), offsets.append(offset)
+    return Skeleton([f"j{j}" for j in range(len(parents))], parents, np.array(offsets), kinds, None, None)
+
+
+def _fixed_as_identity(skeleton, q):
+    q = np.array(q)
+    q[..., [k == "fixed" for k in skeleton.kinds], :] = [1, 0, 0, 0]
+    return q
+
+
+@pytest.mark.parametrize("name", ["ball tree", "smpl"])
+def test_ik_reaches_fk_positions_from_any_hint(name):
+    """IK of FK positions (independent reference: FK itself): from the true rotations it returns
+    them; from the identity or a perturbed hint the positions are reached all the same, and the
+    rotations differ only by twists about single bones (joints with two non-collinear targets are
+    fully determined)."""
+    from motionjax.kinematics import _ik_plan, inverse_kinematics
+    from motionjax.skeleton import smpl_like
+    sk = _ik_skeleton() if name == "ball tree" else smpl_like()
+    q, root = _random_motion(sk, (5, 4))
+    q = _fixed_as_identity(sk, q).astype(np.float32)
+    positions = forward_kinematics(sk, jnp.asarray(q), jnp.asarray(root, jnp.float32))[0]
+    ik = jax.jit(lambda hint: inverse_kinematics(sk, positions, hint))
+    got = np.asarray(ik(jnp.asarray(q)))
+    np.testing.assert_allclose(np.abs(np.sum(got * q, -1)), 1.0, atol=1e-5)  # q and -q are one rotation
+    _, rest, _, weights = _ik_plan(sk)
+    determined = weights.sum(1) > 0  # ball joints with secondary targets (the pelvis, the chest)
+    assert determined.any()
+    noise = _fixed_as_identity(sk, _random_motion(sk, (5, 4), seed=3)[0])
+    for hint in (np.broadcast_to([1.0, 0, 0, 0], q.shape), rot.quat_normalize(q + 0.3 * noise)):
+        got = np.asarray(ik(jnp.asarray(hint, jnp.float32)))
+        reached = forward_kinematics(sk, jnp.asarray(got), jnp.asarray(root, jnp.float32))[0]
+        np.testing.assert_allclose(np.asarray(reached), np.asarray(positions), atol=2e-5)
+        world = lambda r: np.asarray(forward_kinematics(sk, jnp.asarray(r), jnp.asarray(root, jnp.float32))[1])
+        np.testing.assert_allclose(np.abs(np.sum(world(got) * world(q), -1))[..., determined], 1.0, atol=1e-4)
+
+
+def test_ik_turns_a_hinge_about_its_axis_only():
+    """DeepMimic's knees and elbows: with the parents' rotations right, the hinge angle is recovered
+    from the positions alone (hint: the identity at every hinge), and the result stays a rotation
+    about the hinge axis."""
+    from motionjax.kinematics import inverse_kinematics
+    sk = deepmimic_humanoid()
+    hinge = np.array([k == HINGE for k in sk.kinds])
+    rng = np.random.default_rng(5)
+    q = _fixed_as_identity(sk, _random_motion(sk, (6,))[0])
+    angle = rng.uniform(-2.5, 2.5, (6, hinge.sum(), 1))
+    q[:, hinge] = np.concatenate([np.cos(angle / 2), np.sin(angle / 2) * sk.axes[hinge]], -1)
+    q = q.astype(np.float32)
+    positions = forward_kinematics(sk, jnp.asarray(q), jnp.zeros((6, 3)))[0]
+    hint = q.copy()
+    hint[:, hinge] = [1, 0, 0, 0]
+    got = np.asarray(jax.jit(inverse_kinematics, static_argnums=0)(sk, positions, jnp.asarray(hint)))
+    np.testing.assert_allclose(np.abs(np.sum(got[:, hinge] * q[:, hinge], -1)), 1.0, atol=1e-5)
+
+
+def test_ik_aims_each_bone_at_an_unreachable_target():
+    """Positions no skeleton can reach (every joint moved at random): each single-target bone points
+    from the joint FK placed towards its target, so an error does not pile up down a chain; IK is
+    differentiable there, its JVP matching central differences."""
+    from motionjax.kinematics import _ik_plan, inverse_kinematics
+    sk = _ik_skeleton()
+    q, root = _random_motion(sk, (8,))
+    q = _fixed_as_identity(sk, q).astype(np.float32)
+    noisy = forward_kinematics(sk, jnp.asarray(q), jnp.asarray(root, jnp.float32))[0]
+    noisy = noisy + jnp.asarray(np.random.default_rng(6).normal(size=noisy.shape) * 0.03, jnp.float32)
+    ik = jax.jit(lambda p: inverse_kinematics(sk, p, jnp.asarray(q)))
+    reached = np.asarray(forward_kinematics(sk, ik(noisy), noisy[:, 0])[0])
+    targets, rest, swing, weights = _ik_plan(sk)
+    single = np.flatnonzero(swing & (weights.sum(1) == 0))
+    assert len(single) >= 4
+    for j in single:
+        k = targets[j, 0]
+        bone, aim = reached[:, k] - reached[:, j], np.asarray(noisy)[:, k] - reached[:, j]
+        cos = np.sum(bone * aim, -1) / np.linalg.norm(bone, axis=-1) / np.linalg.norm(aim, axis=-1)
+        np.testing.assert_allclose(cos, 1.0, atol=1e-5)
+    placed = lambda p: forward_kinematics(sk, ik(p), p[:, 0])[0]  # sign-free: q and -q place alike
+    direction = jnp.asarray(np.random.default_rng(7).normal(size=noisy.shape), jnp.float32)
+    _, tangent = jax.jvp(placed, (noisy,), (direction,))
+    eps = 1e-3
+    fd = (placed(noisy + eps * direction) - placed(noisy - eps * direction)) / (2 * eps)
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(fd), atol=2e-2 * float(jnp.abs(fd).max()))

@@ -206,6 +206,34 @@ def test_global_rotations_map_to_the_local_rotations_of_the_same_pose():
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-4)
 
 
+def test_position_head_output_reaches_the_corrected_positions():
+    """``Kinematics.project``: rotation features (the hint) plus a position correction give rotations
+    whose FK lands on FK(hint) + correction (independent reference: FK of a second random pose on
+    an all-ball body; the correction is the difference of the two poses' positions), and a zero
+    correction gives the hint back."""
+    from motionjax import features as feat
+    from motionjax import rotations as rot
+    from motionjax.kinematics import forward_kinematics
+    from motionjax.skeleton import smpl_like
+    sk = smpl_like()
+    f = 3 + 6 * len(models.rotating_joints(sk))
+    rng = np.random.default_rng(3)
+    mean, std = rng.normal(size=f).astype(np.float32) * 0.1, rng.uniform(0.5, 2, f).astype(np.float32)
+    kin = models.Kinematics(sk, mean, std, position_head=True)
+    hint, true = (rot.quat_normalize(rng.normal(size=(5, sk.num_joints, 4))).astype(np.float32) for _ in range(2))
+    fk = lambda q: np.asarray(forward_kinematics(sk, jnp.asarray(q), jnp.zeros((5, 3)))[0])
+    x = feat.standardize(feat.encode(sk, np.zeros((5, 3), np.float32), hint), mean, std)[:, 3:]
+    project = jax.jit(kin.project)
+    for want in (true, hint):
+        correction = (fk(want) - fk(hint)).reshape(5, -1) / models.POSITION_SCALE
+        out = np.asarray(project(jnp.asarray(x), jnp.asarray(correction)))
+        got = feat.decode(sk, feat.destandardize(np.pad(out, [(0, 0), (3, 0)]), mean, std))[1]
+        np.testing.assert_allclose(fk(got), fk(want), atol=2e-5)
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(got) * hint, -1)), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="pick one"):
+        models.Kinematics(sk, mean, std, global_rotations=True, position_head=True)
+
+
 def test_input_positions_are_root_relative_fk_positions():
     from motionjax import features as feat
     from motionjax import rotations as rot

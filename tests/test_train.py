@@ -91,6 +91,27 @@ def test_nonfinite_step_is_skipped_and_counted(single_device_step, batches):
     assert any(jax.tree.leaves(moved))
 
 
+def test_ema_follows_the_parameters_and_is_what_evaluation_sees(data_dir, batches):
+    """``train.ema_decay``: after each step the average is ``d·ema + (1 - d)·params`` (numpy reference
+    from the steps' own parameters; a non-finite step leaves it alone), and evaluation and export
+    read it (``evaluated_params``)."""
+    config = runlocal_config(data_dir)
+    config.train.ema_decay = 0.9
+    mesh = parallel.make_mesh(config.mesh, jax.devices()[:1])
+    step, state, *_ = train.build_train_step(config, pipeline.dataset_info(config.data), mesh)
+    want = jax.tree.map(np.asarray, state["params"])
+    noisy = batches[0]["noisy"].copy()
+    noisy[0, 0, 0, 0] = np.nan
+    for batch in [*batches, dict(batches[0], noisy=noisy)]:
+        state, metrics = step(state, batch)
+        if np.isfinite(float(metrics["loss"])):
+            want = jax.tree.map(lambda e, p: 0.9 * e + 0.1 * np.asarray(p), want, state["params"])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-7), state["ema"], want)
+    assert train.evaluated_params(state) is state["ema"]
+    moved = jax.tree.map(lambda e, p: not np.allclose(np.asarray(e), np.asarray(p)), state["ema"], state["params"])
+    assert any(jax.tree.leaves(moved))
+
+
 def _checkpoint(workdir, step):
     """Params and optimizer state of checkpoint ``step`` of ``workdir``, as numpy."""
     with ocp.CheckpointManager((Path(workdir) / "checkpoints").absolute()) as mngr:

@@ -74,5 +74,6 @@ def load(workdir, step: int | str = "best") -> Trained:
     finally:
         manager.close()
     model = build_model(config, info)
-    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(state["params"])))  # immutable, one device
+    # immutable, one device; the parameters the run evaluated (its moving average, if it kept one)
+    nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(train.evaluated_params(state))))
     return Trained(config, info, model, int(step))
