@@ -76,7 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
                                        # interpolation between group vectors (smooth across groups)
     c.model.input_positions = False    # the encoder also sees its input's root-relative FK joint positions
     c.model.global_rotations = False   # the head predicts window-frame rotations; local ones follow exactly
-    c.model.position_head = False      # the head also predicts joint positions; rotations = their IK projection
+    c.model.position_head = False      # the head also predicts joint positions; rotations: IK onto them
     c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
                                        # many frames (odd; 0 = x itself), so it cannot memorize poses
     c.model.dropout = 0.0

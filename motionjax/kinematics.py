@@ -152,7 +152,7 @@ def tree_scan(skeleton: Skeleton, fn, xs, reverse: bool = False, custom_vjp: boo
     numpy = all(_is_numpy(a) for a in leaves)
     xp = np if numpy else jnp
     if custom_vjp and not numpy:
-        per_leaf = [(_split_levels_impl if _is_numpy(a) else _split_levels)(plan, a) for a in leaves]
+        per_leaf = [_split_levels(plan, a) for a in leaves]
         level_x = [jax.tree.unflatten(jax.tree.structure(xs), [p[d] for p in per_leaf])
                    for d in range(len(plan.bounds))]
     else:
@@ -429,11 +429,15 @@ def _ik_plan(skeleton: Skeleton):
     return targets, rest, swing, weights
 
 
+def _dot(a, b):
+    return jnp.sum(a * b, axis=0, keepdims=True)
+
+
 def _normalized(v, eps=1e-12):
-    return v / jnp.sqrt(jnp.sum(v * v, axis=0, keepdims=True) + eps)
+    return v / jnp.sqrt(_dot(v, v) + eps)
 
 
-def inverse_kinematics(skeleton: Skeleton, positions, hint, custom_vjp: bool = False):
+def inverse_kinematics(skeleton: Skeleton, positions, hint):
     """Local joint rotations whose FK on the skeleton's bones places the joints at ``positions``
     (exactly where the bones allow), the rotations the positions leave free taken from ``hint``.
 
@@ -449,7 +453,6 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint, custom_vjp: bool = F
       skeleton: the tree and its rest offsets (the bones FK will use).
       positions: ``[..., J, 3]`` target joint positions; joint 0's is the root position.
       hint: ``[..., J, 4]`` local rotations (unit quaternions, wxyz; identity for fixed joints).
-      custom_vjp: gathers and products with their own VJPs (reverse mode only; :func:`tree_scan`).
 
     Returns:
       ``[..., J, 4]`` local rotations; with the positions of FK of ``hint``, ``hint`` again.
@@ -459,13 +462,11 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint, custom_vjp: bool = F
     # Static tables stay numpy, so each level skips the steps none of its joints takes.
     const = lambda a: to_tree_layout(skeleton, np.asarray(a, np.float32)).reshape(
         (a.shape[-1], skeleton.num_joints) + (1,) * len(batch))  # [C, J, 1...]
-    ops = algebra(custom_vjp)
-    tree = lambda a: to_tree_layout(skeleton, a, custom_vjp)
-    goal = tuple(tree(positions[..., targets[:, k], :]) for k in range(targets.shape[1]))
-    xs = (tree(hint), const(skeleton.offsets), goal,
+    goal = tuple(to_tree_layout(skeleton, positions[..., targets[:, k], :]) for k in range(targets.shape[1]))
+    xs = (to_tree_layout(skeleton, hint), const(skeleton.offsets), goal,
           tuple(const(rest[:, k]) for k in range(rest.shape[1])),
           tuple(const(weights[:, k : k + 1]) for k in range(weights.shape[1])),
-          const(swing[:, None]), const(skeleton.axes * np.array([k == "hinge" for k in skeleton.kinds])[:, None]))
+          const(swing[:, None]), const(skeleton.axes * (np.array(skeleton.kinds) == "hinge")[:, None]))
     root = jnp.moveaxis(positions[..., 0, :], -1, 0)[:, None]  # [3, 1, ...]
     ex = jnp.asarray([1.0, 0.0, 0.0], dtype).reshape((3, 1) + (1,) * len(batch))
 
@@ -475,29 +476,28 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint, custom_vjp: bool = F
             p, parent_rot = root, jnp.zeros_like(q).at[0].set(1.0)
         else:
             parent_pos, parent_rot, _ = parent
-            p = parent_pos + ops.quat_rotate(parent_rot, offset)
-        world, t = ops.quat_mul(parent_rot, q), ex
+            p = parent_pos + quat_rotate(parent_rot, offset)
+        world, t = quat_mul(parent_rot, q), ex
         if swing.any():  # shortest arc from where the hint points the primary bone to where it should
-            u = _normalized(jnp.where(swing > 0, ops.quat_rotate(world, rest[0]), ex))
+            u = _normalized(jnp.where(swing > 0, quat_rotate(world, rest[0]), ex))
             t = _normalized(jnp.where(swing > 0, goal[0] - p, ex))
-            arc = jnp.concatenate([1.0 + jnp.sum(u * t, 0, keepdims=True), ops.cross(u, t)])
-            world = ops.quat_mul(_normalized(arc), world)
+            arc = jnp.concatenate([1.0 + _dot(u, t), cross(u, t)])
+            world = quat_mul(_normalized(arc), world)
         fitted = [k for k, w in enumerate(weights) if w.any()]
         if fitted:  # least-squares turn about one axis: max Σ d·(R v)  =>  θ = atan2(Σ a·(v × d), Σ v⊥·d⊥)
             a = t if not axis.any() else jnp.where(np.sum(axis * axis, 0, keepdims=True) > 0,
-                                                    ops.quat_rotate(parent_rot, axis), t)
+                                                    quat_rotate(parent_rot, axis), t)
             sin = cos = 0.0
             for k in fitted:
-                v, d = ops.quat_rotate(world, rest[k]), goal[k] - p
-                sin = sin + weights[k] * jnp.sum(a * ops.cross(v, d), 0, keepdims=True)
-                cos = cos + weights[k] * (jnp.sum(v * d, 0, keepdims=True)
-                                          - jnp.sum(v * a, 0, keepdims=True) * jnp.sum(d * a, 0, keepdims=True))
+                v, d = quat_rotate(world, rest[k]), goal[k] - p
+                sin = sin + weights[k] * _dot(a, cross(v, d))
+                cos = cos + weights[k] * (_dot(v, d) - _dot(v, a) * _dot(d, a))
             fits = sum(weights) > 0
             half = jnp.arctan2(jnp.where(fits, sin, 0.0), jnp.where(fits, cos, 1.0)) / 2
-            world = ops.quat_mul(jnp.concatenate([jnp.cos(half), jnp.sin(half) * a]), world)
-        return p, world, ops.quat_mul(quat_conj(parent_rot), world)
+            world = quat_mul(jnp.concatenate([jnp.cos(half), jnp.sin(half) * a]), world)
+        return p, world, quat_mul(quat_conj(parent_rot), world)
 
-    return from_tree_layout(skeleton, tree_scan(skeleton, step, xs, custom_vjp=custom_vjp)[2], custom_vjp)
+    return from_tree_layout(skeleton, tree_scan(skeleton, step, xs)[2])
 
 
 # --------------------------------------------------------------------------------------------

@@ -191,7 +191,8 @@ class Kinematics:
         ``[..., 3·J]`` (/ scale) -> standardized rotation features whose FK reaches FK(hint) + correction.
         """
         mean, std = self.mean[3:], self.std[3:]
-        hint = decode(self.skeleton, jnp.pad(rotations * std + mean, [(0, 0)] * (rotations.ndim - 1) + [(3, 0)]))[1]
+        no_root = [(0, 0)] * (rotations.ndim - 1) + [(3, 0)]  # decode reads features after a root slot
+        hint = decode(self.skeleton, jnp.pad(rotations * std + mean, no_root))[1]
         goal = forward_kinematics(self.skeleton, hint, jnp.zeros(rotations.shape[:-1] + (3,), jnp.float32))[0]
         goal = goal + correction.reshape(goal.shape) * POSITION_SCALE
         local = inverse_kinematics(self.skeleton, goal, hint)[..., rotating_joints(self.skeleton), :]

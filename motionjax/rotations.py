@@ -176,8 +176,8 @@ def _gram_schmidt(d6):
     a, b = list(d6[:3]), list(d6[3:])
     na = _floored_norm(*a, floor=1e-8)
     c0 = [x / na for x in a]
-    dot = sum(x * y for x, y in zip(c0, b))
-    b = [y - dot * x for x, y in zip(c0, b)]
+    dot = sum(x * y for x, y in zip(c0, b, strict=True))
+    b = [y - dot * x for x, y in zip(c0, b, strict=True)]
     nb = _floored_norm(*b, floor=1e-8)
     c1 = [y / nb for y in b]
     c2 = [c0[1] * c1[2] - c0[2] * c1[1], c0[2] * c1[0] - c0[0] * c1[2], c0[0] * c1[1] - c0[1] * c1[0]]

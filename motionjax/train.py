@@ -153,8 +153,8 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
     out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    step = jit_train_step(pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay),
-                          shardings, mesh)
+    step = pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay)
+    step = jit_train_step(step, shardings, mesh)
     return step, state, shardings, eval_graphdef
 
 

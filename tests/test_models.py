@@ -220,7 +220,8 @@ def test_position_head_output_reaches_the_corrected_positions():
     rng = np.random.default_rng(3)
     mean, std = rng.normal(size=f).astype(np.float32) * 0.1, rng.uniform(0.5, 2, f).astype(np.float32)
     kin = models.Kinematics(sk, mean, std, position_head=True)
-    hint, true = (rot.quat_normalize(rng.normal(size=(5, sk.num_joints, 4))).astype(np.float32) for _ in range(2))
+    hint, true = (rot.quat_normalize(rng.normal(size=(5, sk.num_joints, 4))).astype(np.float32)
+                  for _ in range(2))
     fk = lambda q: np.asarray(forward_kinematics(sk, jnp.asarray(q), jnp.zeros((5, 3)))[0])
     x = feat.standardize(feat.encode(sk, np.zeros((5, 3), np.float32), hint), mean, std)[:, 3:]
     project = jax.jit(kin.project)
