@@ -424,8 +424,10 @@ def _ik_plan(skeleton: Skeleton):
         for i, (_, k, r) in enumerate(sorted(f, key=lambda e: -e[0])):
             targets[j, i], rest[j, i] = k, r
         swing[j] = kinds[j] == "ball" and bool(f)
-        weights[j, : len(f)] = kinds[j] == "hinge"
-        weights[j, 1 : len(f)] = kinds[j] != "fixed"
+        if kinds[j] == "hinge":  # every target, about the hinge axis
+            weights[j, : len(f)] = 1
+        elif kinds[j] == "ball":  # the secondary targets, about the primary's direction
+            weights[j, 1 : len(f)] = 1
     return targets, rest, swing, weights
 
 
