@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= experiments/deepmimic_denoise.py
-WORKDIR ?= runs/deepmimic_denoise
+# Empty: scripts/train.py runs in runs/<config name>[_<variant>] (CONFIG=experiments/autoencoder.py:bandai,8
+# -> runs/autoencoder_bandai_8), so each experiment has its own run directory.
+WORKDIR ?=
 
 .PHONY: train test bench lint clean
 
@@ -15,7 +17,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 train: $(VENV)/.installed
-	$(PY) scripts/train.py --config $(CONFIG) --workdir $(WORKDIR)
+	$(PY) scripts/train.py --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR))
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadfile  # whole test files per worker: module fixtures built once

@@ -2,6 +2,7 @@
 ConfigDict). ``scripts/train.py --config experiments/NAME.py[:ARG]`` loads one through ml_collections'
 ``config_flags`` (with ``--config.x=y`` overrides); :func:`load` is the same for other scripts."""
 import importlib.util
+import re
 from pathlib import Path
 
 
@@ -17,3 +18,11 @@ def load(spec: str):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.get_config(arg or None)
+
+
+def run_name(spec: str) -> str:
+    """``path/to/NAME.py[:A,B]`` -> ``NAME[_A_B]``, the default run directory ``runs/<it>`` of
+    ``scripts/train.py`` and ``make train``: one directory per experiment and variant."""
+    path, _, arg = spec.partition(":")
+    parts = [Path(path).stem, *(p for p in re.split(r"[,\s]+", arg) if p)]
+    return "_".join(re.sub(r"[^\w.-]+", "-", p) for p in parts)

@@ -108,3 +108,138 @@ def export_bvh(path, skeleton: Skeleton, fps: float, features, mean, std, name: 
     root, rotations = decode(skeleton, destandardize(np.asarray(features, np.float32), mean, std))
     write_bvh(Path(path), Motion(skeleton, fps, np.asarray(root, np.float64),
                                  np.asarray(rotations, np.float64), name=name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Video: skeletons side by side, one frame per motion frame
+
+
+def _camera(skeleton: Skeleton, azimuth: float, elevation: float) -> np.ndarray:
+    """``[3, 2]``: world -> screen (x right, y up) of an orthographic camera turned ``azimuth``
+    degrees about the up axis from the side view (forward to the right) and tilted ``elevation``
+    degrees down."""
+    up, lateral = skeleton.up_axis, skeleton.lateral_axis
+    forward = 3 - up - lateral
+    a, e = np.radians(azimuth), np.radians(elevation)
+    m = np.zeros((3, 2))
+    m[forward, 0], m[lateral, 0] = np.cos(a), np.sin(a)                  # screen x
+    m[forward, 1], m[lateral, 1] = np.sin(a) * np.sin(e), -np.cos(a) * np.sin(e)  # depth, tilted up
+    m[up, 1] = np.cos(e)
+    return m
+
+
+def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: float = 30.0,
+                    azimuth: float = 35.0, elevation: float = 15.0, panel_inches: tuple = (3.0, 3.6),
+                    dpi: int = 80):
+    """Yield one RGB image ``[H, W, 3]`` uint8 per frame of ``clips[name] = [T, J, 3]`` joint positions
+    (m, the same ``T``), one panel per clip side by side (e.g. input / output / truth).
+
+    Every panel looks from the same orthographic camera, which follows the clips' mean root across
+    the floor (a 0.5 m grid that slides under the feet shows the travel), so a panel that drifts from
+    the others shows it. Left limbs are blue, right ones red (by the rest pose's lateral side).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+
+    names = list(clips)
+    pos = np.stack([np.asarray(clips[n], np.float64) for n in names])  # [K, T, J, 3]
+    if pos.ndim != 4 or pos.shape[-1] != 3 or pos.shape[2] != skeleton.num_joints:
+        raise ValueError(f"clips must be [T, {skeleton.num_joints}, 3] joint positions, got "
+                         f"{[np.shape(clips[n]) for n in names]}")
+    up, lateral = skeleton.up_axis, skeleton.lateral_axis
+    ground = [a for a in range(3) if a != up]
+    cam = _camera(skeleton, azimuth, elevation)
+    floor = pos[..., up].min()
+    center = pos[:, :, 0].mean(0)                                   # [T, 3]: the camera follows this
+    center[:, up] = floor
+    screen = (pos - center[None, :, None]) @ cam                    # [K, T, J, 2]
+    half = max(0.7, 1.15 * np.abs(screen[..., 0]).max())
+    bottom, top = min(screen[..., 1].min(), 0.0) - 0.1, screen[..., 1].max() + 0.15
+    # Equal scale on both screen axes in a panel of panel_inches: widen the tighter range.
+    aspect = panel_inches[0] / panel_inches[1]
+    if 2 * half < aspect * (top - bottom):
+        half = aspect * (top - bottom) / 2
+    else:
+        top = bottom + 2 * half / aspect
+
+    bones = np.arange(1, skeleton.num_joints)
+    parents = np.asarray(skeleton.parents)[bones]
+    side = np.sign(np.round(skeleton.rest_positions[:, lateral] - skeleton.rest_positions[0, lateral], 6))
+    twin = skeleton.symmetry != np.arange(skeleton.num_joints)
+    colors = ["C0" if twin[j] and side[j] > 0 else "C3" if twin[j] else "0.25" for j in bones]
+    grid = np.arange(-3.0, 3.01, 0.5)                                # floor lines every 0.5 m
+
+    fig = Figure(figsize=(panel_inches[0] * len(names), panel_inches[1]), dpi=dpi)
+    canvas = FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    limbs, floors = [], []
+    for ax, name in zip(axes, names, strict=True):
+        ax.set(xlim=(-half, half), ylim=(bottom, top), xticks=[], yticks=[], title=name)
+        ax.set_aspect("equal")
+        floors.append(ax.add_collection(LineCollection([], colors="0.85", linewidths=0.8)))
+        limbs.append(ax.add_collection(LineCollection([], colors=colors, linewidths=2.0)))
+    label = fig.suptitle(f"{title}  0.00 s".strip())
+    fig.tight_layout()  # with the title in place: the panels make room for it
+    for t in range(pos.shape[1]):
+        # Floor grid lines at fixed world coordinates, seen from this frame's camera position.
+        lines = []
+        for a, b in (ground, ground[::-1]):
+            for g in np.floor(center[t, a] / 0.5) * 0.5 + grid:
+                ends = np.zeros((2, 3))
+                ends[:, a] = g
+                ends[:, b] = center[t, b] + grid[[0, -1]]
+                ends[:, up] = floor
+                lines.append((ends - center[t]) @ cam)
+        for k in range(len(names)):
+            floors[k].set_segments(lines)
+            s = screen[k, t]
+            limbs[k].set_segments(np.stack([s[parents], s[bones]], 1))
+        label.set_text(f"{title}  {t / fps:5.2f} s".strip())
+        canvas.draw()
+        yield np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def write_video(frames, path, fps: float = 30.0) -> int:
+    """Encode RGB frames ``[H, W, 3]`` uint8 (any iterable) to ``path``: ``.mp4`` (H.264 by PyAV's
+    bundled libx264, yuv420p: plays in browsers and notebooks) or ``.gif`` (Pillow). Returns the
+    number of frames written."""
+    from fractions import Fraction
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".gif":
+        from PIL import Image
+
+        images = [Image.fromarray(f) for f in frames]
+        if not images:
+            raise ValueError(f"{path}: no frames to write")
+        images[0].save(path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+        return len(images)
+    if suffix != ".mp4":
+        raise ValueError(f"{path}: unknown video type {suffix!r}; expected .mp4 or .gif")
+    import av
+
+    count = 0
+    with av.open(str(path), "w") as container:
+        stream = None
+        for frame in frames:
+            h, w = frame.shape[0] // 2 * 2, frame.shape[1] // 2 * 2   # yuv420p needs even sizes
+            if stream is None:
+                stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+                stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+                stream.options = {"crf": "23"}
+            picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[:h, :w]), format="rgb24")
+            container.mux(stream.encode(picture))
+            count += 1
+        if stream is None:
+            raise ValueError(f"{path}: no frames to write")
+        container.mux(stream.encode(None))  # flush the encoder's delayed frames
+    return count
+
+
+def render_video(skeleton: Skeleton, clips: dict, path, fps: float, title: str = "", **view) -> int:
+    """Skeletons side by side (``clips[name] = [T, J, 3]``, m; e.g. input / output / truth) as an
+    MP4 or GIF at ``fps``: :func:`skeleton_frames` encoded by :func:`write_video`. Returns the frame
+    count."""
+    return write_video(skeleton_frames(skeleton, clips, title=title, fps=fps, **view), path, fps)

@@ -1,4 +1,6 @@
-"""Train an experiment: ``scripts/train.py --config experiments/X.py --workdir runs/x``.
+"""Train an experiment: ``scripts/train.py --config experiments/X.py[:VARIANT] [--workdir runs/x]``.
+
+The run directory defaults to ``runs/X[_VARIANT]`` (:func:`experiments.run_name`).
 
 Any config field can be overridden on the command line (``--config.train.steps=100``); a key the
 config does not have is an error. The dataset is prepared first when ``config.data.dir`` lacks it.
@@ -18,12 +20,14 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import experiments
 from motionjax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, plots, summary)")
-flags.mark_flags_as_required(["config", "workdir"])
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, plots, summary); default "
+                                "runs/<config name>[_<variant>]")
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -39,6 +43,9 @@ def main(argv):
     from motionjax.data import pipeline, records
 
     config = _CONFIG.value
+    workdir = _WORKDIR.value or f"runs/{experiments.run_name(flags.FLAGS['config'].config_filename)}"
+    if parallel.is_main_process():
+        print(f"run directory: {workdir}", flush=True)
     try:
         config_checks.check_config(config, jax.device_count(), jax.process_count())
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
@@ -49,12 +56,12 @@ def main(argv):
             found = batch_finder.resolve_auto_batch(config, pipeline.dataset_info(config.data))
             print(f"data.auto_batch={found['mode']}: data.batch_size={found['global_batch']} "
                   f"({found['per_device_batch']} per device)", flush=True)
-        train.run_experiment(config, _WORKDIR.value)
+        train.run_experiment(config, workdir)
     except (config_checks.ConfigError, train.WorkdirLockedError, train.CheckpointError,
             records.DamagedShardError) as e:
         _fail(e, 2)
     except Exception as e:
-        error = train.storage_error(e, _WORKDIR.value)
+        error = train.storage_error(e, workdir)
         if error is None:
             raise
         _fail(error, 1)
