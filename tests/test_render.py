@@ -26,7 +26,8 @@ def test_mp4_reads_back_with_every_frame_in_order(clips, tmp_path):
     assert artifacts.write_video(frames, path, fps=30.0) == 17
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
-        assert stream.codec_context.name == "h264" and float(stream.average_rate) == pytest.approx(30, rel=1e-3)
+        assert stream.codec_context.name == "h264"
+        assert float(stream.average_rate) == pytest.approx(30, rel=1e-3)
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
     assert len(decoded) == 17
     h, w = decoded[0].shape[:2]
