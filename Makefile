@@ -6,6 +6,8 @@ CONFIG ?= experiments/deepmimic_denoise.py
 # Empty: scripts/train.py runs in runs/<config name>[_<variant>] (CONFIG=experiments/autoencoder.py:bandai,8
 # -> runs/autoencoder_bandai_8), so each experiment has its own run directory.
 WORKDIR ?=
+# More flags for scripts/train.py, e.g. ARGS=--config.data.source=DIR
+ARGS ?=
 
 .PHONY: train test bench lint clean
 
@@ -17,7 +19,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 train: $(VENV)/.installed
-	$(PY) scripts/train.py --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR))
+	$(PY) scripts/train.py --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR)) $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadfile  # whole test files per worker: module fixtures built once
