@@ -155,6 +155,54 @@ def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple
     return motion, {"units": units, "notes": notes}
 
 
+def reorder(motion: Motion, names) -> Motion:
+    """``motion`` with its joints in the order of ``names`` (a permutation of its joint names whose
+    parents come first, e.g. another file's or a run's order of the same tree): BVH files list joints
+    depth first, other sources need not. Raises ``ValueError`` naming the joints only one side has."""
+    sk, names = motion.skeleton, tuple(names)
+    if names == sk.names:
+        return motion
+    if sorted(names) != sorted(sk.names):
+        mine, theirs = sorted(set(sk.names) - set(names)), sorted(set(names) - set(sk.names))
+        raise ValueError(f"joints {mine[:4]} only in the clip, {theirs[:4]} only in the other skeleton"
+                         if mine or theirs else f"{len(sk.names)} vs {len(names)} joints")
+    perm = np.array([sk.index(n) for n in names])
+    parents = [-1 if sk.parents[j] < 0 else names.index(sk.names[sk.parents[j]]) for j in perm]
+    skeleton = Skeleton(names, parents, sk.offsets[perm], [sk.kinds[j] for j in perm], sk.axes[perm],
+                        sk.masses[perm], sk.up_axis)
+    return dataclasses.replace(motion, skeleton=skeleton, rotations=motion.rotations[:, perm],
+                               offsets=None if motion.offsets is None else motion.offsets[:, perm])
+
+
+def unconform(motion: Motion, original: Motion, units: str) -> Motion:
+    """Inverse of :func:`conform` for a motion on ``conform(original)``'s skeleton (e.g. a model's
+    output, metres, at ``original``'s frame rate): the same motion on ``original``'s skeleton, in its
+    units, with its per-joint position channels and joint order (:func:`reorder`). A folded
+    placeholder root comes back with its own per-frame transform, and its child takes the rest:
+    ``T_child = T_root⁻¹ · T_world`` (a child without position channels in the file keeps its rest
+    offset: ``original.offsets`` says which)."""
+    if motion.num_frames != original.num_frames:
+        raise ValueError(f"{motion.num_frames} frames vs the original's {original.num_frames}")
+    s = UNITS[units]
+    sk = original.skeleton
+    offsets = None if original.offsets is None else original.offsets.copy()
+    if motion.skeleton.num_joints == sk.num_joints - 1:  # fold_static_root took joint 0 away
+        motion = reorder(motion, sk.names[1:])
+        root, rotations = motion.root_position / s, np.asarray(motion.rotations, np.float64)
+        q0, p0 = original.rotations[:, 0], original.root_position
+        child = sk.children[0][0]
+        local = rot.quat_rotate(rot.quat_conj(q0), root - p0)
+        if offsets is not None:
+            offsets[:, child] = local
+        rotations = np.concatenate([q0[:, None], rotations], axis=1)
+        rotations[:, child] = rot.quat_mul(rot.quat_conj(q0), rotations[:, child])
+        root = p0
+    else:
+        motion = reorder(motion, sk.names)
+        root, rotations = motion.root_position / s, np.asarray(motion.rotations, np.float64)
+    return dataclasses.replace(original, root_position=root, rotations=rotations, offsets=offsets)
+
+
 # --------------------------------------------------------------------------------------------
 # Several clips: one tree, performers' bone lengths
 

@@ -369,6 +369,48 @@ def write_bvh(path, motion: Motion, order: str = "ZXY", scale: float = 1.0) -> N
         np.savetxt(f, data, fmt="%.9g")
 
 
+def write_bvh_like(path, template, motion: Motion, scale: float = 1.0) -> None:
+    """Write ``motion`` (on ``template``'s skeleton, e.g. :func:`read_bvh` of it with the same
+    ``scale``) with the HIERARCHY of BVH file ``template`` kept verbatim: its joints, OFFSETs and
+    every joint's channels in their order and rotation order, and its frame time. Each frame's
+    values come from ``motion``: the root's position, ``motion.offsets`` (or the rest offsets) for
+    other position channels, the rotations as Euler angles in each joint's own order."""
+    template = Path(template)
+    lines = _read_text(template).splitlines()
+    motion_line = _motion_line(lines)
+    joints = _parse_hierarchy(template, lines[:motion_line])
+    if [j.name for j in joints] != list(motion.skeleton.names):
+        raise ValueError(f"{template}: its joints are not the motion's skeleton's")
+    frame_time = _header_value(template, lines, motion_line + 2, "Frame Time:", float)
+    if abs(frame_time * motion.fps - 1) > 1e-4:
+        raise ValueError(f"{template}: frame time {frame_time} s vs the motion's {1 / motion.fps:.9g} s")
+    sk = motion.skeleton
+    offsets = motion.offsets if motion.offsets is not None else np.broadcast_to(
+        sk.offsets, (motion.num_frames, *sk.offsets.shape))
+    columns = []
+    for i, joint in enumerate(joints):
+        order = joint.rotation_order
+        if order:
+            q = np.asarray(motion.rotations[:, i], np.float64)
+            if len(order) == 1:  # a hinge: the signed angle about its axis
+                angles = _quat_to_euler_deg(q, order, sk.axes[i])
+            else:  # two channels: the third angle of the full order is ~0 for such a joint
+                full = order + "".join(a for a in "XYZ" if a not in order)
+                angles = np.degrees(rot.quat_to_euler(q, full))[:, :len(order)]
+        position = motion.root_position if i == 0 else offsets[:, i]
+        k = 0
+        for c in joint.channels:
+            if c in _POSITION:
+                columns.append(position[:, _POSITION[c]] / scale)
+            else:
+                columns.append(angles[:, k])
+                k += 1
+    with open(path, "w") as f:
+        f.write("\n".join([*lines[:motion_line], "MOTION", f"Frames: {motion.num_frames}",
+                           f"Frame Time: {lines[motion_line + 2].split()[-1]}"]) + "\n")
+        np.savetxt(f, np.stack(columns, axis=1), fmt="%.9g")
+
+
 def _quat_to_euler_deg(q: np.ndarray, order: str, axis: np.ndarray) -> np.ndarray:
     """``[T, 4]`` -> ``[T, len(order)]`` degrees; one letter means a hinge about ``axis``."""
     q = np.asarray(q, np.float64)  # numpy in → the float64 numpy path of the rotation functions

@@ -1,0 +1,155 @@
+"""A trained model over motion of any length: a clip in, the model's motion out, on the clip's skeleton.
+
+:func:`apply_motion` runs a window model (``predict``: standardized features ``[B, N, C, F]`` in and
+out, e.g. a restored run's) over a clip in the model's conventions (metres, the run's frame rate,
+joint 0 carrying the translation: :func:`model_view`): overlapping windows
+(:func:`motionjax.windows.window_starts`), each canonicalized and standardized as the data pipeline
+does in training, predicted in batches, returned to the clip's world frame and blended without
+seams (:mod:`motionjax.windows`). :func:`apply_files` does the rest for motion files: the skeleton
+check against the run's, the run's units and frame rate, and back to the file's own skeleton,
+channels and frame rate (:func:`motionjax.data.corpus.unconform`,
+:func:`motionjax.formats.bvh.write_bvh_like`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from motionjax import features, windows
+from motionjax.data import corpus, transforms
+from motionjax.formats import Motion, MotionFormatError, load, write_bvh
+from motionjax.formats.bvh import write_bvh_like
+from motionjax.skeleton import Skeleton
+
+
+class SkeletonMismatchError(ValueError):
+    """A clip's skeleton is not the run's (joint names, tree, kinds); the message says what differs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What :func:`apply_motion` needs of a run besides ``predict``: its dataset's skeleton and feature
+    statistics, and the window conventions of ``config.data``."""
+
+    skeleton: Skeleton
+    mean: np.ndarray         # [F]
+    std: np.ndarray          # [F]
+    fps: float
+    window: int              # T
+    chunk: int               # C
+    floor: bool = True       # data.floor_align
+    scale: float = 1.0       # data.canonical_height / rest height (1: off)
+    clip_bones: bool = True  # data.bones == "clip": windows are floored on the clip's own bones
+    units: str = "auto"      # data.units
+
+    @classmethod
+    def from_run(cls, config, info) -> ModelSpec:
+        """From a run's ``config`` and its dataset ``info`` (:class:`~motionjax.data.info.DatasetInfo`)."""
+        d = config.data
+        scale = d.canonical_height / transforms.rest_height(info.skeleton) if d.canonical_height else 1.0
+        return cls(info.skeleton, np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32),
+                   float(info.fps), int(d.window), int(d.chunk), bool(d.floor_align), float(scale),
+                   d.bones == "clip", d.units)
+
+
+def model_view(motion: Motion, spec: ModelSpec) -> tuple[Motion, str]:
+    """``(clip, units)``: ``motion`` as the run's data saw its clips (:func:`corpus.conform` with the
+    run's units, its skeleton's up axis and joint order, resampled to its frame rate). Raises
+    :class:`SkeletonMismatchError` when the tree is not the run's (joint names, parents, kinds)."""
+    up_axis = "xyz"[spec.skeleton.up_axis]
+    conformed, decided = corpus.conform(motion, units=spec.units, up_axis=up_axis)
+    try:  # the same tree in another joint order (BVH lists joints depth first) is the same skeleton
+        conformed = corpus.reorder(conformed, spec.skeleton.names)
+    except ValueError as e:
+        raise SkeletonMismatchError(f"skeleton differs from the run's: {e}") from None
+    if corpus.topology(conformed.skeleton) != corpus.topology(spec.skeleton):
+        raise SkeletonMismatchError(f"skeleton differs from the run's: "
+                                    f"{corpus.topology_difference(conformed.skeleton, spec.skeleton)}")
+    root, rotations = transforms.resample(conformed.root_position, conformed.rotations, conformed.fps,
+                                          spec.fps)
+    clip = dataclasses.replace(conformed, fps=spec.fps, root_position=root, rotations=rotations)
+    return clip, decided["units"]
+
+
+def window_count(num_frames: int, spec: ModelSpec, overlap: int) -> int:
+    return len(windows.window_starts(num_frames, spec.window, overlap))
+
+
+def apply_motion(predict, spec: ModelSpec, clip: Motion, *, overlap: int | None = None, batch_size: int = 32,
+                 progress=None) -> Motion:
+    """The model's version of ``clip`` (from :func:`model_view`), the same length and skeleton.
+
+    ``predict``: ``[B, N, C, F] -> [B, N, C, F]`` standardized features. ``overlap``: frames that
+    neighbouring windows share (default a quarter window); ``progress(n)`` is called with the number
+    of windows done after each batch (a progress bar's ``update``).
+    """
+    t, sk = spec.window, clip.skeleton
+    overlap = t // 4 if overlap is None else overlap
+    length = clip.num_frames
+    starts = windows.window_starts(length, t, overlap)
+    idx = np.minimum(starts[:, None] + np.arange(t), length - 1)     # [K, T]: a short clip edge-padded
+    bones = np.broadcast_to(sk.offsets, (len(starts), *sk.offsets.shape)) if spec.clip_bones else None
+    root, rotations, yaw, origin = transforms.canonicalize(
+        sk, clip.root_position[idx], clip.rotations[idx], floor=spec.floor, scale=spec.scale, offsets=bones)
+    x = features.standardize(features.encode(sk, root, rotations), spec.mean, spec.std).astype(np.float32)
+    x = transforms.chunk(x, spec.chunk)                              # [K, N, C, F]
+    out = []
+    for b in range(0, len(x), batch_size):
+        out.append(np.asarray(predict(x[b:b + batch_size])))
+        if progress is not None:
+            progress(len(out[-1]))
+    y = transforms.unchunk(np.concatenate(out))                     # [K, T, F]
+    root, rotations = (np.asarray(a, np.float64) for a in transforms.denormalize(sk, y, spec.mean, spec.std))
+    root, rotations = transforms.uncanonicalize(root, rotations, yaw, origin, scale=spec.scale)
+    return dataclasses.replace(clip, root_position=windows.blend(root, starts, length),
+                               rotations=windows.blend_quaternions(rotations, starts, length))
+
+
+def back_to_file(output: Motion, original: Motion, units: str) -> Motion:
+    """A model output (on :func:`model_view`'s skeleton and frame rate) on ``original``'s skeleton, in
+    its units and at its frame rate and frame count."""
+    frames = np.arange(original.num_frames) * (output.fps / original.fps)
+    root, rotations = transforms.interpolate_frames(output.root_position, output.rotations,
+                                                    np.minimum(frames, output.num_frames - 1))
+    at_rate = dataclasses.replace(output, fps=original.fps, root_position=root, rotations=rotations)
+    return corpus.unconform(at_rate, original, units)
+
+
+def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None = None, batch_size: int = 32,
+                log=print) -> tuple[list[Path], list[str]]:
+    """:func:`apply_motion` for each motion file of ``paths``, written to ``out_dir/<stem>.bvh`` with the
+    input's hierarchy, channel order and frame rate (:func:`~motionjax.formats.bvh.write_bvh_like`; a
+    DeepMimic input gets :func:`~motionjax.formats.write_bvh`'s layout), one progress bar over all
+    their windows. A file that does not read (:class:`~motionjax.formats.MotionFormatError`) or whose
+    skeleton is not the run's (:class:`SkeletonMismatchError`) is reported by ``log`` naming it and
+    skipped; the others are still processed. Returns ``(written paths, error lines)``."""
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    overlap = spec.window // 4 if overlap is None else overlap
+    jobs, errors = [], []
+    for path in map(Path, paths):  # read and check everything first: the bar's total, early errors
+        try:
+            original = load(path)
+            clip, units = model_view(original, spec)
+        except (MotionFormatError, SkeletonMismatchError, OSError) as e:
+            errors.append(str(e) if str(path) in str(e) else f"{path}: {e}")
+            log(f"error: {errors[-1]}")
+            continue
+        jobs.append((path, original, clip, units))
+    written = []
+    total = sum(window_count(clip.num_frames, spec, overlap) for _, _, clip, _ in jobs)
+    with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True) as bar:
+        for path, original, clip, units in jobs:
+            out = out_dir / f"{path.stem}.bvh"
+            result = back_to_file(apply_motion(predict, spec, clip, overlap=overlap, batch_size=batch_size,
+                                               progress=bar.update), original, units)
+            if path.suffix.lower() == ".bvh":
+                write_bvh_like(out, path, result)
+            else:
+                write_bvh(out, result)
+            written.append(out)
+    return written, errors
