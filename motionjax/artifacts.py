@@ -134,9 +134,10 @@ def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: fl
     """Yield one RGB image ``[H, W, 3]`` uint8 per frame of ``clips[name] = [T, J, 3]`` joint positions
     (m, the same ``T``), one panel per clip side by side (e.g. input / output / truth).
 
-    Every panel looks from the same orthographic camera, which follows the clips' mean root across
-    the floor (a 0.5 m grid that slides under the feet shows the travel), so a panel that drifts from
-    the others shows it. Left limbs are blue, right ones red (by the rest pose's lateral side).
+    Every panel looks from the same orthographic camera angle, following its clip's root across the
+    floor: a 0.5 m grid fixed in the world slides under the feet and shows the travel (and a panel that
+    drifts from the others, by its grid). Left limbs are blue, right ones red (by the rest pose's
+    lateral side).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import LineCollection
@@ -151,9 +152,9 @@ def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: fl
     ground = [a for a in range(3) if a != up]
     cam = _camera(skeleton, azimuth, elevation)
     floor = pos[..., up].min()
-    center = pos[:, :, 0].mean(0)                                   # [T, 3]: the camera follows this
-    center[:, up] = floor
-    screen = (pos - center[None, :, None]) @ cam                    # [K, T, J, 2]
+    center = pos[:, :, 0].copy()                                    # [K, T, 3]: each camera follows its root
+    center[..., up] = floor
+    screen = (pos - center[:, :, None]) @ cam                       # [K, T, J, 2]
     half = max(0.7, 1.15 * np.abs(screen[..., 0]).max())
     bottom, top = min(screen[..., 1].min(), 0.0) - 0.1, screen[..., 1].max() + 0.15
     # Equal scale on both screen axes in a panel of panel_inches: widen the tighter range.
@@ -182,16 +183,16 @@ def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: fl
     label = fig.suptitle(f"{title}  0.00 s".strip())
     fig.tight_layout()  # with the title in place: the panels make room for it
     for t in range(pos.shape[1]):
-        # Floor grid lines at fixed world coordinates, seen from this frame's camera position.
-        lines = []
-        for a, b in (ground, ground[::-1]):
-            for g in np.floor(center[t, a] / 0.5) * 0.5 + grid:
-                ends = np.zeros((2, 3))
-                ends[:, a] = g
-                ends[:, b] = center[t, b] + grid[[0, -1]]
-                ends[:, up] = floor
-                lines.append((ends - center[t]) @ cam)
         for k in range(len(names)):
+            # Floor grid lines at fixed world coordinates, seen from this panel's camera position.
+            c, lines = center[k, t], []
+            for a, b in (ground, ground[::-1]):
+                for g in np.floor(c[a] / 0.5) * 0.5 + grid:
+                    ends = np.zeros((2, 3))
+                    ends[:, a] = g
+                    ends[:, b] = c[b] + grid[[0, -1]]
+                    ends[:, up] = floor
+                    lines.append((ends - c) @ cam)
             floors[k].set_segments(lines)
             s = screen[k, t]
             limbs[k].set_segments(np.stack([s[parents], s[bones]], 1))

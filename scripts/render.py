@@ -1,0 +1,72 @@
+"""Watch motion: skeletons side by side as an MP4 (or GIF).
+
+    scripts/render.py A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
+    scripts/render.py --workdir RUN [--split test] [--clip NAME] --out clip.mp4
+                                                                a run's held-out clip: input / output / truth
+
+Files are read in their own units (detected from the bone lengths) and drawn at the first file's
+frame rate, cut to the shortest; e.g. an input and ``scripts/apply.py``'s output of it. With
+``--workdir``, the run's model (its best checkpoint) is applied to a whole clip of ``--split``
+(default: the one with most motion), the input noised as the run evaluates, and drawn next to the
+truth. The frames come from :func:`motionjax.artifacts.render_video`, as the trainer's
+``heldout_clip.mp4``.
+"""
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+
+_OUT = flags.DEFINE_string("out", None, "video file to write (.mp4 or .gif)")
+_NAMES = flags.DEFINE_list("names", None, "panel titles (default: the file stems)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "a run directory: render one of its held-out clips")
+_SPLIT = flags.DEFINE_string("split", "test", "with --workdir: the split to take the clip from")
+_CLIP = flags.DEFINE_string("clip", None, "with --workdir: clip name (default: the one with most motion)")
+_STEP = flags.DEFINE_string("step", "best", "with --workdir: checkpoint step, 'best' or 'latest'")
+flags.mark_flag_as_required("out")
+
+
+def render_files(paths, out, names=None) -> int:
+    import numpy as np
+
+    from motionjax import artifacts
+    from motionjax.data import corpus, transforms
+    from motionjax.formats import load
+
+    motions = [corpus.conform(load(p))[0] for p in paths]
+    fps = motions[0].fps
+    clips = {}
+    for name, m in zip(names or [Path(p).stem for p in paths], motions, strict=True):
+        root, rotations = transforms.resample(m.root_position, m.rotations, m.fps, fps)
+        m = type(m)(m.skeleton, fps, root, rotations, name=m.name)
+        clips[name] = m.positions()
+    frames = min(len(c) for c in clips.values())
+    skeletons = {m.skeleton.names for m in motions}
+    if len(skeletons) > 1:
+        raise ValueError(f"the files have {len(skeletons)} different skeletons; render them one by one")
+    return artifacts.render_video(motions[0].skeleton, {k: np.asarray(v[:frames]) for k, v in clips.items()},
+                                  out, fps)
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    paths = argv[1:]
+    if bool(paths) == bool(_WORKDIR.value):
+        raise app.UsageError("give motion files or --workdir (one of them)")
+    from motionjax.formats import MotionFormatError
+
+    try:
+        if paths:
+            n = render_files(paths, _OUT.value, _NAMES.value)
+        else:
+            from motionjax.evaluation import tools
+
+            step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
+            n = tools.render_heldout(_WORKDIR.value, _OUT.value, split=_SPLIT.value, clip=_CLIP.value, step=step)
+    except (MotionFormatError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{_OUT.value}: {n} frames")
+
+
+if __name__ == "__main__":
+    app.run(main)
