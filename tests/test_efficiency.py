@@ -163,3 +163,35 @@ def test_channel_pruning_removes_exactly_the_dead_channels():
     assert small_cfg.mlp_ratio == 1
     assert measure.param_count(small) < measure.param_count(model)
     np.testing.assert_allclose(measure.jit_predict(small)(x), measure.jit_predict(model)(x), atol=1e-5)
+
+
+def test_width_pruning_keeps_the_strongest_stream_channels_in_every_layer():
+    cfg = base.get_config().model
+    cfg.update(name="tconv", dim=16, depth=1, kernel=3, latent_dim=8, stride=4, stages=2, residual=False,
+               upsample="interp", dtype="float32")
+    model = tiny_model(**{k: cfg[k] for k in ("name", "stride", "stages", "residual", "upsample")})
+    x = measure.window(WINDOW, batch=2, seed=7)
+    same, _ = prune.prune_width(model, cfg, FEATURES, WINDOW[1], dim=16)   # every channel: the same model
+    np.testing.assert_allclose(measure.jit_predict(same)(x), measure.jit_predict(model)(x), atol=1e-6)
+    # Channels 1, 3, 5, ... carry weights 100x weaker in every layer: pruning to 8 keeps 0, 2, 4, ...
+    weak = np.arange(16) % 2 == 1
+    params = nnx.state(model, nnx.Param)
+
+    def weaken(w):
+        w = np.asarray(w)
+        for a, n in enumerate(w.shape):
+            if n % 16 == 0 and n // 16 in (1, 2):    # stream axes: 16 channels, or 2 frames x 16
+                w = np.moveaxis(np.moveaxis(w, a, 0) * np.where(np.tile(weak, n // 16), 0.01, 1.0)
+                                .reshape(n, *[1] * (w.ndim - 1)), 0, a)
+        return jnp.asarray(w)
+
+    nnx.update(model, jax.tree.map(weaken, params))
+    small, small_cfg = prune.prune_width(model, cfg, FEATURES, WINDOW[1], dim=8)
+    assert small_cfg.dim == 8 and measure.param_count(small) < measure.param_count(model) / 2.5
+    kept = np.flatnonzero(~weak)
+    conv, small_conv = model.encoder[0][0].conv.kernel[...], small.encoder[0][0].conv.kernel[...]
+    np.testing.assert_array_equal(small_conv, np.asarray(conv)[:, :, kept][..., kept])
+    down, small_down = np.asarray(model.downs[0].kernel[...]), small.downs[0].kernel[...]  # [2 x 16, 16]
+    np.testing.assert_array_equal(small_down, down[np.concatenate([kept, 16 + kept])][:, kept])
+    head = np.asarray(model.rotation_head.kernel[...])
+    np.testing.assert_array_equal(small.rotation_head.kernel[...], head[kept])

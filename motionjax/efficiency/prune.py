@@ -7,6 +7,9 @@
 - Structured: each transformer block's MLP keeps the ``keep`` fraction of its hidden channels with
   the largest ``|w_in column|·|w_out row|`` and the rest are removed, not masked: the result is a
   smaller dense model (``mlp_ratio·keep``) whose matmuls really shrink.
+- Width: a temporal conv model keeps ``dim`` channels of its residual stream in every layer
+  (:func:`prune_width`): a narrower model that starts where the trained one is, the student that
+  distillation then trains (as in Minitron's width pruning, Sreenivas et al. 2024).
 """
 from __future__ import annotations
 
@@ -74,4 +77,41 @@ def prune_mlp_channels(model: nnx.Module, model_config, feature_dim: int, chunk:
         sm.mlp_in.bias.set_value(jnp.asarray(b_in[kept]))
         sm.mlp_out.kernel.set_value(jnp.asarray(w_out[kept]))
         sm.mlp_out.bias.set_value(jnp.asarray(big.mlp_out.bias[...]))
+    return small, cfg
+
+
+def prune_width(model: nnx.Module, model_config, feature_dim: int, chunk: int, dim: int, info=None):
+    """``(narrower model, its model config)``: a ``tconv`` model whose residual stream keeps the ``dim``
+    of its ``model_config.dim`` channels with the largest weights (the squared norm of every kernel row
+    and column, bias and norm entry that reads or writes the channel, summed over layers), in every
+    layer; the latent and the heads' outputs keep their sizes. Each weight of the narrower model is the
+    trained one's at the kept channels (an axis of ``k·dim``, ``k`` frames side by side, keeps them in
+    each frame)."""
+    big = model_config.dim
+    if model_config.name != "tconv" or not 0 < dim <= big:
+        raise ValueError(f"width pruning keeps 0 < dim <= {big} channels of a tconv model, got "
+                         f"dim={dim} of a {model_config.name}")
+    cfg = copy.deepcopy(model_config)
+    with cfg.unlocked():
+        cfg.dim = dim
+    small = models.make_model(cfg, feature_dim, chunk, nnx.Rngs(0), info=info)
+    small.eval()
+    trained = [np.asarray(w) for w in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    shapes = [np.shape(w) for w in jax.tree.leaves(nnx.state(small, nnx.Param))]
+    # The axes that shrink are the stream's: k·big channels in the trained model, k·dim in the narrow one.
+    axes = [[a for a, (n, m) in enumerate(zip(w.shape, s, strict=True)) if n != m]
+            for w, s in zip(trained, shapes, strict=True)]
+    score = np.zeros(big)
+    for w, shrink in zip(trained, axes, strict=True):
+        for a in shrink:
+            score += (np.moveaxis(w, a, 0).reshape(w.shape[a] // big, big, -1) ** 2).sum((0, 2))
+    kept = np.sort(np.argsort(score)[::-1][:dim])
+
+    def narrow(w, shrink):
+        for a in shrink:
+            w = np.take(w, (np.arange(w.shape[a] // big)[:, None] * big + kept).ravel(), axis=a)
+        return jnp.asarray(w)
+
+    values = [narrow(w, shrink) for w, shrink in zip(trained, axes, strict=True)]
+    nnx.update(small, jax.tree.unflatten(jax.tree.structure(nnx.state(small, nnx.Param)), values))
     return small, cfg
