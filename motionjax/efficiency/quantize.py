@@ -10,7 +10,9 @@ with per-channel fp32 scales (``QArray``), and covers both weight-only and weigh
 Weights: per-output-channel absmax int8 (every ``nnx.Linear``/``nnx.Conv`` kernel; biases and
 LayerNorm scales stay fp32: a few hundred numbers). Activations: int8 with dynamic scales where it
 pays: on XLA:CPU an int8 x int8 matmul is not faster than fp32, so the default leaves activations in
-fp32 (weight-only), and ``activations=True`` is kept for accelerators with int8 matmul units.
+fp32 (weight-only), and ``activations=True`` is kept for accelerators with int8 matmul units. One
+exception: qwix's PTQ quantizes a convolution's weights only together with its input (it raises
+otherwise), so the default gives ``nnx.Conv`` layers (the temporal conv model's) int8 inputs too.
 """
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ def quantize(model: nnx.Module, example, activations: bool = False, module_path:
     """
     import qwix
 
-    rule = qwix.QuantizationRule(module_path=module_path, weight_qtype="int8",
-                                 act_qtype="int8" if activations else None)
-    quantized = qwix.quantize_model(model, qwix.PtqProvider([rule]), np.asarray(example, np.float32))
+    rules = [qwix.QuantizationRule(module_path=module_path, weight_qtype="int8",
+                                   act_qtype="int8" if activations else None)]
+    if not activations:  # qwix quantizes a conv's input along with its int8 weights, or neither
+        rules.insert(0, qwix.QuantizationRule(module_path=f"(?=.*conv$){module_path}", weight_qtype="int8",
+                                              act_qtype="int8"))
+    quantized = qwix.quantize_model(model, qwix.PtqProvider(rules), np.asarray(example, np.float32))
     quantized.eval()
     return quantized

@@ -129,15 +129,43 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
     return result
 
 
+STUDENT_RATIO = 4.4  # a tconv student's width: the widest multiple of 8 with this many times fewer parameters
+
+
+def default_student(config, info, teacher) -> dict:
+    """The student's ``model`` overrides: a transformer halves its width and narrows its MLP (4.6x fewer
+    parameters than #16's teacher); a tconv model keeps its latent (the rate of an autoencoder) and
+    takes the widest stream (a multiple of 8) with :data:`STUDENT_RATIO` times fewer parameters."""
+    if config.model.name != "tconv":
+        return dict(dim=64, heads=2, mlp_ratio=1, latent_dim=32)
+    n = measure.param_count(teacher)
+    for dim in range(config.model.dim - 8, 0, -8):
+        cfg = copy.deepcopy(config)
+        with cfg.unlocked():
+            cfg.model.dim = dim
+        if n / measure.param_count(trained.build_model(cfg, info)) >= STUDENT_RATIO:
+            return {"dim": dim}
+    raise ValueError(f"no tconv width is {STUDENT_RATIO}x smaller than {config.model.dim}")
+
+
 def distill(config, info, teacher, validation, test, steps, seeds, student, alpha, eval_every, log) -> dict:
-    """Student trained with teacher targets (``alpha``) vs from the data alone, per seed."""
+    """Student trained with teacher targets (``alpha``) vs from the data alone, per seed, both from the
+    same start: a tconv teacher's width-pruned copy (:func:`prune.prune_width`; the seed then only
+    changes the data order), else a fresh model of each seed."""
     s_cfg = copy.deepcopy(config)
     with s_cfg.unlocked():
-        # Half the width, a narrower MLP: 4.6x fewer parameters than the default teacher.
-        s_cfg.model.update(dict(dim=64, heads=2, mlp_ratio=1, latent_dim=32) | dict(student))
-    make = lambda seed: trained.build_model(s_cfg, info, seed=seed)
+        s_cfg.model.update(default_student(config, info, teacher) | dict(student))
+    changed = {k for k in s_cfg.model if s_cfg.model[k] != config.model[k]}
+    if config.model.name == "tconv" and changed <= {"dim"}:  # only narrower: start from the teacher
+        start, _ = prune.prune_width(teacher, config.model, info.feature_dim, config.data.chunk,
+                                     s_cfg.model.dim, info=info)
+        init = "width-pruned teacher"
+        make = lambda seed: start
+    else:
+        init = "fresh"
+        make = lambda seed: trained.build_model(s_cfg, info, seed=seed)
     ratio = measure.param_count(teacher) / measure.param_count(make(0))
-    log(f"student {dict(s_cfg.model)}: {ratio:.1f}x fewer parameters than the teacher")
+    log(f"student {dict(s_cfg.model)} from a {init}: {ratio:.1f}x fewer parameters than the teacher")
     # One program for both arms (alpha is an input): the data-only arm computes the teacher's output
     # and weighs it 0, so both pay the same per step and train seconds compare like steps.
     loop = finetune.Loop(s_cfg, info, make(0), steps, teacher=teacher)
@@ -159,7 +187,7 @@ def distill(config, info, teacher, validation, test, steps, seeds, student, alph
             hit = next((h for h in r["history"] if h["mpjpe"] <= target), None)
             r["time_to_target_s"] = hit["train_s"] if hit else None
             r["steps_to_target"] = hit["step"] if hit else None
-    return {"student": dict(s_cfg.model), "param_ratio": ratio, "alpha": alpha, "steps": steps,
+    return {"student": dict(s_cfg.model), "init": init, "param_ratio": ratio, "alpha": alpha, "steps": steps,
             "validation_target": target, "runs": runs,
             "_distilled_model": models_["distilled"], "_data_only_model": models_["data_only"]}
 
@@ -180,8 +208,9 @@ def markdown(result: dict) -> str:
                   for c in result["sparsity_curve"]]
     if "distillation" in result:
         d = result["distillation"]
-        lines += ["", f"Students ({d['param_ratio']:.1f}x fewer parameters), {d['steps']} steps, alpha "
-                  f"{d['alpha']}; validation target {d['validation_target']:.3f} cm (the data-only median):",
+        lines += ["", f"Students ({d['param_ratio']:.1f}x fewer parameters, from a {d.get('init', 'fresh')} "
+                  f"model), {d['steps']} steps, alpha {d['alpha']}; validation target "
+                  f"{d['validation_target']:.3f} cm (the data-only median):",
                   "", "| arm | seed | test MPJPE (cm) | final validation (cm) | train s to target "
                   "| steps to target |",
                   "|---|---:|---:|---:|---:|---:|"]
