@@ -13,12 +13,15 @@ channels and frame rate (:func:`motionjax.data.corpus.unconform`,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 
 from motionjax import features, windows
-from motionjax.data import corpus, transforms
+from motionjax.data import corpus, prepare, transforms
+from motionjax.data.info import INDEX, load_info
 from motionjax.formats import Motion, MotionFormatError, load, write_bvh
 from motionjax.formats.bvh import write_bvh_like
 from motionjax.skeleton import Skeleton
@@ -153,3 +156,35 @@ def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None
                 write_bvh(out, result)
             written.append(out)
     return written, errors
+
+
+def prepare_corpus(paths, spec: ModelSpec, settings: prepare.Settings, cache_dir, split: str = "test",
+                   log=print):
+    """Motion files as a prepared directory the run can be evaluated on: each clip in the run's units,
+    frame rate and joint order (:func:`model_view`), prepared with the run's ``settings`` (window, fps)
+    into one split ``split``. A file that does not read or whose skeleton is not the run's is reported
+    (``log``) and left out. Prepared once: ``cache_dir/<name>-<digest>`` of the files (paths, sizes,
+    mtimes) and the settings. Returns its :class:`~motionjax.data.info.DatasetInfo`."""
+    paths = sorted(Path(p) for p in paths)
+    if not paths:
+        raise FileNotFoundError("no motion files to evaluate on")
+    key = hashlib.sha256(json.dumps([[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
+                                    + [settings.to_json(), split, spec.skeleton.names], default=str).encode())
+    name = paths[0].parent.name if len(paths) > 1 else paths[0].stem
+    out = Path(cache_dir) / f"{name}-{key.hexdigest()[:12]}"
+    if (out / INDEX).exists():
+        return load_info(out)
+    motions = []
+    for path in paths:
+        try:
+            clip, _ = model_view(load(path), spec)
+        except (MotionFormatError, SkeletonMismatchError, OSError) as e:
+            log(f"error: {e if str(path) in str(e) else f'{path}: {e}'}; left out")
+            continue
+        motions.append(dataclasses.replace(clip, name=path.stem))
+    if not motions:
+        raise ValueError(f"none of the {len(paths)} motion files can be evaluated by this run")
+    # The clips are in metres and the run's order already: preparation keeps them as they are.
+    settings = dataclasses.replace(settings, units="m", up_axis="xyz"[spec.skeleton.up_axis],
+                                   splits=((split, "rest"),))
+    return prepare.write_dataset(motions, out, settings=settings, progress=False)

@@ -103,3 +103,20 @@ def test_a_bandai_capture_comes_back_through_an_identity_model(tmp_path):
     assert text_out[:cut] == text_in[:cut]                      # joint_Root, 6 channels per joint, ZXY
     a, b = read_bvh(source, scale=0.01), read_bvh(written[0], scale=0.01)
     np.testing.assert_allclose(b.positions(), a.positions(), atol=1e-4)
+
+
+def test_a_foreign_corpus_is_prepared_once_in_the_runs_joint_order(spec, tmp_path):
+    from experiments import base
+    from motionjax.data import prepare
+
+    good, broken = tmp_path / "good.bvh", tmp_path / "broken.bvh"
+    _bvh_like_a_capture(_long_clip(), good)                     # depth-first joint order, cm, a placeholder
+    broken.write_text("HIERARCHY\nROOT hips\n{\n")
+    lines = []
+    settings = prepare.Settings.from_config(base.get_config().data)
+    info = inference.prepare_corpus([good, broken], spec, settings, tmp_path / "cache", log=lines.append)
+    assert info.names == ("good",) and info.skeleton.names == spec.skeleton.names
+    assert list(info.splits) == ["test"] and info.fps == spec.fps and info.window == spec.window
+    assert len(lines) == 1 and lines[0].startswith(f"error: {broken}:")
+    again = inference.prepare_corpus([good, broken], spec, settings, tmp_path / "cache", log=lines.append)
+    assert again.data_dir == info.data_dir and len(lines) == 1  # prepared once
