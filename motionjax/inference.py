@@ -188,3 +188,30 @@ def prepare_corpus(paths, spec: ModelSpec, settings: prepare.Settings, cache_dir
     settings = dataclasses.replace(settings, units="m", up_axis="xyz"[spec.skeleton.up_axis],
                                    splits=((split, "rest"),))
     return prepare.write_dataset(motions, out, settings=settings, progress=False)
+
+
+def prepared_clip(info, index: int) -> Motion:
+    """Clip ``index`` of a prepared dataset as a :class:`Motion` on its own bones (metres, ``info.fps``)."""
+    from motionjax.data.pipeline import ClipSource
+
+    record = ClipSource(info)[index]
+    bones = np.asarray(record.get("offsets", info.skeleton.offsets), np.float64)
+    skeleton = info.skeleton.replace(offsets=bones)
+    return Motion(skeleton, float(info.fps), np.asarray(record["root_position"], np.float64),
+                  np.asarray(record["rotations"], np.float64), name=record["name"])
+
+
+def noised(clip: Motion, noise: transforms.Noise, seed: int = 0) -> Motion:
+    """``clip`` with ``noise``'s rotation and root-position noise on every frame (the evaluation's
+    corruption, :func:`motionjax.data.pipeline.make_eval_batches`, over a whole clip)."""
+    draws = noise.sample(np.random.default_rng(seed), clip.num_frames, clip.skeleton)
+    rotations = transforms.rotation_noise(clip.skeleton, clip.rotations, draws["rot"].astype(np.float64))
+    return dataclasses.replace(clip, root_position=clip.root_position + draws["pos"], rotations=rotations)
+
+
+def compare(predict, spec: ModelSpec, clip: Motion, noise: transforms.Noise | None = None, seed: int = 0,
+            **kwargs) -> dict[str, Motion]:
+    """``{"input", "output", "truth"}``: ``clip`` (noised when ``noise`` is given), the model's motion from
+    it (:func:`apply_motion`) and ``clip`` itself, for :func:`motionjax.artifacts.render_video`."""
+    source = clip if noise is None else noised(clip, noise, seed)
+    return {"input": source, "output": apply_motion(predict, spec, source, **kwargs), "truth": clip}
