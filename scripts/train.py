@@ -39,7 +39,7 @@ def main(argv):
     import jax
     from jax.experimental import multihost_utils
 
-    from motionjax import config_checks, train
+    from motionjax import train
     from motionjax.data import pipeline, records
 
     config = _CONFIG.value
@@ -47,7 +47,7 @@ def main(argv):
     if parallel.is_main_process():
         print(f"run directory: {workdir}", flush=True)
     try:
-        config_checks.check_config(config, jax.device_count(), jax.process_count())
+        train.check_config(config, jax.device_count(), jax.process_count())
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             pipeline.dataset_info(config.data)
         multihost_utils.sync_global_devices("dataset prepared")
@@ -57,7 +57,7 @@ def main(argv):
             print(f"data.auto_batch={found['mode']}: data.batch_size={found['global_batch']} "
                   f"({found['per_device_batch']} per device)", flush=True)
         train.run_experiment(config, workdir)
-    except (config_checks.ConfigError, train.WorkdirLockedError, train.CheckpointError,
+    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError,
             records.DamagedShardError) as e:
         _fail(e, 2)
     except Exception as e:
