@@ -8,7 +8,7 @@ Files are read in their own units (detected from the bone lengths) and drawn at 
 frame rate, cut to the shortest; e.g. an input and ``scripts/apply.py``'s output of it. With
 ``--workdir``, the run's model (its best checkpoint) is applied to a whole clip of ``--split``
 (default: the one with most motion), the input noised as the run evaluates, and drawn next to the
-truth. The frames come from :func:`motionjax.artifacts.render_video`, as the trainer's
+truth. The frames come from :func:`motionjax.evaluation.artifacts.render_video`, as the trainer's
 ``heldout_clip.mp4``.
 """
 import sys
@@ -28,8 +28,8 @@ flags.mark_flag_as_required("out")
 def render_files(paths, out, names=None) -> int:
     import numpy as np
 
-    from motionjax import artifacts
     from motionjax.data import corpus, transforms
+    from motionjax.evaluation import artifacts
     from motionjax.formats import load
 
     motions = [corpus.conform(load(p))[0] for p in paths]

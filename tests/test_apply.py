@@ -1,4 +1,4 @@
-"""A model over motion files of any length (motionjax.inference, scripts/apply.py): the round trip
+"""A model over motion files of any length (motionjax.evaluation.inference, scripts/apply.py): the round trip
 through windows, features and the file's own conventions, skeleton checks, bad files."""
 import dataclasses
 
@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from experiments import base
-from motionjax import features, inference
-from motionjax import rotations as rot
+from motionjax.core import features
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import Skeleton
 from motionjax.data import corpus
 from motionjax.data.info import load_info
+from motionjax.evaluation import inference
 from motionjax.formats import Motion, deepmimic_clip_paths, load, read_bvh, write_bvh
-from motionjax.skeleton import Skeleton
 
 
 @pytest.fixture(scope="module")

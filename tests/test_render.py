@@ -1,10 +1,10 @@
-"""The skeleton video renderer (motionjax.artifacts): files that play back with the right frames."""
+"""The skeleton video renderer (motionjax.evaluation.artifacts): files that play back with the right frames."""
 import av
 import numpy as np
 import pytest
 from PIL import Image
 
-from motionjax import artifacts
+from motionjax.evaluation import artifacts
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
 
 

@@ -1,10 +1,10 @@
-"""Overlapping windows and their blend (motionjax.windows): coverage, exactness where one window
+"""Overlapping windows and their blend (motionjax.core.windows): coverage, exactness where one window
 reaches, no step at window borders, rotations blended as rotations."""
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from motionjax import windows
+from motionjax.core import windows
 
 
 @pytest.mark.parametrize("frames", [1, 40, 64, 65, 100, 301])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
 
 
 def window_starts(num_frames: int, window: int, overlap: int) -> np.ndarray:

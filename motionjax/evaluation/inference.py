@@ -3,9 +3,9 @@
 :func:`apply_motion` runs a window model (``predict``: standardized features ``[B, N, C, F]`` in and
 out, e.g. a restored run's) over a clip in the model's conventions (metres, the run's frame rate,
 joint 0 carrying the translation: :func:`model_view`): overlapping windows
-(:func:`motionjax.windows.window_starts`), each canonicalized and standardized as the data pipeline
+(:func:`motionjax.core.windows.window_starts`), each canonicalized and standardized as the data pipeline
 does in training, predicted in batches, returned to the clip's world frame and blended without
-seams (:mod:`motionjax.windows`). :func:`apply_files` does the rest for motion files: the skeleton
+seams (:mod:`motionjax.core.windows`). :func:`apply_files` does the rest for motion files: the skeleton
 check against the run's, the run's units and frame rate, and back to the file's own skeleton,
 channels and frame rate (:func:`motionjax.data.corpus.unconform`,
 :func:`motionjax.formats.bvh.write_bvh_like`).
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax import features, windows
+from motionjax.core import features, windows
+from motionjax.core.skeleton import Skeleton
 from motionjax.data import corpus, prepare, transforms
 from motionjax.data.info import INDEX, load_info
 from motionjax.formats import Motion, MotionFormatError, load, write_bvh
 from motionjax.formats.bvh import write_bvh_like
-from motionjax.skeleton import Skeleton
 
 
 class SkeletonMismatchError(ValueError):
@@ -212,6 +212,6 @@ def noised(clip: Motion, noise: transforms.Noise, seed: int = 0) -> Motion:
 def compare(predict, spec: ModelSpec, clip: Motion, noise: transforms.Noise | None = None, seed: int = 0,
             **kwargs) -> dict[str, Motion]:
     """``{"input", "output", "truth"}``: ``clip`` (noised when ``noise`` is given), the model's motion from
-    it (:func:`apply_motion`) and ``clip`` itself, for :func:`motionjax.artifacts.render_video`."""
+    it (:func:`apply_motion`) and ``clip`` itself, for :func:`motionjax.evaluation.artifacts.render_video`."""
     source = clip if noise is None else noised(clip, noise, seed)
     return {"input": source, "output": apply_motion(predict, spec, source, **kwargs), "truth": clip}
