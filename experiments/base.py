@@ -129,7 +129,8 @@ def get_config() -> ml_collections.ConfigDict:
     # noise_level: the corruption of the "noisy" input, as a multiple of the training noise (data.*_noise).
     c.evals.final = dict(kind="metrics", splits=("train", "validation", "test"), inputs=("clean", "noisy"),
                          noise_level=1.0, references=("input", "pca"), by_label=True)
-    c.evals.clip = dict(kind="clip", split="test", noise_level=1.0)  # skeleton figure + BVH of one window
+    # Skeleton figure + BVH of one window, and up to video_s seconds of its clip as heldout_clip.mp4 (0: none).
+    c.evals.clip = dict(kind="clip", split="test", noise_level=1.0, video_s=10.0)
     return c
 
 

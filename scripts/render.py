@@ -1,14 +1,14 @@
 """Watch motion: skeletons side by side as an MP4 (or GIF).
 
     scripts/render.py A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
-    scripts/render.py --workdir RUN [--split test] [--clip NAME] --out clip.mp4
+    scripts/render.py --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
                                                                 a run's held-out clip: input / output / truth
 
 Files are read in their own units (detected from the bone lengths) and drawn at the first file's
 frame rate, cut to the shortest; e.g. an input and ``scripts/apply.py``'s output of it. With
 ``--workdir``, the run's model (its best checkpoint) is applied to a whole clip of ``--split``
-(default: the one with most motion), the input noised as the run evaluates, and drawn next to the
-truth. The frames come from :func:`motionjax.evaluation.artifacts.render_video`, as the trainer's
+(default: the one that moves most), the input noised as the run's clip evaluator does, and drawn next
+to the truth. The frames come from :func:`motionjax.evaluation.artifacts.render_video`, as the trainer's
 ``heldout_clip.mp4``.
 """
 import sys
@@ -22,6 +22,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "a run directory: render one of 
 _SPLIT = flags.DEFINE_string("split", "test", "with --workdir: the split to take the clip from")
 _CLIP = flags.DEFINE_string("clip", None, "with --workdir: clip name (default: the one with most motion)")
 _STEP = flags.DEFINE_string("step", "best", "with --workdir: checkpoint step, 'best' or 'latest'")
+_SECONDS = flags.DEFINE_float("seconds", 10.0, "with --workdir: at most this much of the clip")
 flags.mark_flag_as_required("out")
 
 
@@ -58,10 +59,14 @@ def main(argv):
         if paths:
             n = render_files(paths, _OUT.value, _NAMES.value)
         else:
-            from motionjax.evaluation import tools
+            from motionjax.efficiency import trained
+            from motionjax.evaluation import artifacts, runs
 
-            step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
-            n = tools.render_heldout(_WORKDIR.value, _OUT.value, split=_SPLIT.value, clip=_CLIP.value, step=step)
+            run = trained.load(_WORKDIR.value, int(_STEP.value) if _STEP.value.isdigit() else _STEP.value)
+            motions = runs.heldout_motions(run, _SPLIT.value, _CLIP.value, _SECONDS.value)
+            title = f"{motions['truth'].name}, noise level {run.config.evals.clip.noise_level}"
+            n = artifacts.render_video(run.info.skeleton, {k: m.positions() for k, m in motions.items()},
+                                       _OUT.value, run.info.fps, title=title)
     except (MotionFormatError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

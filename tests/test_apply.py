@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from experiments import base
-from motionjax.core import features
+from motionjax.core import features, windows
 from motionjax.core import rotations as rot
 from motionjax.core.skeleton import Skeleton
 from motionjax.data import corpus
@@ -121,3 +121,40 @@ def test_a_foreign_corpus_is_prepared_once_in_the_runs_joint_order(spec, tmp_pat
     assert len(lines) == 1 and lines[0].startswith(f"error: {broken}:")
     again = inference.prepare_corpus([good, broken], spec, settings, tmp_path / "cache", log=lines.append)
     assert again.data_dir == info.data_dir and len(lines) == 1  # prepared once
+
+
+def _biased(x):
+    """A window model whose windows disagree: each window's root moves by an amount set by its own
+    content (constant inside a window, different from the next window's)."""
+    shift = np.zeros_like(x)
+    shift[..., :3] = 3 * np.tanh(x.mean(axis=(1, 2, 3), keepdims=True) * 50)  # [B, 1, 1, 3]: the root
+    return x + shift
+
+
+def test_a_long_clip_is_each_windows_output_where_one_window_reaches_and_has_no_step_at_borders(spec):
+    clip = inference.model_view(_long_clip(), spec)[0]
+    t, overlap = spec.window, spec.window // 4
+    out = inference.apply_motion(_biased, spec, clip, overlap=overlap)
+    starts = windows.window_starts(clip.num_frames, t, overlap)
+    # Each window alone (a clip of exactly one window: no blending) is the per-window output.
+    alone = [inference.apply_motion(_biased, spec, dataclasses.replace(
+        clip, root_position=clip.root_position[s:s + t], rotations=clip.rotations[s:s + t])).positions()
+        for s in starts]
+    pos = out.positions()
+    owners = [[k for k, s in enumerate(starts) if s <= f < s + t] for f in range(clip.num_frames)]
+    single = [f for f in range(clip.num_frames) if len(owners[f]) == 1]
+    assert len(single) > clip.num_frames / 3
+    for f in single:
+        k = owners[f][0]
+        np.testing.assert_allclose(pos[f], alone[k][f - starts[k]], atol=1e-5)
+    # No step at the borders: frame to frame the output moves no more than the windows' own outputs do,
+    # plus a fraction of their disagreement; cutting from one window to the next jumps by all of it.
+    step = lambda p: np.linalg.norm(np.diff(p, axis=0), axis=-1).max()
+    own = max(step(a) for a in alone)
+    shared = starts[:-1] + t - starts[1:]
+    gap = lambda k: alone[k][starts[k + 1] - starts[k]:] - alone[k + 1][:shared[k]]  # k and k+1 on shared frames
+    disagree = max(np.linalg.norm(gap(k), axis=-1).max() for k in range(len(starts) - 1))
+    cut = np.concatenate([alone[k][:starts[k + 1] - starts[k]] for k in range(len(starts) - 1)] + [alone[-1]])
+    assert disagree > 3 * own                                   # the windows really disagree
+    assert step(pos) <= own + np.pi / 2 * disagree / (shared.min() + 1)
+    assert step(cut) > 2 * step(pos)

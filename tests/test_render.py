@@ -1,4 +1,4 @@
-"""The skeleton video renderer (motionjax.evaluation.artifacts): files that play back with the right frames."""
+"""The skeleton video renderer (motionjax.evaluation.artifacts): files that play back, every frame."""
 import av
 import numpy as np
 import pytest

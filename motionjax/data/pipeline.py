@@ -365,7 +365,7 @@ def make_eval_batches(cfg, info: DatasetInfo, split: str, noise_level: float = 0
     _check(cfg, info)
     t, source = cfg.window, ClipSource(info)
     bones = info.skeleton.offsets if _clip_bones(cfg) else None
-    noise = transforms.Noise(rot_std=cfg.rot_noise * noise_level, pos_std=cfg.pos_noise * noise_level)
+    noise = transforms.Noise.evaluation(cfg, noise_level)
     windows, clip_ids = [], []
     for clip_id, start, end in eval_windows(info, split, t, cfg.eval_stride):
         clip_ids.append(clip_id)

@@ -369,6 +369,12 @@ class Noise:
         return cls(cfg.rot_noise, cfg.pos_noise, cfg.joint_mask_prob, cfg.frame_mask_prob, cfg.time_warp,
                    cfg.mirror_prob, cfg.clean_prob)
 
+    @classmethod
+    def evaluation(cls, cfg, level: float) -> Noise:
+        """The evaluation's corruption: ``config.data``'s rotation and root-position noise scaled by
+        ``level`` (0: clean), no masking, time warp or mirroring."""
+        return cls(rot_std=cfg.rot_noise * level, pos_std=cfg.pos_noise * level)
+
     def sample(self, rng: np.random.Generator, frames: int, skeleton: Skeleton, batch: tuple = ()) -> dict:
         """Random draws for windows ``[*batch, frames]`` (the transform is deterministic given these)."""
         r, j = len(features.rotating_joints(skeleton)), skeleton.num_joints

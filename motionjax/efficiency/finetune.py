@@ -69,10 +69,12 @@ class Loop:
         def step(params, opt_state, batch, teacher_state, alpha):
             def compute(p):
                 pred = nnx.merge(graphdef, p, rest)(batch["noisy"])
-                loss, _ = loss_fn(pred, batch["clean"])
+                # As the trainer: each window's own bones (data.bones = "clip"), padding weighted out.
+                bones, valid = batch.get("offsets"), batch["valid"]
+                loss, _ = loss_fn(pred, batch["clean"], bones, valid)
                 if t_graphdef is not None:
                     target = jax.lax.stop_gradient(nnx.merge(t_graphdef, teacher_state)(batch["noisy"]))
-                    loss = (1 - alpha) * loss + alpha * loss_fn(pred, target)[0]
+                    loss = (1 - alpha) * loss + alpha * loss_fn(pred, target, bones, valid)[0]
                 return loss
 
             loss, grads = jax.value_and_grad(compute)(params)
@@ -80,8 +82,10 @@ class Loop:
             return optax.apply_updates(params, updates), opt_state, loss
 
         # Shardings pinned in and out: the step's outputs are its next inputs, so it compiles once.
-        rep, window = parallel.replicated(self.mesh), parallel.window_sharding(self.mesh)
-        self._step = jax.jit(step, in_shardings=(rep, rep, window, rep, rep), out_shardings=rep,
+        rep = parallel.replicated(self.mesh)
+        self.keys = train.batch_keys(self.config)
+        batch = parallel.batch_shardings(self.mesh, self.keys)
+        self._step = jax.jit(step, in_shardings=(rep, rep, batch, rep, rep), out_shardings=rep,
                              donate_argnums=(0, 1))
 
     def _put(self, tree):
@@ -104,7 +108,7 @@ class Loop:
         try:
             for i in range(1, self.steps + 1):
                 batch = next(iterator)
-                batch = {k: batch[k] for k in ("noisy", "clean")}
+                batch = {k: batch[k] for k in self.keys}
                 t = time.perf_counter()
                 params, opt_state, loss = self._step(params, opt_state, batch, teacher_state,
                                                      self._put(jnp.float32(alpha)))

@@ -6,6 +6,7 @@ mesh-free copy, so the restored parameters are put into a fresh ``mesh=None`` mo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -27,6 +28,13 @@ class Trained:
     info: pipeline.DatasetInfo
     model: nnx.Module
     step: int
+
+    @functools.cached_property
+    def predict(self):
+        """``predict(x [B, N, C, F] numpy) -> numpy``: the model jitted (standardized features)."""
+        from motionjax.efficiency.measure import jit_predict
+
+        return jit_predict(self.model)
 
     @property
     def window_shape(self) -> tuple[int, int, int]:

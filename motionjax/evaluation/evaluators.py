@@ -11,7 +11,7 @@ the test split too where it is named (nothing is chosen there). The kinds (:data
   input's own error; ``"pca"``, a per-frame PCA with the model's numbers per frame) and the per-label
   breakdown (``by_label``, plotted per split and input);
 * ``clip``: one held-out window of ``split`` at ``noise_level``, drawn as skeletons (input / output /
-  truth) and exported as BVH.
+  truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side.
 
 Each evaluator is built once per run (its windows are cached) and called with ``predict``: ``x [B, N,
 C, F] -> [B, N, C, F]`` (numpy, standardized features). Every process calls it (prediction is one
@@ -23,15 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax.data import pipeline
-from motionjax.evaluation import artifacts, metrics
+from motionjax.data import pipeline, transforms
+from motionjax.evaluation import artifacts, inference, metrics
 
 
 class Metrics:
     """Motion metrics of the model (and reference rows) on ``splits`` x ``inputs``."""
 
     def __init__(self, config, info, *, splits, inputs=("clean",), noise_level: float = 0.0,
-                 references=(), by_label: bool = False, during: bool = False):
+                 references=(), by_label: bool = False, during: bool = False, reference_info=None):
+        """``reference_info``: the run's own dataset when ``info`` is another corpus (the PCA reference
+        is fitted on the run's training frames, never on the frames it is scored on)."""
         self.info, self.during, self.references = info, during, tuple(references)
         self.labels = (getattr(info, "labels", None) or None) if by_label else None
         self.args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
@@ -40,7 +42,7 @@ class Metrics:
                                                                   seed=config.seed)
         self.sets = {(split, condition): batches(split, levels[condition])
                      for split in splits for condition in inputs}
-        self.pca = _pca_reference(config, info) if "pca" in self.references else None
+        self.pca = _pca_reference(config, reference_info or info) if "pca" in self.references else None
 
     def __call__(self, predict, workdir: Path | None = None) -> dict:
         """``{split: {input: {"model": {metric: v}, "input": {...}, "pca": {...}}}}``; with ``workdir``
@@ -70,18 +72,36 @@ class Metrics:
 
 
 class Clip:
-    """One held-out window of ``split``: skeleton figure and BVH of input / reconstruction / truth."""
+    """One held-out window of ``split``: skeleton figure and BVH of input / reconstruction / truth; and
+    (``video_s > 0``) that window's clip, up to ``video_s`` seconds of its ``split`` segment, through the
+    model window by window and blended (:func:`.inference.apply_motion`), as ``heldout_clip.mp4``."""
 
-    def __init__(self, config, info, *, split: str, noise_level: float = 0.0, during: bool = False):
+    def __init__(self, config, info, *, split: str, noise_level: float = 0.0, video_s: float = 10.0,
+                 during: bool = False):
         self.info, self.split, self.noise_level, self.during = info, split, noise_level, during
         batches = pipeline.make_eval_batches(config.data, info, split, noise_level, seed=config.seed)
         self.batch = batches[0]
+        self.video = None
+        if video_s > 0:
+            clip_id, begin, end = info.splits[split][0]  # the first window's segment (make_eval_batches)
+            end = min(end, begin + round(video_s * info.fps))
+            motion = inference.prepared_clip(info, clip_id, begin, end)
+            self.video = (inference.ModelSpec.from_run(config, info), motion,
+                          transforms.Noise.evaluation(config.data, noise_level), config.seed)
 
     def __call__(self, predict, workdir: Path | None = None) -> dict:
         info, batch = self.info, self.batch
         output = predict(batch["noisy"])  # every process joins the prediction
+        motions = None
+        if self.video is not None:
+            spec, motion, noise, seed = self.video
+            motions = inference.compare(predict, spec, motion, noise, seed)
         if workdir is None:
             return {}
+        if motions is not None:
+            artifacts.render_video(info.skeleton, {k: m.positions() for k, m in motions.items()},
+                                   workdir / "heldout_clip.mp4", info.fps,
+                                   title=f"{motion.name}, noise level {self.noise_level}")
         pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
         clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(output), "truth": pick(batch["clean"])}
         artifacts.plot_skeletons(

@@ -98,12 +98,14 @@ def apply_motion(predict, spec: ModelSpec, clip: Motion, *, overlap: int | None 
         sk, clip.root_position[idx], clip.rotations[idx], floor=spec.floor, scale=spec.scale, offsets=bones)
     x = features.standardize(features.encode(sk, root, rotations), spec.mean, spec.std).astype(np.float32)
     x = transforms.chunk(x, spec.chunk)                              # [K, N, C, F]
+    k = len(x)
+    x = np.concatenate([x, np.repeat(x[-1:], -k % batch_size, 0)])   # whole batches: one compiled shape
     out = []
     for b in range(0, len(x), batch_size):
         out.append(np.asarray(predict(x[b:b + batch_size])))
         if progress is not None:
-            progress(len(out[-1]))
-    y = transforms.unchunk(np.concatenate(out))                     # [K, T, F]
+            progress(min(batch_size, k - b))
+    y = transforms.unchunk(np.concatenate(out)[:k])                 # [K, T, F]
     root, rotations = (np.asarray(a, np.float64) for a in transforms.denormalize(sk, y, spec.mean, spec.std))
     root, rotations = transforms.uncanonicalize(root, rotations, yaw, origin, scale=spec.scale)
     return dataclasses.replace(clip, root_position=windows.blend(root, starts, length),
@@ -190,15 +192,16 @@ def prepare_corpus(paths, spec: ModelSpec, settings: prepare.Settings, cache_dir
     return prepare.write_dataset(motions, out, settings=settings, progress=False)
 
 
-def prepared_clip(info, index: int) -> Motion:
-    """Clip ``index`` of a prepared dataset as a :class:`Motion` on its own bones (metres, ``info.fps``)."""
+def prepared_clip(info, index: int, begin: int = 0, end: int | None = None) -> Motion:
+    """Frames ``[begin, end)`` of clip ``index`` of a prepared dataset as a :class:`Motion` on the clip's
+    own bones (metres, ``info.fps``)."""
     from motionjax.data.pipeline import ClipSource
 
     record = ClipSource(info)[index]
     bones = np.asarray(record.get("offsets", info.skeleton.offsets), np.float64)
-    skeleton = info.skeleton.replace(offsets=bones)
-    return Motion(skeleton, float(info.fps), np.asarray(record["root_position"], np.float64),
-                  np.asarray(record["rotations"], np.float64), name=record["name"])
+    return Motion(info.skeleton.replace(offsets=bones), float(info.fps),
+                  np.asarray(record["root_position"][begin:end], np.float64),
+                  np.asarray(record["rotations"][begin:end], np.float64), name=record["name"])
 
 
 def noised(clip: Motion, noise: transforms.Noise, seed: int = 0) -> Motion:

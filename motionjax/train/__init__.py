@@ -16,7 +16,7 @@ from motionjax.train.checkpoints import (
     restore_latest,
     save_checkpoint,
 )
-from motionjax.train.checks import ConfigError, check_config, check_data
+from motionjax.train.checks import ConfigError, ResumeError, check_config, check_data, check_resume
 from motionjax.train.faults import LOCK_FILE, StorageError, WorkdirLockedError, storage_error, workdir_lock
 from motionjax.train.loop import make_iterator, run_experiment, train_and_evaluate
 from motionjax.train.step import (
@@ -34,10 +34,10 @@ from motionjax.train.step import (
 )
 
 __all__ = [
-    "CheckpointError", "ConfigError", "LOCK_FILE", "StorageError", "WorkdirLockedError", "abstract_batch",
-    "batch_keys", "best_metric", "build_train_step", "check_config", "check_data", "evaluated_params",
-    "init_state", "jit_train_step", "lower_train_step", "make_checkpoint_manager", "make_iterator",
-    "make_loss_fn", "make_optimizer", "make_predict", "pure_train_step", "restore_checkpoint",
-    "restore_latest", "run_experiment", "save_checkpoint", "storage_error", "train_and_evaluate",
-    "workdir_lock",
+    "CheckpointError", "ConfigError", "LOCK_FILE", "ResumeError", "StorageError", "WorkdirLockedError",
+    "abstract_batch", "batch_keys", "best_metric", "build_train_step", "check_config", "check_data",
+    "check_resume", "evaluated_params", "init_state", "jit_train_step", "lower_train_step",
+    "make_checkpoint_manager", "make_iterator", "make_loss_fn", "make_optimizer", "make_predict",
+    "pure_train_step", "restore_checkpoint", "restore_latest", "run_experiment", "save_checkpoint",
+    "storage_error", "train_and_evaluate", "workdir_lock",
 ]

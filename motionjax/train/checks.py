@@ -10,9 +10,11 @@ problems one library traceback at a time.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 from collections.abc import Sequence
+from pathlib import Path
 
 from motionjax import parallel
 from motionjax.data import transforms
@@ -25,6 +27,48 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[str]):
         super().__init__("invalid config:\n  " + "\n  ".join(problems))
         self.problems = list(problems)
+
+
+class ResumeError(ConfigError):
+    """A run directory made by another config; the message names the keys that differ."""
+
+    def __init__(self, workdir, differences: Sequence[str]):
+        more = len(differences) - 4
+        shown = "; ".join(differences[:4]) + (f"; and {more} more" if more > 0 else "")
+        ValueError.__init__(self, f"{workdir} holds a run of another config ({shown}): resume it with its "
+                            "own config (its config.json), or train in another --workdir")
+        self.problems = list(differences)
+
+
+# What resuming a run may change: how long and how often it trains, logs, evaluates and checkpoints, where
+# its data and workers come from, the mesh (checkpoints restore onto any) and the evaluators. Anything
+# else (model, loss, optimizer, data windows and noise, seed) makes another experiment.
+RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every",
+             "train.keep_checkpoints", "train.stop_timeout_s", "train.retain_host_memory",
+             "train.max_nonfinite_steps", "train.references", "data.source", "data.dir", "data.worker_count",
+             "data.worker_buffer", "data.prefetch", "data.prepare_workers", "mesh", "evals")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume(config, workdir) -> None:
+    """One experiment per run directory: when ``workdir/config.json`` exists (the run that made it wrote
+    it), ``config`` must equal it but for the :data:`RESUMABLE` keys; else :class:`ResumeError`. Keys
+    only one of them has (a config of older code) are not compared."""
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        return
+    made, now = _flat(json.loads(path.read_text())), _flat(json.loads(config.to_json_best_effort()))
+    resumable = lambda k: any(k == r or k.startswith(r + ".") for r in RESUMABLE)
+    differ = [f"{k}: {made[k]!r} there, {now[k]!r} here" for k in sorted(made.keys() & now.keys())
+              if not resumable(k) and made[k] != now[k]]
+    if differ:
+        raise ResumeError(workdir, differ)
 
 
 def _get(config, key: str):

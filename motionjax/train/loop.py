@@ -51,6 +51,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None)
     """
     checks.check_config(config, jax.device_count(), jax.process_count())
     workdir = Path(workdir)
+    checks.check_resume(config, workdir)
     lock = faults.workdir_lock(workdir) if parallel.is_main_process() else contextlib.nullcontext()
     with lock, faults.stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
         try:

@@ -1,0 +1,85 @@
+"""A trained run on another corpus (``scripts/evaluate.py``): the trainer's final metrics table on
+any prepared directory or motion files, with the run's own normalization and PCA reference.
+
+:func:`corpus_for` finds or prepares the corpus (a prepared directory as it is, when its skeleton and
+frame rate are the run's; motion files through :func:`.inference.prepare_corpus`, once, in the run's
+units, frame rate, window and joint order); :func:`evaluate` scores the run on one of its splits with
+the settings of the run's ``evals.final`` evaluator (inputs, noise level, references).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from motionjax.data import corpus, prepare
+from motionjax.data.info import INDEX, load_info
+from motionjax.evaluation import evaluators, inference
+
+
+def corpus_for(run, data, split: str = "test", cache_dir="data_cache/eval", log=print):
+    """The :class:`~motionjax.data.info.DatasetInfo` of ``data`` for ``run`` (a
+    :class:`~motionjax.efficiency.trained.Trained`): a prepared directory (with ``index.json``), or motion
+    files (a file, a directory or a glob) prepared under ``cache_dir`` with every clip in split ``split``.
+    Raises :class:`.inference.SkeletonMismatchError` naming the directory and what differs, or
+    ``ValueError`` for a missing split or another frame rate."""
+    spec = inference.ModelSpec.from_run(run.config, run.info)
+    path = Path(data)
+    if not (path / INDEX).exists():
+        paths = prepare.resolve_sources(str(data))
+        if not paths:
+            raise FileNotFoundError(f"{data}: neither a prepared directory (no {INDEX}) nor motion files")
+        return inference.prepare_corpus(paths, spec, prepare.Settings.from_config(run.config.data), cache_dir,
+                                        split, log)
+    info = load_info(path)
+    if corpus.topology(info.skeleton) != corpus.topology(run.info.skeleton):
+        raise inference.SkeletonMismatchError(
+            f"{path}: skeleton differs from the run's: "
+            f"{corpus.topology_difference(info.skeleton, run.info.skeleton)} (the same tree in another "
+            "joint order evaluates from its motion files, which are put in the run's order)")
+    if abs(info.fps - spec.fps) > 1e-6:
+        raise ValueError(f"{path} was prepared at {info.fps:g} fps, the run at {spec.fps:g}: evaluate its "
+                         "motion files instead (they are resampled)")
+    if split not in info.splits:
+        raise ValueError(f"{path} has no split {split!r}; it has {sorted(info.splits)}")
+    return info
+
+
+def evaluate(run, info, split: str = "test") -> dict:
+    """``{split: {input: {"model" | "input" | "pca": {metric: value}}}}``: the run's model on ``info``'s
+    ``split`` as its final evaluation scores it (``config.evals.final``: inputs, noise level,
+    references, labels), the features standardized with the run's statistics (whatever window
+    ``info`` was prepared with: its clips are cut into the run's windows) and the PCA reference fitted
+    on the run's training frames."""
+    final = dict(run.config.evals.final)
+    for key in ("kind", "during", "splits"):
+        final.pop(key, None)
+    scored = dataclasses.replace(info, mean=run.info.mean, std=run.info.std, window=run.config.data.window)
+    metrics = evaluators.Metrics(run.config, scored, splits=(split,), reference_info=run.info, **final)
+    return metrics(run.predict)
+
+
+def heldout_motions(run, split: str = "test", clip: str | None = None, seconds: float | None = None,
+                    noise_level: float | None = None) -> dict:
+    """``{"input", "output", "truth"}`` motions of one clip of the run's ``split`` (named ``clip``, else the
+    one whose frames move most: the highest mean dynamics score), up to ``seconds`` long: its input noised
+    at ``noise_level`` (default the run's ``evals.clip.noise_level``), the model's output through
+    overlapping windows, and the clip itself."""
+    from motionjax.data import pipeline, transforms
+
+    info, config = run.info, run.config
+    segments = info.splits.get(split)
+    if not segments:
+        raise ValueError(f"the run's data has no split {split!r}; it has {sorted(info.splits)}")
+    if clip is not None:
+        segments = [s for s in segments if info.names[s[0]] == clip]
+        if not segments:
+            raise ValueError(f"no clip {clip!r} in split {split!r}")
+    source = pipeline.ClipSource(info)
+    clip_id, begin, end = max(segments, key=lambda s: float(source[s[0]]["score"][s[1]:s[2]].mean()))
+    if seconds is not None:
+        end = min(end, begin + round(seconds * info.fps))
+    motion = inference.prepared_clip(info, clip_id, begin, end)
+    noise = transforms.Noise.evaluation(config.data, config.evals.clip.noise_level if noise_level is None
+                                        else noise_level)
+    spec = inference.ModelSpec.from_run(config, info)
+    return inference.compare(run.predict, spec, motion, noise, config.seed)

@@ -1,0 +1,59 @@
+"""Evaluate a trained run on another corpus: the trainer's metrics table, and its JSON.
+
+    scripts/evaluate.py --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
+
+``--data``: a prepared directory (``index.json``; its skeleton must be the run's, its split
+``--split``), or motion files (a file, a directory or a quoted glob such as ``'capture/*.bvh'``),
+prepared on first use with the run's settings (frame rate, window, units, joint order) into
+``data_cache/eval/`` with every clip in ``--split``; a file that does not read or has another
+skeleton is named and left out. The model is the run's checkpoint ``--step`` (default: the best on
+validation), its input standardized with the run's own statistics; the table has the model, its
+input and the per-frame PCA reference (fitted on the run's training data), as the trainer prints.
+The JSON goes to ``--out`` (default ``RUN/eval/<corpus>_<split>.json``).
+"""
+import json
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (config.json, checkpoints)")
+_DATA = flags.DEFINE_string("data", None, "prepared directory, or motion files (file, directory, glob)")
+_SPLIT = flags.DEFINE_string("split", "test", "split to evaluate (motion files all go into it)")
+_STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
+_OUT = flags.DEFINE_string("out", None, "JSON path (default RUN/eval/<corpus>_<split>.json)")
+_CACHE = flags.DEFINE_string("cache", "data_cache/eval", "where motion files are prepared")
+flags.mark_flags_as_required(["workdir", "data"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    from motionjax.efficiency import trained
+    from motionjax.evaluation import evaluators, inference, runs
+    from motionjax.formats import MotionFormatError
+
+    step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
+    try:
+        run = trained.load(_WORKDIR.value, step)
+        info = runs.corpus_for(run, _DATA.value, _SPLIT.value, _CACHE.value)
+        results = runs.evaluate(run, info, _SPLIT.value)
+    except (FileNotFoundError, ValueError, MotionFormatError, inference.SkeletonMismatchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    name = Path(info.data_dir).name
+    table = evaluators.results_table(results)
+    print(f"{_WORKDIR.value} step {run.step} on {info.data_dir} ({_SPLIT.value}: "
+          f"{len(info.splits[_SPLIT.value])} segments, {info.split_frames(_SPLIT.value)} frames)")
+    print("\n".join(table))
+    out = Path(_OUT.value or Path(_WORKDIR.value) / "eval" / f"{name}_{_SPLIT.value}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"workdir": _WORKDIR.value, "step": run.step, "data": _DATA.value,
+                               "prepared": info.data_dir, "split": _SPLIT.value, "results": results,
+                               "table": table}, indent=2))
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
