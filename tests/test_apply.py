@@ -152,7 +152,7 @@ def test_a_long_clip_is_each_windows_output_where_one_window_reaches_and_has_no_
     step = lambda p: np.linalg.norm(np.diff(p, axis=0), axis=-1).max()
     own = max(step(a) for a in alone)
     shared = starts[:-1] + t - starts[1:]
-    gap = lambda k: alone[k][starts[k + 1] - starts[k]:] - alone[k + 1][:shared[k]]  # k and k+1 on shared frames
+    gap = lambda k: alone[k][starts[k + 1] - starts[k]:] - alone[k + 1][:shared[k]]  # on their shared frames
     disagree = max(np.linalg.norm(gap(k), axis=-1).max() for k in range(len(starts) - 1))
     cut = np.concatenate([alone[k][:starts[k + 1] - starts[k]] for k in range(len(starts) - 1)] + [alone[-1]])
     assert disagree > 3 * own                                   # the windows really disagree
