@@ -122,6 +122,21 @@ def back_to_file(output: Motion, original: Motion, units: str) -> Motion:
     return corpus.unconform(at_rate, original, units)
 
 
+def _readable(paths, spec: ModelSpec, errors: list, log):
+    """``(path, motion as read, model_view clip, units)`` of each file of ``paths`` the run can take; a
+    file that does not read or has another skeleton is appended to ``errors`` (``"PATH: why"``) and
+    ``log``-ged as ``error: PATH: why``."""
+    for path in map(Path, paths):
+        try:
+            original = load(path)
+            clip, units = model_view(original, spec)
+        except (MotionFormatError, SkeletonMismatchError, OSError) as e:
+            errors.append(str(e) if str(e).startswith(str(path)) else f"{path}: {e}")
+            log(f"error: {errors[-1]}")
+            continue
+        yield path, original, clip, units
+
+
 def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None = None, batch_size: int = 32,
                 log=print) -> tuple[list[Path], list[str]]:
     """:func:`apply_motion` for each motion file of ``paths``, written to ``out_dir/<stem>.bvh`` with the
@@ -135,16 +150,8 @@ def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     overlap = spec.window // 4 if overlap is None else overlap
-    jobs, errors = [], []
-    for path in map(Path, paths):  # read and check everything first: the bar's total, early errors
-        try:
-            original = load(path)
-            clip, units = model_view(original, spec)
-        except (MotionFormatError, SkeletonMismatchError, OSError) as e:
-            errors.append(str(e) if str(path) in str(e) else f"{path}: {e}")
-            log(f"error: {errors[-1]}")
-            continue
-        jobs.append((path, original, clip, units))
+    errors = []
+    jobs = list(_readable(paths, spec, errors, log))  # everything read and checked first: the bar's total
     written = []
     total = sum(window_count(clip.num_frames, spec, overlap) for _, _, clip, _ in jobs)
     with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True) as bar:
@@ -176,14 +183,8 @@ def prepare_corpus(paths, spec: ModelSpec, settings: prepare.Settings, cache_dir
     out = Path(cache_dir) / f"{name}-{key.hexdigest()[:12]}"
     if (out / INDEX).exists():
         return load_info(out)
-    motions = []
-    for path in paths:
-        try:
-            clip, _ = model_view(load(path), spec)
-        except (MotionFormatError, SkeletonMismatchError, OSError) as e:
-            log(f"error: {e if str(path) in str(e) else f'{path}: {e}'}; left out")
-            continue
-        motions.append(dataclasses.replace(clip, name=path.stem))
+    readable = _readable(paths, spec, [], log)  # the others are named and left out
+    motions = [dataclasses.replace(clip, name=path.stem) for path, _, clip, _ in readable]
     if not motions:
         raise ValueError(f"none of the {len(paths)} motion files can be evaluated by this run")
     # The clips are in metres and the run's order already: preparation keeps them as they are.
