@@ -70,7 +70,7 @@ def _clip_batches():
     batches = []
     for seed in range(2):
         q = rot.quat_normalize(rng.normal(size=(3, 8, SKELETON.num_joints, 4)))
-        clean = feat.encode(SKELETON, rng.normal(size=(3, 8, 3)), q).astype(np.float32)
+        clean = feat.pack(SKELETON, rng.normal(size=(3, 8, 3)), q).astype(np.float32)
         batches.append({"clean": clean.reshape(3, 2, 4, f), "noisy": clean.reshape(3, 2, 4, f) * 1.1,
                         "valid": np.ones((3, 2, 4, 1), np.float32),
                         "offsets": (SKELETON.offsets * rng.uniform(0.8, 1.2, (3, 1, 1))).astype(np.float32),
