@@ -114,6 +114,9 @@ BATCH_AXES: dict[str, tuple[str | None, ...]] = {
     "clean": ("batch", "chunk", "frame", "feature"),   # [B, N, C, F] the target
     "valid": ("batch", "chunk", "frame", "feature"),   # [B, N, C, 1] 0 = padding frame
     "offsets": ("batch", "joint", None),               # [B, J, 3] each window's clip bones
+    # Objectives other than reconstruction (train.step's `objective` hook; distillation):
+    "target": ("batch", "chunk", "frame", "feature"),  # [B, N, C, F] another target (a teacher's output)
+    "target_weight": ("batch",),                       # [B] its weight against the clean target
 }
 
 

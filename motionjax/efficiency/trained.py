@@ -32,7 +32,7 @@ class Trained:
     @functools.cached_property
     def predict(self):
         """``predict(x [B, N, C, F] numpy) -> numpy``: the model jitted (standardized features)."""
-        from motionjax.efficiency.measure import jit_predict
+        from motionjax.efficiency.scorecard import jit_predict
 
         return jit_predict(self.model)
 
