@@ -154,7 +154,7 @@ def distill(config, info, teacher, validation, test, steps, seeds, student, alph
     changes the data order), else a fresh model of each seed."""
     s_cfg = copy.deepcopy(config)
     with s_cfg.unlocked():
-        s_cfg.model.update(default_student(config, info, teacher) | dict(student))
+        s_cfg.model.update(dict(student) or default_student(config, info, teacher))
     changed = {k for k in s_cfg.model if s_cfg.model[k] != config.model[k]}
     if config.model.name == "tconv" and changed <= {"dim"}:  # only narrower: start from the teacher
         start, _ = prune.prune_width(teacher, config.model, info.feature_dim, config.data.chunk,
