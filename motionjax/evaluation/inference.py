@@ -96,7 +96,7 @@ def apply_motion(predict, spec: ModelSpec, clip: Motion, *, overlap: int | None 
     bones = np.broadcast_to(sk.offsets, (len(starts), *sk.offsets.shape)) if spec.clip_bones else None
     root, rotations, yaw, origin = transforms.canonicalize(
         sk, clip.root_position[idx], clip.rotations[idx], floor=spec.floor, scale=spec.scale, offsets=bones)
-    x = features.standardize(features.encode(sk, root, rotations), spec.mean, spec.std).astype(np.float32)
+    x = features.standardize(features.pack(sk, root, rotations), spec.mean, spec.std).astype(np.float32)
     x = transforms.chunk(x, spec.chunk)                              # [K, N, C, F]
     k = len(x)
     x = np.concatenate([x, np.repeat(x[-1:], -k % batch_size, 0)])   # whole batches: one compiled shape
