@@ -1,47 +1,50 @@
-"""One command, one table: motionjax optimized vs baseline vs a PyTorch eager peer, MFU, cost growth.
+"""The parts of ``scripts/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
+baseline vs a PyTorch eager peer, MFU, cost growth.
 
-    python scripts/bench.py [--quick] [--out results/bench] [--parts train,dynamics,torch,mfu,growth]
-
-Every number comes from this one run, on the same data and model size, so ratios are meaningful
-even on a shared machine:
+Every number comes from one run, on the same data and model size, so ratios are meaningful even on a
+shared machine:
 
 a. ``train``: end-to-end training frames/s of ``experiments/deepmimic_denoise.py`` (optimized) vs
    ``experiments/baseline.py`` (dense ``jax.jacfwd`` dynamics loss, main-thread numpy loader, fp32,
-   no prefetch), both with the model and loss pinned by :func:`_experiment` (the residual
-   transformer with the dynamics loss on, not the default experiment's conv denoiser), both through
+   no prefetch), both with the model and loss pinned by :func:`experiment` (the residual transformer
+   with the dynamics loss on, not the default experiment's conv denoiser), both through
    :func:`motionjax.train.train_and_evaluate` for the same number of frames, and their held-out
-   MPJPE afterwards (mean of 3 seeds; 1 with ``--quick``; and one run of each on the same batches);
+   MPJPE afterwards: the configs alternate seed by seed, and one more run of each from the same
+   initial weights on the same batches isolates what the implementation changes;
 b. step-time breakdown of both: data wait (the trainer's own timing), compute split into model and
    loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
-c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense at J = 13, 24, 52, 100 ×
-   256 to 65,536 frames per batch, float32 and bfloat16 (:mod:`benchmarks.dynamics_grid`, the one
-   implementation; ``--quick``: J = 13, 24 at 256 and 1,024 frames, float32);
+c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense, J × frames per batch ×
+   dtype (:mod:`benchmarks.dynamics_grid`), within a grid budget;
 d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, loss with the dense
    ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
-   transforms). torch is the optional extra ``bench`` (``pip install 'motionjax[bench]'``); without it
-   this part is skipped and says so;
+   transforms). torch is the optional extra ``bench``; without it this part is skipped and says so;
 e. ``mfu``: XLA ``cost_analysis()`` FLOPs per step / step time / peak FLOP/s of a large matmul;
-f. ``growth``: step time vs window length T and vs joints J (random trees), fitted exponents.
+f. ``growth``: step time vs window length T (and vs joints J, random trees), fitted exponents.
 
-Writes ``bench.json``, ``bench.md`` (the table) and PNG plots to ``--out`` and prints the table.
+:data:`SIZES` says what each mode (``quick``, ``default``, ``full``) measures; :func:`run` runs
+parts in order and writes ``bench.json`` and ``bench.md`` after each one, so a run stopped part way
+keeps every finished part.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
 import shutil
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
-from benchmarks import measure
+from benchmarks import dynamics_grid, measure
 from benchmarks.report import MPJPE_TOLERANCE, TARGETS, machine, markdown, plots
 from experiments import baseline, deepmimic_denoise
 from motionjax import diagnostics, parallel, train
@@ -52,10 +55,51 @@ from motionjax.features import encode
 from motionjax.skeleton import random_tree
 
 PARTS = ("train", "dynamics", "torch", "mfu", "growth")
-SEEDS = (0, 1, 2)  # part a trains each config once per seed (data order, noise, initial weights)
 
 
-def _experiment(module, steps: int):
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What one mode measures: the knobs of every part."""
+
+    steps: int                      # a, d: steps of each end-to-end training run (32 windows × 32 frames)
+    seeds: tuple[int, ...]          # a: runs of each config, one per seed (data order, noise, weights)
+    splits: tuple[str, ...]         # a: held-out splits evaluated after each run
+    repeats: int                    # b, e, f: timed calls (or interleaved rounds) of a program alone
+    split_compute: bool             # b: also time the model and the loss alone (two more compiles each)
+    loader_batches: int             # b: batches timed of the input iterator alone
+    torch_pairs: int                # d: end-to-end PyTorch / motionjax run pairs (0: one short run)
+    torch_dense_steps: int          # d: steps of PyTorch with the dense Jacobian (~1 s each)
+    mfu_variants: bool              # e: also the baseline and the optimized step in the other dtype
+    growth_t: tuple[int, ...]       # f: window lengths T at batch 8
+    growth_fixed: tuple[int, ...]   # f: T at B·T = 1,024 frames (the control: flat = no T² term)
+    growth_j: tuple[int, ...]       # f: joints J of random trees
+    grid: dict                      # c: dynamics_grid.run arguments (joints, frames, dtypes, budgets)
+
+
+SIZES = {
+    # A smoke check of every part but the grid (~2 min on 2 cores).
+    "quick": Sizes(steps=20, seeds=(0,), splits=("validation",), repeats=3, split_compute=False,
+                   loader_batches=5, torch_pairs=0, torch_dense_steps=3, mfu_variants=False,
+                   growth_t=(32, 128), growth_fixed=(), growth_j=(),
+                   grid=dict(joints=(13,), frames=(256,), dtypes=("float32",), budget_s=4.0)),
+    # `make bench`: every claim of the README's speed table that fits in ~12 minutes on 2 cores. The
+    # grid is the SMPL-like body (J = 24) at the sizes the #15 targets name; its XLA compiles
+    # (~1–2 min per row) are what bounds it, hence the grid budget.
+    "default": Sizes(steps=100, seeds=(0, 1), splits=("validation",), repeats=5, split_compute=True,
+                     loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
+                     growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512), growth_j=(),
+                     grid=dict(joints=(24,), frames=(256, 1024, 4096), dtypes=("float32",), budget_s=8.0,
+                               grid_budget_s=300.0)),
+    # Everything docs/benchmarks.md reports: 3 seeds, both splits, J growth and the whole grid
+    # (4 J × 256–65,536 frames × float32 and bfloat16): hours on 2 cores, most of it the grid.
+    "full": Sizes(steps=100, seeds=(0, 1, 2), splits=("test", "validation"), repeats=5, split_compute=True,
+                  loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
+                  growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512),
+                  growth_j=(15, 30, 60, 120), grid=dict(budget_s=8.0)),
+}
+
+
+def experiment(module, steps: int):
     """An experiment config trimmed to ``steps`` steps: one held-out evaluation at the end, no references.
 
     The model and loss are pinned to the workload these benchmarks (and docs/benchmarks.md) measure:
@@ -67,6 +111,11 @@ def _experiment(module, steps: int):
     c.loss.dynamics_weight = 0.005
     c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=())
     return c
+
+
+def log(message: str) -> None:
+    """A progress line of the benchmark (stdout, flushed: the log of a long run shows where it is)."""
+    print(f"[bench] {message}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,11 +163,6 @@ def stepper(step, state, batch):
     return call
 
 
-def time_step(step, state, batch, repeats: int) -> float:
-    """Median seconds per training step."""
-    return measure.time_call(stepper(step, state, batch), repeats=repeats, warmup=1)
-
-
 # ---------------------------------------------------------------------------------------------
 # (a) + (b): end to end, optimized vs baseline
 
@@ -132,7 +176,7 @@ def compute_split(config, info, repeats: int, split: bool = True) -> dict:
     out = {"flops_per_step": measure.compiled_flops(step), "collectives": len(comm),
            "comm_bytes_per_step": float(sum(c.wire_bytes for c in comm))}
     params, rest = jax.tree.map(jnp.copy, (state["params"], state["rest"]))  # the step donates state
-    out["step_s"] = time_step(step, state, batch, repeats)
+    out["step_s"] = measure.time_call(stepper(step, state, batch), repeats=repeats, warmup=1)
     if not split:
         return out
 
@@ -189,12 +233,11 @@ def same_stream(configs: dict, steps: int) -> dict:
     return out
 
 
-def part_train(quick: bool, out: Path, done: dict) -> dict:
-    steps, seeds = (20, SEEDS[:1]) if quick else (100, SEEDS)
-    configs = {"optimized": _experiment(deepmimic_denoise, steps), "baseline": _experiment(baseline, steps)}
+def part_train(sizes: Sizes, out: Path, done: dict) -> dict:
+    steps, seeds = sizes.steps, sizes.seeds
+    configs = {"optimized": experiment(deepmimic_denoise, steps), "baseline": experiment(baseline, steps)}
     for config in configs.values():
-        splits = ("validation",) if quick else ("test", "validation")
-        config.train.eval_splits = config.train.final_splits = splits
+        config.train.eval_splits = config.train.final_splits = sizes.splits
     all_runs, wall = {name: [] for name in configs}, dict.fromkeys(configs, 0.0)
     # Seed by seed the configs alternate, so a change of load on a shared machine hits both alike;
     # each config compiles once (later seeds hit this run's compilation cache).
@@ -206,6 +249,8 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
             start = time.perf_counter()
             all_runs[name].append(train.train_and_evaluate(config, workdir))
             wall[name] += time.perf_counter() - start
+            log(f"train: {name}, seed {seed}: {all_runs[name][-1]['frames_per_s']:.0f} frames/s, "
+                f"{time.perf_counter() - start:.0f} s with compile and evaluation")
     rows = {}
     for name, config in configs.items():
         runs, start = all_runs[name], time.perf_counter()
@@ -214,8 +259,9 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
                      for split in config.train.eval_splits for cond in ("clean", "noisy")} for r in runs]
         mpjpe = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
         median = lambda key, runs=runs: float(np.median([r[key] for r in runs]))
-        breakdown = compute_split(config, info, repeats=3 if quick else 5, split=not quick)
-        breakdown["loader_s"] = loader_seconds(config, info, 5 if quick else 10)
+        breakdown = compute_split(config, info, repeats=sizes.repeats, split=sizes.split_compute)
+        breakdown["loader_s"] = loader_seconds(config, info, sizes.loader_batches)
+        log(f"train: {name} breakdown, {time.perf_counter() - start:.0f} s")
         rows[name] = {
             "frames_per_s": median("frames_per_s"), "step_s": 1.0 / median("steps_per_s"),
             "data_wait_fraction": median("data_wait_fraction"), "compile_s": runs[0]["compile_s"],
@@ -231,7 +277,9 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
     opt, base = rows["optimized"], rows["baseline"]
     speedup = opt["frames_per_s"] / base["frames_per_s"]
     # Accuracy: the seed means carry data-order noise (the loaders differ); the same-stream run does not.
+    start = time.perf_counter()
     paired = same_stream(configs, steps)
+    log(f"train: same-stream runs, {time.perf_counter() - start:.0f} s")
     mean = {name: float(np.mean(list(m.values()))) for name, m in paired.items()}
     mpjpe_ok = mean["optimized"] <= mean["baseline"] * (1 + MPJPE_TOLERANCE)
     return {"steps": steps, "rows": rows, "speedup": speedup, "same_stream_mpjpe_cm": paired,
@@ -243,10 +291,8 @@ def part_train(quick: bool, out: Path, done: dict) -> dict:
 # (c) dynamics loss across J: benchmarks/dynamics_grid.py (also scripts/bench_dynamics.py)
 
 
-def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
-    from benchmarks import dynamics_grid
-
-    results = dynamics_grid.run(quick=quick)
+def part_dynamics(sizes: Sizes, out: Path, done: dict) -> dict:
+    results = dynamics_grid.run(**sizes.grid, partial=out / "dynamics.partial.json")
     dynamics_grid.plot(results, out / "dynamics.png")
     return {"results": results, "markdown": dynamics_grid.markdown(results), "met": results["targets"]["met"]}
 
@@ -255,19 +301,18 @@ def part_dynamics(quick: bool, out: Path, done: dict) -> dict:
 # (d) the PyTorch eager peer
 
 
-def part_torch(quick: bool, out: Path, done: dict) -> dict:
+def part_torch(sizes: Sizes, out: Path, done: dict) -> dict:
     try:
         import torch
     except ImportError as e:
-        return {"skipped": f"torch is not installed ({e}); pip install 'motionjax[bench]' "
-                           "(the CPU build: pip install torch==2.13.0)"}
+        return {"skipped": f"torch is not installed ({e}); pip install -e '.[bench]' (README: Benchmarks)"}
     from flax import nnx
 
     from benchmarks import torch_peer
     from motionjax import models
 
-    steps = 20 if quick else 100
-    config = _experiment(deepmimic_denoise, steps)
+    steps = sizes.steps
+    config = experiment(deepmimic_denoise, steps)
     config.model.dtype = "float32"  # torch eager trains in fp32
     info = pipeline.dataset_info(config.data)
     init = nnx.state(models.make_model(config.model, info.feature_dim, config.data.chunk,
@@ -283,8 +328,9 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
     settings = sorted({(torch.get_num_threads(), 0), (1, 0), (1, 1)})
     probe = {s: run("blocked", 3, threads=s[0], workers=s[1])["frames_per_s"] for s in settings}
     threads, workers = max(probe, key=probe.get)
+    log(f"torch: best of the probe {threads} threads, {workers} workers")
     rows, ours = {}, []
-    if quick:
+    if not sizes.torch_pairs:
         rows["blocked"] = run("blocked", 6, threads=threads, workers=workers)
     else:  # as long as part (a), then held-out MPJPE: the twin learns what motionjax learns
         batches = pipeline.make_eval_batches(config.data, info, "validation", config.train.eval_noise_level,
@@ -292,23 +338,24 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
         rows["blocked"] = run("blocked", steps, threads=threads, workers=workers, eval_batches=batches)
         # End to end, torch and motionjax runs alternate (T M T M): load changes hit both alike.
         torch_fps = [rows["blocked"]["frames_per_s"]]
-        mj = _experiment(deepmimic_denoise, steps)
+        mj = experiment(deepmimic_denoise, steps)
         mj.train.eval_splits = mj.train.final_splits = ("validation",)
-        for i in range(2):
+        for i in range(sizes.torch_pairs):
             if i:
                 torch_fps.append(run("blocked", steps, threads=threads, workers=workers)["frames_per_s"])
             shutil.rmtree(out / "runs" / "next_to_torch", ignore_errors=True)
             ours.append(train.train_and_evaluate(mj, out / "runs" / "next_to_torch")["frames_per_s"])
         rows["blocked"]["frames_per_s_runs"] = torch_fps
         rows["blocked"]["frames_per_s"] = float(np.median(torch_fps))
-    rows["dense"] = run("dense", 3 if quick else 4, threads=threads, workers=workers)
+        log(f"torch: end to end, PyTorch {torch_fps}, motionjax {ours} frames/s")
+    rows["dense"] = run("dense", sizes.torch_dense_steps, threads=threads, workers=workers)
     result = {"rows": rows,
               "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()},
               "compute_alone_ms": {}}
     # Compute alone, one fixed batch, the two frameworks timed round by round so that a change of
     # load on a shared machine hits both alike.
     for jacobian, module in (("blocked", deepmimic_denoise), ("dense", baseline)):
-        jax_config = _experiment(module, steps)
+        jax_config = experiment(module, steps)
         step, state, batch, _, _ = compiled_step(jax_config, info)  # part (b)'s program: cached
         c = config.copy_and_resolve_references()
         c.loss.jacobian = jacobian
@@ -317,7 +364,7 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
         torch_call = functools.partial(torch_step, *torch_batch)
         # torch is synchronous; measure.block waits for the jax step and passes torch's loss through.
         times = measure.interleaved({"motionjax": stepper(step, state, batch), "torch": torch_call},
-                                    rounds=3 if quick or jacobian == "dense" else 5)
+                                    rounds=3 if jacobian == "dense" else sizes.repeats)
         result["compute_alone_ms"][jacobian] = {k: 1e3 * v for k, v in times.items()}
     if ours:
         result["motionjax_frames_per_s_runs"] = ours
@@ -336,15 +383,15 @@ def part_torch(quick: bool, out: Path, done: dict) -> dict:
 # (e) MFU and (f) cost growth
 
 
-def part_mfu(quick: bool, out: Path, done: dict) -> dict:
+def part_mfu(sizes: Sizes, out: Path, done: dict) -> dict:
     """MFU of the optimized and baseline steps (compute only, one fixed batch; the programs of part
     b come from the compilation cache). Steps and the peak matmuls are timed round-robin; the peak
     is the best of fp32 and bf16, so MFU is against what this machine can do in either precision."""
-    configs = {"optimized": _experiment(deepmimic_denoise, 1)}
-    if not quick:  # the baseline, and the optimized step with the other activation dtype
-        configs["baseline"] = _experiment(baseline, 1)
+    configs = {"optimized": experiment(deepmimic_denoise, 1)}
+    if sizes.mfu_variants:  # the baseline, and the optimized step with the other activation dtype
+        configs["baseline"] = experiment(baseline, 1)
         other = "bfloat16" if configs["optimized"].model.dtype == "float32" else "float32"
-        configs[f"optimized, {other}"] = _experiment(deepmimic_denoise, 1)
+        configs[f"optimized, {other}"] = experiment(deepmimic_denoise, 1)
         configs[f"optimized, {other}"].model.dtype = other
     calls, flops = {}, {}
     for name, config in configs.items():
@@ -354,7 +401,7 @@ def part_mfu(quick: bool, out: Path, done: dict) -> dict:
     matmul_flops = {}
     for dtype in ("float32", "bfloat16"):
         calls[dtype], matmul_flops[dtype] = measure.matmul(n, jnp.dtype(dtype))
-    times = measure.interleaved(calls, rounds=3 if quick else 5)
+    times = measure.interleaved(calls, rounds=sizes.repeats)
     peaks = {k: matmul_flops[k] / times[k] for k in matmul_flops}
     peak = max(peaks.values())
     rows = {name: {"flops_per_step": flops[name], "step_s": times[name], "model_dtype": config.model.dtype,
@@ -363,25 +410,26 @@ def part_mfu(quick: bool, out: Path, done: dict) -> dict:
     return {"peak_flops": peaks, "rows": rows, "mfu": rows["optimized"]["mfu"]}
 
 
-def part_growth(quick: bool, out: Path, done: dict) -> dict:
+def part_growth(sizes: Sizes, out: Path, done: dict) -> dict:
     """Step time of the optimized step vs T (DeepMimic body) and vs J (random trees), batch 8."""
-    base = _experiment(deepmimic_denoise, 1)
+    base = experiment(deepmimic_denoise, 1)
     base.data.batch_size = 8
     info = pipeline.dataset_info(base.data)
     calls = {}
-    for t in (32, 128) if quick else (32, 64, 128, 256, 512, 1024):
+    for t in sizes.growth_t:
         config = copy.deepcopy(base)
         config.data.window = t
         calls["T", t] = stepper(*compiled_step(config, info)[:3])
     # Control: B·T fixed at 1024 frames. Flat means the cost is per frame, i.e. no T² term.
-    for t in () if quick else (32, 128, 512):
+    for t in sizes.growth_fixed:
         config = copy.deepcopy(base)
         config.data.update(window=t, batch_size=1024 // t)
         calls["BT", t] = stepper(*compiled_step(config, info)[:3])
-    for j in () if quick else (15, 30, 60, 120):  # --quick: T only (the target), to fit in 2 min
+    for j in sizes.growth_j:
         tree = stand_in(random_tree(j, seed=0), float(info.fps))
         calls["J", j] = stepper(*compiled_step(base, tree)[:3])
-    times = measure.interleaved(calls, rounds=3 if quick else 5)
+    log(f"growth: {len(calls)} steps compiled")
+    times = measure.interleaved(calls, rounds=sizes.repeats)
     by_t = {t: s for (axis, t), s in times.items() if axis == "T"}
     by_j = {j: s for (axis, j), s in times.items() if axis == "J"}
     fixed_frames = {t: s for (axis, t), s in times.items() if axis == "BT"}
@@ -400,46 +448,89 @@ def part_growth(quick: bool, out: Path, done: dict) -> dict:
     return result
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (<= 2 min on 2 cores)")
-    parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--parts", default=None, help=f"comma-separated subset of {PARTS} (default: all; "
-                        "with --quick all but dynamics, whose 12 compiles alone take ~3 min)")
-    args = parser.parse_args(argv)
-    default = [p for p in PARTS if not (args.quick and p == "dynamics")]
-    parts = args.parts.split(",") if args.parts else default
-    if unknown := set(parts) - set(PARTS):
-        parser.error(f"unknown parts {sorted(unknown)}; expected a subset of {PARTS}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    # A compilation cache for this run only: a program compiled twice (the trainer's step and its
-    # re-measurement in part b) compiles once, and every compile time reported is a cold one.
-    cache = tempfile.mkdtemp(prefix="bench_jax_cache_")
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    parallel.retain_host_memory()  # as the trainer does: every part, torch's too, gets the same allocator
-    start = time.perf_counter()
-    results = {"quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
-               "parts": {}}
-    runners = {"train": part_train, "dynamics": part_dynamics, "torch": part_torch, "mfu": part_mfu,
-               "growth": part_growth}
-    for name in sorted(parts, key=PARTS.index):  # torch and mfu reuse the train part's numbers
-        t = time.perf_counter()
-        results["parts"][name] = runners[name](args.quick, out, results["parts"])
-        results["parts"][name]["wall_s"] = time.perf_counter() - t
-        print(f"[bench] {name}: {time.perf_counter() - t:.0f} s", flush=True)
-        results["wall_s"] = time.perf_counter() - start
-        (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))  # after every part
-    shutil.rmtree(cache, ignore_errors=True)
-    results["machine"]["load_average_end"] = os.getloadavg()
-    results["plots"] = plots(results, out)
+RUNNERS = {"train": part_train, "dynamics": part_dynamics, "torch": part_torch, "mfu": part_mfu,
+           "growth": part_growth}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _write(results: dict, out: Path) -> str:
+    """``bench.json`` and ``bench.md`` (the table) of the parts so far; returns the table."""
     table = markdown(results)
     (out / "bench.md").write_text(table)
     (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
-    print(table)
+    return table
+
+
+def run(parts, mode: str, out: Path, command: str, grid_budget_s: float | None = None) -> dict:
+    """Run ``parts`` (a subset of :data:`PARTS`, in that order: torch and mfu reuse the train part's
+    numbers and compiled programs) at :data:`SIZES` ``[mode]``; returns the results.
+
+    ``bench.json`` and ``bench.md`` are rewritten after every part (the grid also after every row,
+    ``dynamics.partial.json``), so a run stopped part way (Ctrl-C, SIGTERM, a crash) keeps what it
+    measured; a part that raises is recorded with its error and the run goes on to the next one.
+    ``grid_budget_s`` overrides the mode's grid budget (0: none).
+    """
+    sizes = SIZES[mode]
+    if grid_budget_s is not None:
+        sizes = dataclasses.replace(sizes, grid={**sizes.grid, "grid_budget_s": grid_budget_s or None})
+    out.mkdir(parents=True, exist_ok=True)
+    parallel.retain_host_memory()  # as the trainer does: every part, torch's too, gets the same allocator
+    start = time.perf_counter()
+    results = {"wall_s": 0.0, "mode": mode, "quick": mode == "quick", "command": command,
+               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "parts": {},
+               "part_wall_s": {}, "sizes": dataclasses.asdict(sizes)}
+    with _run_cache():
+        _run_parts(parts, sizes, out, results, start)
     return results
 
 
-if __name__ == "__main__":
-    main()
+def _run_parts(parts, sizes: Sizes, out: Path, results: dict, start: float) -> None:
+    try:
+        for name in sorted(parts, key=PARTS.index):
+            log(f"{name}: started ({time.perf_counter() - start:.0f} s into the run)")
+            t = time.perf_counter()
+            try:
+                results["parts"][name] = RUNNERS[name](sizes, out, results["parts"])
+            except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others
+                traceback.print_exc()
+                results["parts"][name] = {"error": f"{type(e).__name__}: {e}"}
+            except KeyboardInterrupt:
+                results["parts"][name] = {"error": "interrupted"}
+                raise
+            finally:
+                part = results["parts"].setdefault(name, {"error": "stopped"})
+                results["part_wall_s"][name] = part["wall_s"] = time.perf_counter() - t
+                results["wall_s"] = time.perf_counter() - start
+                _write(results, out)
+                log(f"{name}: {results['part_wall_s'][name]:.0f} s")
+    finally:
+        results["machine"]["load_average_end"] = os.getloadavg()
+        results["plots"] = plots(results, out)
+        table = _write(results, out)
+        print(table, flush=True)
+        log(f"wrote {out}/bench.json, bench.md and the plots; {time.perf_counter() - start:.0f} s in all")
+
+
+@contextlib.contextmanager
+def _run_cache():
+    """A compilation cache for this run only: a program compiled twice (the trainer's step and its
+    re-measurement in part b) compiles once, and every compile time reported is a cold one. A
+    process that has a cache already (``JAX_COMPILATION_CACHE_DIR``, as the test suite sets) keeps
+    it: compile times are then warm on a second run."""
+    if jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="bench_jax_cache_")
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        compilation_cache.reset_cache()
+        shutil.rmtree(path, ignore_errors=True)
