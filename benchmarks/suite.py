@@ -89,7 +89,7 @@ SIZES = {
                      loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
                      growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512), growth_j=(),
                      grid=dict(joints=(24,), frames=(256, 1024, 4096), dtypes=("float32",), budget_s=8.0,
-                               grid_budget_s=300.0)),
+                               grid_budget_s=180.0)),
     # Everything docs/benchmarks.md reports: 3 seeds, both splits, J growth and the whole grid
     # (4 J × 256–65,536 frames × float32 and bfloat16): hours on 2 cores, most of it the grid.
     "full": Sizes(steps=100, seeds=(0, 1, 2), splits=("test", "validation"), repeats=5, split_compute=True,

@@ -27,7 +27,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--parts", default=None, help=f"comma-separated subset of {','.join(PARTS)} "
                         "(default: all; with --quick all but dynamics)")
     parser.add_argument("--grid-budget", type=float, default=None, metavar="SECONDS",
-                        help="the dynamics grid starts no row after this long (default 300 s; --full: none; "
+                        help="the dynamics grid starts no row after this long (default 180 s; --full: none; "
                         "0: none)")
     parser.add_argument("--out", default="results/bench", help="results folder")
     args = parser.parse_args(argv)
