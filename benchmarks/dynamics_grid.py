@@ -1,7 +1,7 @@
 """Joint-dynamics loss + gradient: blocked Jacobian vs jax.jvp/vjp of FK vs dense jax.jacfwd.
 
 For each skeleton size J, frames per batch and dtype, the three backends of
-:func:`motionjax.dynamics.dynamics_loss` are jitted (loss + gradient w.r.t. the predicted root and
+:func:`motionjax.core.dynamics.dynamics_loss` are jitted (loss + gradient w.r.t. the predicted root and
 rotations, as training uses it), their compiled temp memory read from
 ``compiled.memory_analysis()``, and timed round-robin: each round times every backend once (after an
 untimed call of the same program: steady state, as in training), so a load change on a shared
@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import measure
-from motionjax import dynamics, parallel, rotations
-from motionjax.skeleton import deepmimic_humanoid, random_tree, smpl_like
+from motionjax import parallel
+from motionjax.core import dynamics, rotations
+from motionjax.core.skeleton import deepmimic_humanoid, random_tree, smpl_like
 
 WEIGHTS = dynamics.DEFAULT_WEIGHTS
 FPS = 30.0

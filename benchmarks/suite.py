@@ -47,12 +47,13 @@ from jax.experimental.compilation_cache import compilation_cache
 from benchmarks import dynamics_grid, measure
 from benchmarks.report import MPJPE_TOLERANCE, TARGETS, machine, markdown, plots
 from experiments import baseline, deepmimic_denoise
-from motionjax import diagnostics, parallel, train
-from motionjax import rotations as rot
+from motionjax import parallel, train
+from motionjax.core import rotations as rot
+from motionjax.core.features import encode
+from motionjax.core.skeleton import random_tree
 from motionjax.data import pipeline
 from motionjax.data.info import stand_in
-from motionjax.features import encode
-from motionjax.skeleton import random_tree
+from motionjax.train import diagnostics
 
 PARTS = ("train", "dynamics", "torch", "mfu", "growth")
 
@@ -134,6 +135,7 @@ def compiled_step(config, info):
     (graphdef, _, _), _, state, _ = train.init_state(config, info, mesh)
     batch = _batch(config, info, parallel.window_sharding(mesh))
     abstract = train.abstract_batch(config, info, mesh)
+    batch["valid"] = jax.device_put(np.ones(abstract["valid"].shape, np.float32), abstract["valid"].sharding)
     if "offsets" in abstract:  # data.bones = "clip": every window on the body's own bones
         spec = abstract["offsets"]
         offsets = np.broadcast_to(info.skeleton.offsets, spec.shape).astype(np.float32)
@@ -212,15 +214,15 @@ def same_stream(configs: dict, steps: int) -> dict:
     """Held-out MPJPE (cm) of each config's train step run from the same initial state on the same
     ``steps`` batches (the first config's Grain stream). The configs differ in implementation only
     (Jacobian, loader), so this isolates what the implementation changes from data-order noise."""
-    from motionjax import evaluation
+    from motionjax.evaluation import metrics
     first = next(iter(configs.values()))
     info = pipeline.dataset_info(first.data)
     mesh = parallel.make_mesh(first.mesh)
     iterator = train.make_iterator(first, info, mesh)
-    batches = [{k: b[k] for k in ("noisy", "clean")} for b in (next(iterator) for _ in range(steps))]
+    batches = [{k: b[k] for k in train.batch_keys(first)} for b in (next(iterator) for _ in range(steps))]
     iterator.close()
     held_out = {level: pipeline.make_eval_batches(first.data, info, "validation", level, seed=first.seed)
-                for level in (0.0, first.train.eval_noise_level)}
+                for level in (0.0, first.evals.final.noise_level)}
     out = {}
     for name, config in configs.items():
         step, state, shardings, eval_graphdef = train.build_train_step(config, info, mesh)
@@ -229,7 +231,7 @@ def same_stream(configs: dict, steps: int) -> dict:
         predict = functools.partial(train.make_predict(eval_graphdef, mesh, shardings), state)
         args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
         out[name] = {f"validation/{'clean' if level == 0 else 'noisy'}":
-                     evaluation.evaluate(predict, b, *args)["mpjpe"] for level, b in held_out.items()}
+                     metrics.evaluate(predict, b, *args)["mpjpe"] for level, b in held_out.items()}
     return out
 
 
@@ -237,7 +239,7 @@ def part_train(sizes: Sizes, out: Path, done: dict) -> dict:
     steps, seeds = sizes.steps, sizes.seeds
     configs = {"optimized": experiment(deepmimic_denoise, steps), "baseline": experiment(baseline, steps)}
     for config in configs.values():
-        config.train.eval_splits = config.train.final_splits = sizes.splits
+        config.evals.heldout.splits = config.evals.final.splits = sizes.splits
     all_runs, wall = {name: [] for name in configs}, dict.fromkeys(configs, 0.0)
     # Seed by seed the configs alternate, so a change of load on a shared machine hits both alike;
     # each config compiles once (later seeds hit this run's compilation cache).
@@ -256,7 +258,7 @@ def part_train(sizes: Sizes, out: Path, done: dict) -> dict:
         runs, start = all_runs[name], time.perf_counter()
         info = pipeline.dataset_info(config.data)
         per_seed = [{f"{split}/{cond}": r["results"][split][cond]["model"]["mpjpe"]
-                     for split in config.train.eval_splits for cond in ("clean", "noisy")} for r in runs]
+                     for split in config.evals.final.splits for cond in ("clean", "noisy")} for r in runs]
         mpjpe = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
         median = lambda key, runs=runs: float(np.median([r[key] for r in runs]))
         breakdown = compute_split(config, info, repeats=sizes.repeats, split=sizes.split_compute)
@@ -333,13 +335,13 @@ def part_torch(sizes: Sizes, out: Path, done: dict) -> dict:
     if not sizes.torch_pairs:
         rows["blocked"] = run("blocked", 6, threads=threads, workers=workers)
     else:  # as long as part (a), then held-out MPJPE: the twin learns what motionjax learns
-        batches = pipeline.make_eval_batches(config.data, info, "validation", config.train.eval_noise_level,
+        batches = pipeline.make_eval_batches(config.data, info, "validation", config.evals.final.noise_level,
                                              seed=config.seed)
         rows["blocked"] = run("blocked", steps, threads=threads, workers=workers, eval_batches=batches)
         # End to end, torch and motionjax runs alternate (T M T M): load changes hit both alike.
         torch_fps = [rows["blocked"]["frames_per_s"]]
         mj = experiment(deepmimic_denoise, steps)
-        mj.train.eval_splits = mj.train.final_splits = ("validation",)
+        mj.evals.heldout.splits = mj.evals.final.splits = ("validation",)
         for i in range(sizes.torch_pairs):
             if i:
                 torch_fps.append(run("blocked", steps, threads=threads, workers=workers)["frames_per_s"])

@@ -111,9 +111,9 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
     """
     split = metric.split("/")[0]
     c = copy.deepcopy(config)
-    c.train.eval_splits = (split,)
+    c.evals.heldout.splits = (split,)
     c.train.best_metric = metric
-    c.train.final_splits = tuple(dict.fromkeys((split, "test")))
+    c.evals.final.splits = tuple(dict.fromkeys((split, "test")))
     c.train.checkpoint_every = c.train.eval_every  # a checkpoint with each evaluation, none between
     c.train.references = ()
     frames_per_step = c.data.batch_size * c.data.window
@@ -140,7 +140,7 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
     results = summary.get("results", {})
     return {"reached": last["value"] <= target, **{k: last[k] for k in ("step", "frames", "wall_s")},
             **{k: last[k] for k in SPLIT_KEYS}, "value": last["value"], "curve": curve,
-            "final": {f"{s}/mpjpe": results[s]["clean"]["model"]["mpjpe"] for s in c.train.final_splits
+            "final": {f"{s}/mpjpe": results[s]["clean"]["model"]["mpjpe"] for s in c.evals.final.splits
                       if s in results},
             "status": summary["status"], "seed": c.seed}
 

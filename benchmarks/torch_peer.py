@@ -2,7 +2,7 @@
 
 Same model (:class:`motionjax.models.MotionTransformer`, layer for layer; weights can be copied
 from the Flax model), same loss (:func:`motionjax.losses.reconstruction_loss` with
-:func:`motionjax.dynamics.dynamics_loss`, in either Jacobian form: ``"dense"`` with
+:func:`motionjax.core.dynamics.dynamics_loss`, in either Jacobian form: ``"dense"`` with
 ``torch.autograd.functional.jacobian`` or ``"blocked"`` with the tree prefix/subtree sums), same
 windows, noise and numpy transforms (:mod:`motionjax.data`, read through a ``torch.utils.data``
 ``DataLoader``), same optimizer (AdamW, warmup + cosine, global-norm clipping). Eager fp32, the
@@ -21,19 +21,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from motionjax.core.dynamics import GRAVITY, HALO
+from motionjax.core.features import rotating_joints
+from motionjax.core.kinematics import dof_layout, tree_plan
+from motionjax.core.skeleton import BALL, HINGE, Skeleton
 from motionjax.data import pipeline as data
 from motionjax.data import transforms
-from motionjax.dynamics import GRAVITY, HALO
-from motionjax.features import rotating_joints
-from motionjax.kinematics import dof_layout, tree_plan
-from motionjax.skeleton import BALL, HINGE, Skeleton
 
-# Below this angle the Taylor branches take over (as in motionjax.rotations).
+# Below this angle the Taylor branches take over (as in motionjax.core.rotations).
 _SMALL = 1e-4
 
 
 # ---------------------------------------------------------------------------------------------
-# Rotations (ports of the motionjax.rotations functions the loss uses)
+# Rotations (ports of the motionjax.core.rotations functions the loss uses)
 
 
 def _safe_norm(v, keepdim=False):
@@ -215,7 +215,7 @@ def dense_products(body: Body, rotations, root_position, joint_velocity, root_ve
 
 
 # ---------------------------------------------------------------------------------------------
-# Losses (motionjax.losses.reconstruction_loss and motionjax.dynamics.dynamics_loss, unsharded)
+# Losses (motionjax.losses.reconstruction_loss and motionjax.core.dynamics.dynamics_loss, unsharded)
 
 
 def _edge_pad(x, width):
@@ -539,14 +539,14 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
 
 def evaluate(model, info, contact_speed, batches) -> float:
     """Held-out MPJPE (cm) of the torch model with motionjax's evaluation code."""
-    from motionjax import evaluation
+    from motionjax.evaluation import metrics as motion_metrics
 
     def predict(x):
         with torch.no_grad():
             return model(torch.as_tensor(np.asarray(x))).numpy()
 
     model.eval()
-    metrics = evaluation.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
+    metrics = motion_metrics.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
                                   contact_speed)
     model.train()
     return float(metrics["mpjpe"])

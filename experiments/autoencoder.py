@@ -70,7 +70,8 @@ def get_config(arg: str | None = None):
         c.train.update(steps=9000, learning_rate=2e-3)
     else:
         c.train.update(steps=750, learning_rate=3e-3, eval_every=250, checkpoint_every=250)
-    c.train.eval_noise_level = 0.0    # the autoencoder is evaluated on clean input only
+    c.evals.final.inputs = ("clean",)  # the autoencoder is evaluated on clean input only
+    c.evals.clip.noise_level = 0.0
     if "dynamics" in parts:
         c.loss.dynamics_weight = 0.005
         if corpus == "bandai":

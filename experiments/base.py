@@ -2,11 +2,12 @@
 
 Every knob the code reads lives here (no hidden defaults in library code). Sections:
 ``data`` (motionjax.data), ``model`` (motionjax.models), ``loss`` (motionjax.losses and the
-dynamics terms), ``mesh`` (motionjax.parallel), ``train`` (motionjax.train).
+dynamics terms), ``mesh`` (motionjax.parallel), ``train`` (motionjax.train), ``evals``
+(motionjax.evaluation.evaluators).
 """
 import ml_collections
 
-from motionjax import dynamics
+from motionjax.core import dynamics
 from motionjax.data import DEEPMIMIC_SPLITS
 
 
@@ -90,7 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.pose = 0.0                  # weight of the root-relative FK position error (m), MPJPE's quantity
     c.loss.foot = 0.1                  # weight of foot skating: foot speed^2 where the truth is planted
     c.loss.contact_speed = 0.3         # m/s: a slower true foot is planted (loss and foot-skate metric)
-    c.loss.dynamics_weight = 1.0       # weight of motionjax.dynamics.dynamics_loss (0 disables it)
+    c.loss.dynamics_weight = 1.0       # weight of motionjax.core.dynamics.dynamics_loss (0 disables it)
     # dynamics_loss term weights (velocity, force, jerk); the defaults and their magnitudes: dynamics.py
     c.loss.dynamics = ml_collections.ConfigDict(dynamics.DEFAULT_WEIGHTS)
 
@@ -117,13 +118,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
     c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
-    # Evaluated during training (learning curves; validation/mpjpe picks the best checkpoint) and once
-    # at the end (the test split only there: nothing is chosen on it).
-    c.train.eval_splits = ("validation",)
-    c.train.final_splits = ("train", "validation", "test")
-    c.train.eval_noise_level = 1.0     # noise level of the denoising evaluation (data.make_eval_batches)
-    c.train.best_metric = "validation/mpjpe"  # SPLIT/METRIC of an eval split; lowest = best checkpoint
+    c.train.best_metric = "validation/mpjpe"  # SPLIT/METRIC of a `during` evaluator; lowest = best checkpoint
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
+
+    # Evaluators (motionjax.evaluation.evaluators), big_vision style: NAME = {kind, settings}. Every one
+    # runs once at the end (the test split only there: nothing is chosen on it); `during` ones also run
+    # every train.eval_every steps (learning curves; train.best_metric among them picks the checkpoint).
+    c.evals = ml_collections.ConfigDict()
+    c.evals.heldout = dict(kind="metrics", splits=("validation",), inputs=("clean",), during=True)
+    # noise_level: the corruption of the "noisy" input, as a multiple of the training noise (data.*_noise).
+    c.evals.final = dict(kind="metrics", splits=("train", "validation", "test"), inputs=("clean", "noisy"),
+                         noise_level=1.0, references=("input", "pca"), by_label=True)
+    c.evals.clip = dict(kind="clip", split="test", noise_level=1.0)  # skeleton figure + BVH of one window
     return c
 
 

@@ -13,7 +13,10 @@ def get_config(arg: str | None = None):
     c.model.update(dim=256, depth=4, heads=8, halo=8, latent_dim=64, stride=4)
     c.mesh.shape = (("data", -1), ("time", 2))
     c.train.update(steps=20_000, learning_rate=5e-4, warmup_steps=500, eval_every=2000, checkpoint_every=1000,
-                   eval_splits=("validation",), final_splits=("validation",), references=())
+                   references=())
+    # No PCA reference: it would be fitted on every frame of the 128k training clips.
+    c.evals.final.update(splits=("validation",), references=("input",), by_label=False)
+    c.evals.clip.split = "validation"
     if arg is not None:
         raise ValueError(f"unknown config variant {arg!r}")
     return c

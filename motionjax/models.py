@@ -1,7 +1,7 @@
 """Flax NNX denoising autoencoders over time-chunked motion windows ``[B, N, C, F]``.
 
 A window of ``T = N·C`` frames arrives as ``N`` chunks of ``C`` frames of standardized features
-(:mod:`motionjax.features`). Every block works inside a chunk and sees ``halo`` frames of each
+(:mod:`motionjax.core.features`). Every block works inside a chunk and sees ``halo`` frames of each
 neighbouring chunk, so the chunk axis ``N`` can be sharded over the mesh axis ``'time'``: only the
 halo frames cross devices (``jax.lax.ppermute`` in :func:`chunk_windows`), never the sequence.
 
@@ -31,10 +31,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from motionjax import rotations as rot
-from motionjax.features import decode, destandardize, rotating_joints
-from motionjax.halo import pad_with_halos
-from motionjax.kinematics import forward_kinematics, inverse_kinematics
+from motionjax.core import rotations as rot
+from motionjax.core.features import decode, destandardize, rotating_joints
+from motionjax.core.halo import pad_with_halos
+from motionjax.core.kinematics import forward_kinematics, inverse_kinematics
 from motionjax.parallel import DATA_AXIS, TIME_AXIS
 
 
@@ -153,7 +153,7 @@ class Kinematics:
     rotation no longer swings the whole leg chain below it.
     ``position_head``: the decoder also predicts root-relative joint positions, as a correction to
     the FK of its rotations, and the output rotations are their IK projection
-    (:func:`motionjax.kinematics.inverse_kinematics`): each joint's error is its own, as in a
+    (:func:`motionjax.core.kinematics.inverse_kinematics`): each joint's error is its own, as in a
     position-space model, and the output is still a motion on the skeleton's bones.
     """
 

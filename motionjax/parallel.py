@@ -14,7 +14,7 @@ annotations in the model.
 Several processes (``jax.distributed``): :func:`initialize` joins them, :func:`make_mesh` lays the
 ``across_hosts`` axis over them, :func:`put` and :func:`global_batch` place host data on devices
 that one process cannot address. What a compiled program sends over the mesh:
-:mod:`motionjax.diagnostics`.
+:mod:`motionjax.train.diagnostics`.
 """
 from __future__ import annotations
 
@@ -107,15 +107,27 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+# The logical axes of each batch leaf the train step reads. Time-chunked windows go over data x time;
+# a per-window leaf over data only, since every time shard of a window needs all of it.
+BATCH_AXES: dict[str, tuple[str | None, ...]] = {
+    "noisy": ("batch", "chunk", "frame", "feature"),   # [B, N, C, F] the model's input
+    "clean": ("batch", "chunk", "frame", "feature"),   # [B, N, C, F] the target
+    "valid": ("batch", "chunk", "frame", "feature"),   # [B, N, C, 1] 0 = padding frame
+    "offsets": ("batch", "joint", None),               # [B, J, 3] each window's clip bones
+}
+
+
+def batch_shardings(mesh: Mesh, keys: Sequence[str]) -> dict[str, NamedSharding]:
+    """``{key: sharding}`` of the batch leaves ``keys`` (:data:`BATCH_AXES`)."""
+    unknown = [k for k in keys if k not in BATCH_AXES]
+    if unknown:
+        raise KeyError(f"batch keys {unknown} have no logical axes; known: {sorted(BATCH_AXES)}")
+    return {k: named_sharding(mesh, *BATCH_AXES[k]) for k in keys}
+
+
 def window_sharding(mesh: Mesh) -> NamedSharding:
     """``[B, N, C, F]`` time-chunked windows: batch over ``data``, chunks over ``time``."""
-    return named_sharding(mesh, "batch", "chunk", "frame", "feature")
-
-
-def per_window_sharding(mesh: Mesh) -> NamedSharding:
-    """A per-window batch leaf ``[B, ...]`` without a time axis (``offsets [B, J, 3]``): batch over
-    ``data`` only, since every time shard of a window needs all of it."""
-    return named_sharding(mesh, "batch")
+    return named_sharding(mesh, *BATCH_AXES["noisy"])
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

@@ -20,9 +20,9 @@ from flax import nnx
 
 from benchmarks import measure
 from experiments.base import get_config
-from motionjax.features import feature_dim
+from motionjax.core.features import feature_dim
+from motionjax.core.skeleton import deepmimic_humanoid
 from motionjax.models import make_model
-from motionjax.skeleton import deepmimic_humanoid
 
 
 def make_step(config, batch, window, chunk):

@@ -2,7 +2,7 @@
 
 For every mesh the real train step of the config (``motionjax.train.lower_train_step``) is compiled
 ahead of time on that many virtual CPU devices, against abstract inputs (nothing is allocated), and
-each collective is read back with its mesh axes and bytes (:func:`motionjax.diagnostics.collectives`)
+each collective is read back with its mesh axes and bytes (:func:`motionjax.train.diagnostics.collectives`)
 from the HLO as the SPMD partitioner leaves it, in the dtypes an accelerator would send (the CPU
 executable upcasts bf16 collectives to f32). Per-device batch and window stay fixed (weak scaling): a
 data shard holds ``--windows_per_shard`` windows and a time shard ``config.data.window`` frames.
@@ -35,8 +35,9 @@ import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from motionjax import diagnostics, parallel, train  # noqa: E402
+from motionjax import parallel, train  # noqa: E402
 from motionjax.data import synthetic  # noqa: E402
+from motionjax.train import diagnostics  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/synthetic_scale.py", "experiment config")
 _MESHES = flags.DEFINE_list("meshes", ["8x1", "4x2", "64x1", "32x2", "512x1", "256x2"],

@@ -21,10 +21,10 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from motionjax import rotations as rot  # noqa: E402
+from motionjax.core import rotations as rot  # noqa: E402
+from motionjax.core.kinematics import forward_kinematics  # noqa: E402
+from motionjax.core.skeleton import random_tree, smpl_like  # noqa: E402
 from motionjax.formats import Motion, deepmimic_clip_paths, load  # noqa: E402
-from motionjax.kinematics import forward_kinematics  # noqa: E402
-from motionjax.skeleton import random_tree, smpl_like  # noqa: E402
 
 
 def summarize(motion: Motion, positions: np.ndarray) -> dict:

@@ -35,12 +35,12 @@ def main(argv):
     import jax
     from jax.experimental import multihost_utils
 
-    from motionjax import config_checks, train
+    from motionjax import train
     from motionjax.data import pipeline, records
 
     config = _CONFIG.value
     try:
-        config_checks.check_config(config, jax.device_count(), jax.process_count())
+        train.check_config(config, jax.device_count(), jax.process_count())
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             pipeline.dataset_info(config.data)
         multihost_utils.sync_global_devices("dataset prepared")
@@ -50,7 +50,7 @@ def main(argv):
             print(f"data.auto_batch={found['mode']}: data.batch_size={found['global_batch']} "
                   f"({found['per_device_batch']} per device)", flush=True)
         train.run_experiment(config, _WORKDIR.value)
-    except (config_checks.ConfigError, train.WorkdirLockedError, train.CheckpointError,
+    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError,
             records.DamagedShardError) as e:
         _fail(e, 2)
     except Exception as e:

@@ -11,9 +11,10 @@ import pytest
 
 from benchmarks import measure, report
 from experiments import base
-from motionjax import features, losses, models
-from motionjax import rotations as rot
-from motionjax.skeleton import deepmimic_humanoid, random_tree
+from motionjax import losses, models
+from motionjax.core import features
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import deepmimic_humanoid, random_tree
 
 
 def test_fit_power_law_recovers_exponent():
@@ -95,7 +96,7 @@ def test_torch_loss_and_gradient_match_motionjax(jacobian):
 def test_torch_dense_jacobian_matches_blocked_jacobian():
     torch = pytest.importorskip("torch")
     from benchmarks import torch_peer
-    from motionjax import kinematics
+    from motionjax.core import kinematics
 
     skeleton = random_tree(7, seed=1)
     rng = np.random.default_rng(0)

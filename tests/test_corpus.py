@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import Skeleton, deepmimic_humanoid
 from motionjax.data import corpus, prepare
 from motionjax.data.info import INDEX, load_info
 from motionjax.data.pipeline import ClipSource
 from motionjax.formats import Motion, deepmimic_clip_paths, load, read_bvh, write_bvh
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import Skeleton, deepmimic_humanoid
 
 BANDAI = Path(__file__).resolve().parents[2] / "shared" / "data" / "bandai-namco-1"
 SPLITS = {"train": "rest", "validation": "tail:0.2"}

@@ -6,13 +6,13 @@ import logging
 import numpy as np
 import pytest
 
-from motionjax import features
-from motionjax import rotations as rot
-from motionjax.data import prepare, records, synthetic, transforms
+from motionjax.core import features
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import deepmimic_humanoid, smpl_like
+from motionjax.data import prepare, records, stats, synthetic, transforms
 from motionjax.data.info import INDEX
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import deepmimic_humanoid, smpl_like
 
 WINDOW = 32
 
@@ -273,7 +273,7 @@ def test_prepare_deepmimic_splits_and_stats(prepared):
                             for c, b, e in info.splits["train"]])
     np.testing.assert_allclose(info.mean, feats.mean(0), atol=1e-5)
     std = feats.std(0, ddof=1)
-    np.testing.assert_allclose(info.std, np.where(std < prepare.MIN_STD, 1, std), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(info.std, np.where(std < stats.MIN_STD, 1, std), rtol=1e-4, atol=1e-6)
     # Records hold the resampled clip.
     m = read_deepmimic(deepmimic_clip_paths()[0])
     r, q = transforms.resample(m.root_position, m.rotations, m.fps, 30.0)

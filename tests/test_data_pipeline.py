@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
+from motionjax import parallel
 from motionjax.data import pipeline, prepare, records, transforms
 from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
 
@@ -89,13 +90,15 @@ def test_process_shards_are_disjoint_and_complete(info, cfg, count):
 
 def test_device_prefetch_builds_global_sharded_batches(cfg, info):
     mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    sharding = NamedSharding(mesh, PartitionSpec("data", "time"))
+    sharding = NamedSharding(mesh, PartitionSpec("data", "time", None, None))
+    shardings = parallel.batch_shardings(mesh, ("noisy", "clean", "valid"))
     host = pipeline.make_train_iterator(cfg, info, seed=5)
-    dev = pipeline.make_train_iterator(cfg, info, seed=5, sharding=sharding)
+    dev = pipeline.make_train_iterator(cfg, info, seed=5, shardings=shardings)
     try:
         expected = _take(host, 3)
         for want in expected:
             got = next(dev)
+            assert sorted(got) == ["clean", "noisy", "valid"]  # only the keys given shardings travel
             assert isinstance(got["noisy"], jax.Array) and got["noisy"].sharding == sharding
             assert len(got["noisy"].addressable_shards) == 8
             assert _equal([jax.tree.map(np.asarray, got)], [want])
@@ -104,7 +107,7 @@ def test_device_prefetch_builds_global_sharded_batches(cfg, info):
     finally:
         host.close()
         dev.close()
-    again = pipeline.make_train_iterator(cfg, info, seed=5, sharding=sharding)
+    again = pipeline.make_train_iterator(cfg, info, seed=5, shardings=shardings)
     again.set_state(state)
     assert _equal(_take(again, 1), after)
     again.close()

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
 from motionjax.data import dedup
 from motionjax.formats import deepmimic_clip_paths, load, read_bvh
 

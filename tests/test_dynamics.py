@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from motionjax import dynamics
-from motionjax import kinematics as K
-from motionjax import rotations as rot
+from motionjax.core import dynamics
+from motionjax.core import kinematics as K
+from motionjax.core import rotations as rot
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
 
 WEIGHTS = {"velocity": 1.0, "force": 1e-2, "jerk": 1e-6}
@@ -147,9 +147,9 @@ def test_batch_chunks_equal_one_pass(jacobian):
 
 
 def test_masked_mean_is_one_helper_and_zero_without_valid_frames():
-    """motionjax.reduce.masked_mean equals numpy's mean over the mask (0 on an empty mask), and a
+    """motionjax.core.reduce.masked_mean equals numpy's mean over the mask (0 on an empty mask), and a
     3-frame window, which has no frame two away from both ends, gives a jerk term of 0, not NaN."""
-    from motionjax.reduce import masked_mean
+    from motionjax.core.reduce import masked_mean
     rng = np.random.default_rng(0)
     x, mask = rng.normal(size=(4, 5)).astype(np.float32), rng.uniform(size=(4, 5)) < 0.5
     np.testing.assert_allclose(masked_mean(jnp.asarray(x), mask), x[mask].mean(), rtol=1e-6)

@@ -2,8 +2,8 @@
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from motionjax import evaluation
-from motionjax.skeleton import deepmimic_humanoid
+from motionjax.core.skeleton import deepmimic_humanoid
+from motionjax.evaluation import metrics
 
 SKELETON = deepmimic_humanoid()
 FPS = 30.0
@@ -16,14 +16,14 @@ def _poses(seed, b=2, t=6):
 
 def test_mpjpe_is_root_relative_and_global_adds_the_root_error():
     true, pred = _poses(0), _poses(1)
-    m = evaluation.motion_metrics(SKELETON, FPS, pred, true)
+    m = metrics.motion_metrics(SKELETON, FPS, pred, true)
     rel = lambda p: p - p[..., :1, :]
     error = lambda a, b: 100 * np.linalg.norm(a - b, axis=-1).mean()  # cm
     np.testing.assert_allclose(m["mpjpe"], error(rel(pred), rel(true)), rtol=1e-5)
     np.testing.assert_allclose(m["mpjpe_global"], error(pred, true), rtol=1e-5)
     # Moving the whole predicted body by a per-frame offset changes the global error, not MPJPE.
     shift = np.random.default_rng(2).normal(size=(2, 6, 1, 3)).astype(np.float32)
-    moved = evaluation.motion_metrics(SKELETON, FPS, true + shift, true)
+    moved = metrics.motion_metrics(SKELETON, FPS, true + shift, true)
     assert moved["mpjpe"] < 1e-4
     np.testing.assert_allclose(moved["mpjpe_global"], 100 * np.linalg.norm(shift, axis=-1).mean(), rtol=1e-5)
     np.testing.assert_allclose(moved["root_error"], moved["mpjpe_global"], rtol=1e-5)
@@ -38,17 +38,17 @@ def test_pa_mpjpe_matches_a_scipy_kabsch_alignment():
         x = r.apply(x)
         scale = np.sum(x * yc) / np.sum(x * x)  # optimal scale given the rotation
         errors.append(np.linalg.norm(scale * x - yc, axis=-1).mean())
-    m = evaluation.motion_metrics(SKELETON, FPS, pred, true)
+    m = metrics.motion_metrics(SKELETON, FPS, pred, true)
     np.testing.assert_allclose(m["pa_mpjpe"], 100 * np.mean(errors), rtol=1e-4)
     # A similarity transform of the truth aligns to zero error.
     rotated = Rotation.from_rotvec([0.3, -1.0, 0.5]).apply(true.reshape(-1, 3)).reshape(true.shape)
     similar = 1.3 * rotated + 0.7
-    assert evaluation.motion_metrics(SKELETON, FPS, similar.astype(np.float32), true)["pa_mpjpe"] < 1e-3
+    assert metrics.motion_metrics(SKELETON, FPS, similar.astype(np.float32), true)["pa_mpjpe"] < 1e-3
 
 
 def test_jitter_and_bone_error_match_numpy_references():
     true, pred = _poses(5, t=8), _poses(6, t=8)
-    m = evaluation.motion_metrics(SKELETON, FPS, pred, true)
+    m = metrics.motion_metrics(SKELETON, FPS, pred, true)
     jerk = np.diff(pred.astype(np.float64), 3, axis=1) * FPS**3
     np.testing.assert_allclose(m["jitter"], np.linalg.norm(jerk, axis=-1).mean(), rtol=1e-4)
     parents = np.asarray(SKELETON.parents)[1:]
@@ -56,14 +56,14 @@ def test_jitter_and_bone_error_match_numpy_references():
     np.testing.assert_allclose(m["bone_error"], 100 * np.abs(bones(pred) - bones(true)).mean(), rtol=1e-4)
     # A rigid motion of the truth keeps every bone length: zero bone error, non-zero MPJPE.
     rotated = Rotation.from_rotvec([0.0, 0.7, 0.0]).apply(true.reshape(-1, 3)).reshape(true.shape)
-    moved = evaluation.motion_metrics(SKELETON, FPS, rotated.astype(np.float32), true)
+    moved = metrics.motion_metrics(SKELETON, FPS, rotated.astype(np.float32), true)
     assert moved["bone_error"] < 1e-4 and moved["mpjpe"] > 1.0
 
 
 def _clip_batches():
     """Two eval batches of features on the DeepMimic skeleton with per-window offsets and clip ids."""
-    from motionjax import features as feat
-    from motionjax import rotations as rot
+    from motionjax.core import features as feat
+    from motionjax.core import rotations as rot
     rng = np.random.default_rng(0)
     f = feat.feature_dim(SKELETON)
     mean, std = np.zeros(f, np.float32), np.ones(f, np.float32)
@@ -83,12 +83,12 @@ def test_evaluate_uses_each_windows_offsets_and_breaks_mpjpe_down_by_label():
     labels = ({"content": "walk", "style": "happy"}, {"content": "run", "style": "happy"},
               {"content": "walk", "style": "sad"})
     shrink = lambda x: x + 0.2  # a shift of the 6D features turns every joint
-    out = evaluation.evaluate(shrink, batches, SKELETON, FPS, mean, std, 0.3, labels=labels)
+    out = metrics.evaluate(shrink, batches, SKELETON, FPS, mean, std, 0.3, labels=labels)
     # Independent reference: per-window FK on that window's offsets, then the plain MPJPE formula.
     errors = {}
     for b in batches:
         for i, clip in enumerate(b["clip"]):
-            pos = lambda x, b=b, i=i: np.asarray(evaluation.feature_positions(
+            pos = lambda x, b=b, i=i: np.asarray(metrics.feature_positions(
                 SKELETON, x[i].reshape(8, -1), mean, std, b["offsets"][i]))
             p, t = pos(shrink(b["noisy"])), pos(b["clean"])
             errors.setdefault(int(clip), []).append(
@@ -101,5 +101,5 @@ def test_evaluate_uses_each_windows_offsets_and_breaks_mpjpe_down_by_label():
     assert by["content"]["run"]["frames"] == 8 * len(errors[1])
     # The skeleton's own offsets give other positions: the offsets were used.
     plain = [dict(b, offsets=None) for b in batches]
-    other = evaluation.evaluate(shrink, plain, SKELETON, FPS, mean, std, 0.3)["mpjpe"]
+    other = metrics.evaluate(shrink, plain, SKELETON, FPS, mean, std, 0.3)["mpjpe"]
     assert abs(other - out["mpjpe"]) > 1e-3

@@ -3,6 +3,7 @@ write that blocks, two trainers on one workdir, a damaged newest checkpoint, a d
 config values. Each must end the run within seconds with one ``error: ...`` line that names the
 file or key, keep earlier checkpoints intact, and never hang."""
 import errno
+import functools
 import json
 import os
 import shutil
@@ -17,8 +18,9 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 
-from motionjax import config_checks, parallel, train
+from motionjax import parallel, train
 from motionjax.data import pipeline, records
+from motionjax.train import checks
 from runs import REPO, committed, runlocal_config, train_cmd
 
 
@@ -30,7 +32,7 @@ def data_dir(deepmimic_dir):
 # Few steps, a checkpoint every 2, no dynamics loss (short compiles; test_train.py covers it), one
 # final split (the final evaluation's results are test_train.py's and test_eval.py's concern).
 FAST = ("--config.train.steps=6", "--config.train.checkpoint_every=2", "--config.train.eval_every=3",
-        "--config.loss.dynamics_weight=0", "--config.train.final_splits=('validation',)")
+        "--config.loss.dynamics_weight=0", "--config.evals.final.splits=('validation',)")
 
 
 def _patched_train(patch: str, workdir, data, *overrides) -> list[str]:
@@ -122,14 +124,14 @@ def test_sigterm_during_a_blocked_write_ends_the_process(tmp_path, data_dir, env
     workdir, marker = tmp_path / "run", tmp_path / "blocked"
     patch = f"""
 import pathlib, threading
-import motionjax.train as train
-save = train.save_checkpoint
+import motionjax.train.checkpoints as checkpoints
+save = checkpoints.save_checkpoint
 def blocked(mngr, step, *args, **kwargs):
     if step >= 2:
         pathlib.Path({str(marker)!r}).write_text(str(step))
         threading.Event().wait()  # never returns
     return save(mngr, step, *args, **kwargs)
-train.save_checkpoint = blocked
+checkpoints.save_checkpoint = blocked
 """
     cmd = _patched_train(patch, workdir, data_dir, *FAST, "--config.train.stop_timeout_s=3")
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -327,11 +329,12 @@ BAD = [  # (key, value, expected text)
     ("train.steps", -5, "train.steps=-5: expected a positive integer"),
     ("train.learning_rate", 0.0, "train.learning_rate=0.0: expected a positive number"),
     ("train.checkpoint_every", 0, "train.checkpoint_every=0: expected a positive integer"),
-    ("train.eval_splits", (), "train.eval_splits=(): expected a non-empty tuple of split names"),
-    ("train.final_splits", (), "train.final_splits=(): expected a non-empty tuple of split names"),
+    ("evals.heldout.splits", (), "evals.heldout.splits=(): expected a non-empty tuple of split names"),
+    ("evals.final.splits", (), "evals.final.splits=(): expected a non-empty tuple of split names"),
+    ("evals.final.kind", "bogus", "evals.final.kind='bogus': expected one of ['clip', 'metrics']"),
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
     ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
-     "one of train.eval_splits=('validation',)"),
+     "one of the splits evaluated during training ('validation',)"),
     ("train.best_metric", "validation/mpjpee", "train.best_metric='validation/mpjpee': expected"),
 ]
 
@@ -342,12 +345,12 @@ def test_bad_config_value_is_named(tmp_path, key, value, expected):
     # A valid baseline the expected texts refer to, whatever the experiment's defaults become.
     config.data.update(batch_size=8, window=32, chunk=8)
     config.model.stride = 2
-    config_checks.check_config(config, num_devices=8)
-    section, name = key.split(".")
+    checks.check_config(config, num_devices=8)
+    *path, name = key.split(".")
     with config.unlocked():
-        config[section][name] = value
-    with pytest.raises(config_checks.ConfigError) as e:
-        config_checks.check_config(config, num_devices=8)
+        functools.reduce(lambda node, k: node[k], path, config)[name] = value
+    with pytest.raises(checks.ConfigError) as e:
+        checks.check_config(config, num_devices=8)
     assert expected in str(e.value)
     assert len(e.value.problems) == 1, e.value.problems
 
@@ -355,12 +358,12 @@ def test_bad_config_value_is_named(tmp_path, key, value, expected):
 def test_window_longer_than_every_training_segment(data_dir):
     config = runlocal_config(data_dir)
     info = pipeline.dataset_info(config.data)
-    config_checks.check_data(config, info)  # the runlocal config itself is fine
+    checks.check_data(config, info)  # the runlocal config itself is fine
     longest = max(e - b for _, b, e in info.splits[getattr(info, "train_split", "train")])
     config.data.window = 4 * longest
-    with pytest.raises(config_checks.ConfigError, match=rf"data.window={4 * longest}: expected at most "
+    with pytest.raises(checks.ConfigError, match=rf"data.window={4 * longest}: expected at most "
                        rf"{2 * longest} frames \(the longest training segment of .* has {longest}\)"):
-        config_checks.check_data(config, info)
+        checks.check_data(config, info)
 
 
 CLI_BAD = [  # (override, expected stderr line); the old trainer printed library tracebacks
@@ -385,14 +388,17 @@ def test_config_checks_accept_the_experiments():
     from experiments import deepmimic_denoise
 
     for variant in (None, "runlocal"):
-        config_checks.check_config(deepmimic_denoise.get_config(variant), num_devices=8)
+        checks.check_config(deepmimic_denoise.get_config(variant), num_devices=8)
 
 
-def test_a_renamed_config_key_is_named_not_ignored():
+@pytest.mark.parametrize("old,value,new", [("data.dynamics_weight", 0.0, "data.dynamics_sampling"),
+                                           ("train.eval_splits", ("validation",), "evals.heldout.splits"),
+                                           ("train.final_splits", ("test",), "evals.final.splits")])
+def test_a_renamed_config_key_is_named_not_ignored(old, value, new):
     from experiments import deepmimic_denoise
 
     config = deepmimic_denoise.get_config()
-    config.data.dynamics_weight = 0.0  # an older config's spelling of data.dynamics_sampling
-    with pytest.raises(config_checks.ConfigError,
-                       match=r"data.dynamics_weight: renamed data.dynamics_sampling"):
-        config_checks.check_config(config, num_devices=8)
+    section, name = old.split(".")
+    config[section][name] = value  # an older config's spelling
+    with pytest.raises(checks.ConfigError, match=rf"{old}: renamed {new}"):
+        checks.check_config(config, num_devices=8)

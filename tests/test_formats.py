@@ -5,7 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import BALL, FIXED, HINGE
 from motionjax.formats import (
     Motion,
     MotionFormatError,
@@ -16,8 +18,6 @@ from motionjax.formats import (
     read_deepmimic,
     write_bvh,
 )
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import BALL, FIXED, HINGE
 
 with warnings.catch_warnings():  # bvhio imports PyGLM the deprecated way
     warnings.simplefilter("ignore", PendingDeprecationWarning)

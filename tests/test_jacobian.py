@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from motionjax import kinematics as K
-from motionjax import rotations as rot
+from motionjax.core import kinematics as K
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import FIXED, HINGE, deepmimic_humanoid, random_tree, smpl_like
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
-from motionjax.skeleton import FIXED, HINGE, deepmimic_humanoid, random_tree, smpl_like
 
 # Compiled once per skeleton (static): eager dispatch of jacfwd costs far more than the maths.
 fk = jax.jit(K.forward_kinematics, static_argnums=0)

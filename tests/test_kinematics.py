@@ -8,11 +8,18 @@ import pybullet as p
 import pytest
 from scipy.spatial.transform import Rotation
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import (
+    BALL,
+    HINGE,
+    Skeleton,
+    deepmimic_humanoid,
+    deepmimic_urdf_path,
+    random_tree,
+)
 from motionjax.formats import deepmimic_clip_paths, read_deepmimic
 from motionjax.formats.deepmimic import JOINT_ORDER
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid, deepmimic_urdf_path, random_tree
 
 
 def _xyzw(q):
@@ -179,8 +186,8 @@ def test_ik_reaches_fk_positions_from_any_hint(name):
     them; from the identity or a perturbed hint the positions are reached all the same, and the
     rotations differ only by twists about single bones (joints with two non-collinear targets are
     fully determined)."""
-    from motionjax.kinematics import _ik_plan, inverse_kinematics
-    from motionjax.skeleton import smpl_like
+    from motionjax.core.kinematics import _ik_plan, inverse_kinematics
+    from motionjax.core.skeleton import smpl_like
     sk = _ik_skeleton() if name == "ball tree" else smpl_like()
     q, root = _random_motion(sk, (5, 4))
     q = _fixed_as_identity(sk, q).astype(np.float32)
@@ -204,7 +211,7 @@ def test_ik_turns_a_hinge_about_its_axis_only():
     """DeepMimic's knees and elbows: with the parents' rotations right, the hinge angle is recovered
     from the positions alone (hint: the identity at every hinge), and the result stays a rotation
     about the hinge axis."""
-    from motionjax.kinematics import inverse_kinematics
+    from motionjax.core.kinematics import inverse_kinematics
     sk = deepmimic_humanoid()
     hinge = np.array([k == HINGE for k in sk.kinds])
     rng = np.random.default_rng(5)
@@ -223,7 +230,7 @@ def test_ik_aims_each_bone_at_an_unreachable_target():
     """Positions no skeleton can reach (every joint moved at random): each single-target bone points
     from the joint FK placed towards its target, so an error does not pile up down a chain; IK is
     differentiable there, its JVP matching central differences."""
-    from motionjax.kinematics import _ik_plan, inverse_kinematics
+    from motionjax.core.kinematics import _ik_plan, inverse_kinematics
     sk = _ik_skeleton()
     q, root = _random_motion(sk, (8,))
     q = _fixed_as_identity(sk, q).astype(np.float32)

@@ -180,7 +180,7 @@ def test_staged_bottleneck_is_the_only_path_from_input_to_output(name):
 
 
 def _kinematics(input_positions=False, global_rotations=False):
-    from motionjax.skeleton import deepmimic_humanoid
+    from motionjax.core.skeleton import deepmimic_humanoid
     sk = deepmimic_humanoid()
     f = 3 + 6 * len(models.rotating_joints(sk))
     rng = np.random.default_rng(0)
@@ -191,9 +191,9 @@ def _kinematics(input_positions=False, global_rotations=False):
 def test_global_rotations_map_to_the_local_rotations_of_the_same_pose():
     """Local features computed from world rotations equal the encoding of the local rotations
     (independent reference: quaternion FK's world rotations of random local rotations)."""
-    from motionjax import features as feat
-    from motionjax import rotations as rot
-    from motionjax.kinematics import forward_kinematics
+    from motionjax.core import features as feat
+    from motionjax.core import rotations as rot
+    from motionjax.core.kinematics import forward_kinematics
     sk, f, kin = _kinematics(global_rotations=True)
     rng = np.random.default_rng(1)
     q = rot.quat_normalize(rng.normal(size=(3, sk.num_joints, 4)))
@@ -211,10 +211,10 @@ def test_position_head_output_reaches_the_corrected_positions():
     whose FK lands on FK(hint) + correction (independent reference: FK of a second random pose on
     an all-ball body; the correction is the difference of the two poses' positions), and a zero
     correction gives the hint back."""
-    from motionjax import features as feat
-    from motionjax import rotations as rot
-    from motionjax.kinematics import forward_kinematics
-    from motionjax.skeleton import smpl_like
+    from motionjax.core import features as feat
+    from motionjax.core import rotations as rot
+    from motionjax.core.kinematics import forward_kinematics
+    from motionjax.core.skeleton import smpl_like
     sk = smpl_like()
     f = 3 + 6 * len(models.rotating_joints(sk))
     rng = np.random.default_rng(3)
@@ -236,9 +236,9 @@ def test_position_head_output_reaches_the_corrected_positions():
 
 
 def test_input_positions_are_root_relative_fk_positions():
-    from motionjax import features as feat
-    from motionjax import rotations as rot
-    from motionjax.kinematics import forward_kinematics
+    from motionjax.core import features as feat
+    from motionjax.core import rotations as rot
+    from motionjax.core.kinematics import forward_kinematics
     sk, f, kin = _kinematics(input_positions=True)
     rng = np.random.default_rng(2)
     q = rot.quat_normalize(rng.normal(size=(4, sk.num_joints, 4)))
@@ -275,8 +275,8 @@ def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame
     input's high-frequency content only."""
     import importlib
 
+    from motionjax.core.skeleton import deepmimic_humanoid
     from motionjax.data.info import stand_in
-    from motionjax.skeleton import deepmimic_humanoid
     config = importlib.import_module(f"experiments.{module}").get_config(variant)
     info = stand_in(deepmimic_humanoid())  # a real skeleton: models that see FK positions need one
     f = info.feature_dim

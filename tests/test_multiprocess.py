@@ -66,7 +66,8 @@ def worker(workdir: Path) -> None:
     # The hybrid mesh: row i of 'data' is process i's devices, so 'time' stays inside a process.
     assert [{d.process_index for d in row} for row in mesh.devices] == [{0}, {1}], mesh.devices
     info, state, step, window = _setup(config, mesh)
-    iterator = pipeline.make_train_iterator(config.data, info, sharding=window, seed=config.seed)
+    shardings = parallel.batch_shardings(mesh, ("noisy", "clean"))
+    iterator = pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
     losses = []
     for _ in range(STEPS):
         batch = next(iterator)

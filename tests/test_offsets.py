@@ -9,11 +9,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
-from motionjax import evaluation, losses, parallel, train
-from motionjax import rotations as rot
+from motionjax import losses, parallel, train
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
 from motionjax.data import pipeline, prepare, records, transforms
+from motionjax.evaluation import metrics
 from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
-from motionjax.kinematics import forward_kinematics
 from runs import runlocal_config
 
 SPLITS = (("train", "rest"), ("validation", "tail:0.25"))
@@ -62,7 +63,7 @@ def _distances(positions):
 def _batch_positions(info, batch, key="clean"):
     """FK of a batch's standardized features ``[B, N, C, F]`` on its offsets: ``[B, T, J, 3]``."""
     b = batch[key].shape[0]
-    return np.asarray(evaluation.feature_positions(info.skeleton, batch[key].reshape(b, -1, info.feature_dim),
+    return np.asarray(metrics.feature_positions(info.skeleton, batch[key].reshape(b, -1, info.feature_dim),
                                                    info.mean, info.std, batch.get("offsets")))
 
 
@@ -172,8 +173,8 @@ def test_train_step_loss_is_each_windows_loss_on_its_own_skeleton(two_performers
     parts = [(len(rows), reference(info.skeleton.replace(offsets=batch["offsets"][rows[0]]), rows))
              for rows in groups.values()]
     mean = lambda get: sum(n * float(get(r)) for n, r in parts) / 8
-    global_batch = pipeline.to_global(parallel.window_sharding(mesh), batch)
-    assert global_batch["offsets"].sharding.spec == PartitionSpec("data")
+    global_batch = pipeline.to_global(parallel.batch_shardings(mesh, ("noisy", "clean", "offsets")), batch)
+    assert global_batch["offsets"].sharding.spec == PartitionSpec("data", None, None)
     _, metrics = step(jax.tree.map(jnp.copy, state), global_batch)
     np.testing.assert_allclose(float(metrics["loss"]), mean(lambda r: r[0]), rtol=2e-4)
     for k in ("rotation", "position", "pose", "dynamics"):
@@ -196,10 +197,10 @@ def test_clip_and_canonical_agree_on_a_single_skeleton_corpus(deepmimic_dir):
                                    atol=1e-7)
         for k in b:
             np.testing.assert_allclose(a[k], b[k], atol=2e-5, err_msg=k)
-    metrics = {k: evaluation.evaluate(lambda x: x * 0.9, batches, info.skeleton, info.fps, info.mean,
+    results = {k: metrics.evaluate(lambda x: x * 0.9, batches, info.skeleton, info.fps, info.mean,
                                       info.std, 0.3) for k, batches in evals.items()}
-    for k, v in metrics["canonical"].items():
-        np.testing.assert_allclose(metrics["clip"][k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+    for k, v in results["canonical"].items():
+        np.testing.assert_allclose(results["clip"][k], v, rtol=1e-4, atol=1e-6, err_msg=k)
     its = {k: pipeline.make_train_iterator(c, info, seed=1) for k, c in cfgs.items()}
     a, b = next(its["clip"]), next(its["canonical"])
     for it in its.values():
@@ -213,12 +214,13 @@ def test_sharded_train_batches_put_offsets_over_data_only(deepmimic_dir):
     cfg.update(dir=str(deepmimic_dir), batch_size=8)
     info = pipeline.dataset_info(cfg)
     mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    sharding = NamedSharding(mesh, PartitionSpec("data", "time"))
-    host, dev = (pipeline.make_train_iterator(cfg, info, seed=2, sharding=s) for s in (None, sharding))
+    sharding = NamedSharding(mesh, PartitionSpec("data", "time", None, None))
+    shardings = parallel.batch_shardings(mesh, ("noisy", "clean", "valid", "offsets"))
+    host, dev = (pipeline.make_train_iterator(cfg, info, seed=2, shardings=s) for s in (None, shardings))
     want, got = next(host), next(dev)
     host.close()
     dev.close()
-    assert got["offsets"].sharding == NamedSharding(mesh, PartitionSpec("data"))
+    assert got["offsets"].sharding == NamedSharding(mesh, PartitionSpec("data", None, None))
     assert got["noisy"].sharding == sharding
-    for k in want:
+    for k in got:
         np.testing.assert_array_equal(np.asarray(got[k]), want[k])

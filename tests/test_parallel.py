@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from motionjax import diagnostics, parallel
+from motionjax import parallel
+from motionjax.train import diagnostics
 
 
 def _mesh_config(shape):
@@ -213,7 +214,8 @@ def test_gradient_reduction_follows_compute_dtype(dtype, nbytes):
 _HEAP_CHECK = """
 import ctypes, sys
 import numpy as np
-from motionjax import diagnostics, parallel
+from motionjax import parallel
+from motionjax.train import diagnostics
 
 class MallInfo2(ctypes.Structure):  # glibc >= 2.33
     _fields_ = [(name, ctypes.c_size_t) for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks "

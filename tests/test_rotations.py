@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation, Slerp
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
 
 ORDERS = ("XYZ", "XZY", "YXZ", "YZX", "ZXY", "ZYX")
 examples = settings(max_examples=40, deadline=None)  # per test: a global profile would leak

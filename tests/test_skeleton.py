@@ -3,7 +3,7 @@ import numpy as np
 import pybullet as p
 import pytest
 
-from motionjax.skeleton import (
+from motionjax.core.skeleton import (
     BALL,
     FIXED,
     HINGE,
@@ -164,7 +164,7 @@ def test_invalid_skeletons_are_rejected(bad, message):
 
 
 def test_rest_pose_feet_and_joint_kind_masks():
-    from motionjax.kinematics import forward_kinematics
+    from motionjax.core.kinematics import forward_kinematics
 
     humanoid = deepmimic_humanoid()
     assert [humanoid.names[j] for j in humanoid.foot_joints] == ["right_ankle", "left_ankle"]

@@ -13,6 +13,7 @@ import pytest
 
 from motionjax import parallel, train
 from motionjax.data import pipeline
+from motionjax.train import loop
 from runs import REPO, runlocal_config, train_cmd, wait_for_checkpoint
 
 
@@ -126,8 +127,8 @@ def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir
     back the model and optimizer of the last checkpoint (step 2); training goes on with the next
     batches, and the count of skipped steps survives the restore."""
     config = runlocal_config(data_dir)
-    config.train.update(steps=8, checkpoint_every=2, eval_every=8, keep_checkpoints=10, max_nonfinite_steps=2,
-                        final_splits=("validation",))
+    config.train.update(steps=8, checkpoint_every=2, eval_every=8, keep_checkpoints=10, max_nonfinite_steps=2)
+    config.evals.final.splits = ("validation",)
     make_iterator = train.make_iterator
 
     def poisoned(config, info, mesh):
@@ -138,7 +139,7 @@ def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir
         finally:
             iterator.close()
 
-    monkeypatch.setattr(train, "make_iterator", poisoned)
+    monkeypatch.setattr(loop, "make_iterator", poisoned)
     summary = train.train_and_evaluate(config, tmp_path / "run")
     assert summary["status"] == "done" and summary["steps"] == 8
     assert summary["nonfinite_steps"] == 2 and summary["nonfinite_restores"] == 1
@@ -162,8 +163,7 @@ def _fake_run(calls):
                                 0.0)
         row = lambda mpjpe: dict(metrics, mpjpe=mpjpe)
         model = 1.0 if config.loss.dynamics_weight else 2.0
-        results = {split: {condition: {"model": row(model), "input": row(9.0), "pca": row(5.0),
-                                       "input_mpjpe": 9.0, "input_mpjpe_global": 9.0}
+        results = {split: {condition: {"model": row(model), "input": row(9.0), "pca": row(5.0)}
                            for condition in ("clean", "noisy")} for split in ("validation", "test")}
         results.update(pca_latent_per_frame=8, model_residual=True)
         return {"results": results, "steps_per_s": 2.0, "frames_per_s": 512.0, "data_wait_fraction": 0.01}
@@ -176,7 +176,7 @@ def test_no_dynamics_reference_is_trained_without_it_and_merged(tmp_path, monkey
     config.loss.dynamics_weight = 0.5
     config.train.references = ("no_dynamics",)
     calls = []
-    monkeypatch.setattr(train, "train_and_evaluate", _fake_run(calls))
+    monkeypatch.setattr(loop, "train_and_evaluate", _fake_run(calls))
     summary = train.run_experiment(config, tmp_path / "run")
     assert calls == [(0.5, ("no_dynamics",), tmp_path / "run"), (0.0, (), tmp_path / "run" / "no_dynamics")]
     assert config.loss.dynamics_weight == 0.5 and config.train.references == ("no_dynamics",)  # untouched
@@ -207,7 +207,7 @@ _train_cmd, _wait_for_checkpoint = train_cmd, wait_for_checkpoint
 # Long enough to interrupt mid-run; no dynamics loss (tested above) keeps compilation short; the
 # parameters are compared, so the final evaluation looks at one split only.
 RUN_SETTINGS = {"train.steps": 40, "train.checkpoint_every": 4, "train.eval_every": 1000,
-                "loss.dynamics_weight": 0.0, "train.final_splits": ("validation",)}
+                "loss.dynamics_weight": 0.0, "evals.final.splits": ("validation",)}
 RUN = tuple(f"--config.{key}={value!r}" for key, value in RUN_SETTINGS.items())  # the trainer's flags
 
 

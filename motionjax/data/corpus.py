@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import Skeleton
 from motionjax.formats import Motion
-from motionjax.skeleton import Skeleton
 
 UNITS = {"m": 1.0, "cm": 0.01, "mm": 0.001, "inch": 0.0254}
 NOMINAL_SPAN = 1.8  # m: bone-length path between the two farthest joints of an adult (≈ height)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax import features
-from motionjax.skeleton import Skeleton
+from motionjax.core import features
+from motionjax.core.skeleton import Skeleton
 
 INDEX = "index.json"
 FORMAT_VERSION = 3
@@ -41,7 +41,7 @@ class DatasetInfo:
       data_dir: the prepared directory ("" for the synthetic corpus).
       skeleton: the tree of every clip, with the median bone offsets over clips.
       fps: frame rate of every record.
-      mean, std: ``[F]`` float32 feature stats (std floored at :data:`motionjax.data.prepare.MIN_STD` -> 1).
+      mean, std: ``[F]`` float32 feature stats (std floored at :data:`motionjax.data.stats.MIN_STD` -> 1).
       names, frames: per record (clip id = record index); dropped clips are in no split.
       splits: split name -> list of ``(clip, begin, end)`` segments.
       window: window length the stats were computed with (must equal ``config.data.window``).

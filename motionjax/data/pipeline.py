@@ -23,9 +23,10 @@ checkpoints
 prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the
 consumer took, not those waiting in the buffers.
 
-Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "mask": [B, N, C, 1]
-(1 = frame masked out of ``noisy``), "valid": [B, N, C, 1] (0 = edge padding past the end of a
-short segment: losses and metrics should weight frames by it)}``; with ``data.bones = "clip"`` also
+Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "valid": [B, N, C, 1]
+(0 = edge padding past the end of a short segment: every loss term and metric weights frames by
+it), "mask": [B, N, C, 1] (1 = frame masked out of ``noisy``; for inspection on the host, it does
+not go to the devices)}``; with ``data.bones = "clip"`` also
 ``"offsets": [B, J, 3]`` float32, the rest offsets (m) of each window's clip (its performer's bones;
 mirrored and retargeted with the window), for FK in losses and metrics. ``"canonical"``: no
 ``offsets``; every clip moves on the dataset skeleton (the per-joint median of the clips' bones).
@@ -39,7 +40,6 @@ import jax
 import numpy as np
 from grain.experimental import ThreadPrefetchIterDataset
 
-from motionjax import parallel
 from motionjax.data import prepare as prep
 from motionjax.data import records, synthetic, transforms
 from motionjax.data.info import DatasetInfo
@@ -290,36 +290,34 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     return ds
 
 
-PER_WINDOW = ("offsets",)  # batch keys with one value per window ([B, ...], no time axis)
+def to_global(shardings: dict, batch: dict) -> dict:
+    """This process's numpy batch -> global jax Arrays of the keys ``shardings`` names (``{key:
+    NamedSharding}``, e.g. ``parallel.batch_shardings``), the others left on the host: each process
+    holds ``[B / processes, ...]`` of a leaf. Processes split the batch only: the 'time' axis must
+    not span hosts."""
+    return {k: jax.make_array_from_process_local_data(shardings[k], batch[k]) for k in shardings}
 
 
-def to_global(sharding: jax.sharding.NamedSharding, batch: dict) -> dict:
-    """This process's numpy batch -> global jax Arrays: ``[B/processes, N, C, ...]`` leaves with
-    ``sharding`` (B over 'data', N over 'time'), the :data:`PER_WINDOW` ones (``offsets [B, J, 3]``)
-    over 'data' only. Processes split the batch only: the 'time' axis must not span hosts."""
-    per_window = parallel.per_window_sharding(sharding.mesh)
-    return {k: jax.make_array_from_process_local_data(per_window if k in PER_WINDOW else sharding, v)
-            for k, v in batch.items()}
-
-
-def device_prefetch(ds: grain.IterDataset, sharding, depth: int) -> grain.IterDataset:
-    """Host batches -> global jax Arrays, ``depth`` batches ahead on both sides of the transfer."""
+def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -> grain.IterDataset:
+    """Host batches -> global jax Arrays (:func:`to_global`), ``depth`` batches ahead on both sides
+    of the transfer."""
     if depth > 0:
         ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
-    if sharding is not None:
-        ds = ds.map(functools.partial(to_global, sharding))
+    if shardings is not None:
+        ds = ds.map(functools.partial(to_global, shardings))
         if depth > 0:
             ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=depth)
     return ds
 
 
-def make_train_iterator(cfg, info: DatasetInfo, *, sharding=None, seed: int = 0, process_index=None,
-                        process_count=None) -> grain.DatasetIterator:
+def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
+                        process_index=None, process_count=None) -> grain.DatasetIterator:
     """The training iterator (a Grain ``DatasetIterator``: checkpoint it with
-    ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``sharding`` (a NamedSharding of
-    ``[B, N, C, F]``), batches are global jax Arrays; without, numpy. Call ``.close()`` when done."""
+    ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
+    NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
+    key. Call ``.close()`` when done."""
     ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count)
-    return iter(device_prefetch(ds, sharding, cfg.prefetch))
+    return iter(device_prefetch(ds, shardings, cfg.prefetch))
 
 
 def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from motionjax.skeleton import Skeleton
+from motionjax.core.skeleton import Skeleton
 
 
 class BadRecordError(ValueError):

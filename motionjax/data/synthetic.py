@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from motionjax import rotations as rot
-from motionjax.data import corpus, prepare, records, transforms
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid
+from motionjax.data import corpus, records, stats, transforms
 from motionjax.data.info import DatasetInfo
 from motionjax.formats import Motion
-from motionjax.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid
 
 SPLITS = {"train": "rest", "validation": "tail:0.2"}
 BALL_LIMIT = 0.5  # rad per axis
@@ -102,14 +102,14 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
     out whole (every synthetic clip is drawn from the same distribution).
     """
     source = SyntheticClips(num_clips, frames=frames, fps=fps, seed=seed, skeleton=skeleton)
-    moments = prepare.Moments(transforms.features.feature_dim(source.skeleton))
+    moments = stats.Moments(transforms.features.feature_dim(source.skeleton))
     rules = corpus.parse_rules(SPLITS)
     cut = corpus.train_cut(frames, corpus.tail_fraction(rules))
     score_sums = []
     for i in range(min(stats_clips, num_clips)):
         clip = source[i]
         records.check_clip(clip, source.skeleton)
-        moments.update(prepare.window_features(source.skeleton, clip["root_position"][:cut],
+        moments.update(stats.window_features(source.skeleton, clip["root_position"][:cut],
                                                clip["rotations"][:cut], window, max(window // 4, 1)))
         score_sums.append(transforms.segment_windows(clip["score"][:cut], window).sum())
     # Clips are alike by construction: every segment gets the sampled mean (uniform over clips).

@@ -3,7 +3,7 @@
 Every function takes arrays with any leading dims, so one call transforms one window
 ``[T, ...]`` or a whole batch ``[B, T, ...]`` (the pipeline batches first and transforms once:
 numpy's per-call overhead dominates on windows this small). Rotation math comes from
-:mod:`motionjax.rotations` / :mod:`motionjax.kinematics`, which return numpy for numpy inputs.
+:mod:`motionjax.core.rotations` / :mod:`motionjax.core.kinematics`, which return numpy for numpy inputs.
 
 Forward, per window (:func:`make_example`):
   mirror (augmentation, both targets) -> canonicalize (root-relative, heading removed at the
@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from motionjax import features
-from motionjax import rotations as rot
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import Skeleton
+from motionjax.core import features
+from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import Skeleton
 
 # --------------------------------------------------------------------------------------------
 # Clip-level (prepare time)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from motionjax import parallel, train
-from motionjax.features import feature_dim
+from motionjax.core.features import feature_dim
 
 HOST_FRACTION = 0.5  # of physical memory a CPU run may plan for (the data pipeline and OS need the rest)
 

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from motionjax import evaluation
 from motionjax.data import pipeline
+from motionjax.evaluation import metrics
 
 
 def jit_predict(model: nnx.Module):
@@ -23,15 +23,15 @@ def jit_predict(model: nnx.Module):
 
 
 def eval_batches(config, info, split: str = "test", noise_level: float | None = None) -> list[dict]:
-    """The trainer's evaluation windows of ``split`` (noise level ``train.eval_noise_level`` unless given)."""
-    level = config.train.eval_noise_level if noise_level is None else noise_level
+    """The trainer's evaluation windows of ``split`` (noise ``evals.final.noise_level`` unless given)."""
+    level = config.evals.final.noise_level if noise_level is None else noise_level
     return pipeline.make_eval_batches(config.data, info, split, level, seed=config.seed)
 
 
 def mpjpe(predict, config, info, batches) -> float:
-    """Root-relative MPJPE (cm) of ``predict`` over ``batches`` (:func:`motionjax.evaluation.evaluate`)."""
-    m = evaluation.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
-                            config.loss.contact_speed)
+    """Root-relative MPJPE (cm) of ``predict`` over ``batches`` (:func:`.metrics.evaluate`)."""
+    m = metrics.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,
+                         config.loss.contact_speed)
     return float(m["mpjpe"])
 
 

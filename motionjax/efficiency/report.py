@@ -1,7 +1,7 @@
 """Every efficiency variant of one trained run, measured alike: the table and Pareto plot of
 ``docs/efficiency.md`` (``scripts/efficiency_report.py``).
 
-Per variant: test-split MPJPE (cm, root-relative, noisy input at ``train.eval_noise_level``: the
+Per variant: test-split MPJPE (cm, root-relative, noisy input at ``evals.final.noise_level``: the
 denoising task), parameter count, stored bytes (parameters, or the file for exports) and CPU latency
 per window at batch 1 (median of many calls, all in this one process, so ratios are meaningful).
 """
@@ -121,7 +121,7 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
                      best_seed_mpjpe=best["test_mpjpe"]))
 
     result = {"workdir": str(workdir), "step": run_.step, "model": config.model.to_dict(),
-              "metric": f"test MPJPE (cm), noisy input level {config.train.eval_noise_level}",
+              "metric": f"test MPJPE (cm), noisy input level {config.evals.final.noise_level}",
               "rows": rows, **extra, "wall_s": time.perf_counter() - t_start}
     (out_dir / "efficiency.json").write_text(json.dumps(result, indent=2, default=float))
     plot(rows, out_dir / "efficiency_pareto.png")

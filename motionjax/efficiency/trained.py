@@ -15,8 +15,8 @@ import ml_collections
 from flax import nnx
 
 from motionjax import models, parallel, train
+from motionjax.core.features import feature_dim
 from motionjax.data import pipeline
-from motionjax.features import feature_dim
 
 
 @dataclasses.dataclass

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import BALL, FIXED, HINGE, Skeleton
 from motionjax.formats.motion import Motion, MotionFormatError
-from motionjax.skeleton import BALL, FIXED, HINGE, Skeleton
 
 _POSITION = {"Xposition": 0, "Yposition": 1, "Zposition": 2}
 _ROTATION = {"Xrotation": "X", "Yrotation": "Y", "Zrotation": "Z"}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax import rotations as rot
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import HINGE, Skeleton, deepmimic_humanoid
 from motionjax.formats.motion import Motion, MotionFormatError
-from motionjax.skeleton import HINGE, Skeleton, deepmimic_humanoid
 
 JOINT_ORDER = ("chest", "neck", "right_hip", "right_knee", "right_ankle", "right_shoulder",
                "right_elbow", "left_hip", "left_knee", "left_ankle", "left_shoulder", "left_elbow")
@@ -77,5 +77,5 @@ def read_deepmimic(path, skeleton: Skeleton | None = None) -> Motion:
 
 def deepmimic_clip_paths() -> list[Path]:
     """The ``humanoid3d_*.txt`` clips shipped by pybullet, sorted by name."""
-    from motionjax.skeleton import deepmimic_urdf_path
+    from motionjax.core.skeleton import deepmimic_urdf_path
     return sorted((deepmimic_urdf_path().parent.parent / "data" / "motions").glob("humanoid3d_*.txt"))

@@ -5,8 +5,8 @@ import dataclasses
 
 import numpy as np
 
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import Skeleton
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import Skeleton
 
 
 class MotionFormatError(ValueError):
@@ -45,6 +45,6 @@ class Motion:
         return int(self.root_position.shape[0])
 
     def positions(self) -> np.ndarray:
-        """``[T, J, 3]`` world joint positions via :func:`motionjax.kinematics.forward_kinematics`."""
+        """``[T, J, 3]`` world joint positions via :func:`motionjax.core.kinematics.forward_kinematics`."""
         pos, _ = forward_kinematics(self.skeleton, self.rotations, self.root_position, self.offsets)
         return np.asarray(pos)

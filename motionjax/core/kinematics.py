@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax import rotations as rot
-from motionjax.skeleton import Skeleton
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import Skeleton
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -226,7 +226,7 @@ def from_tree_layout(skeleton: Skeleton, x, custom_vjp: bool = False):
 
 
 # Vector and quaternion algebra on component-major ``[3 or 4, ...]`` arrays (the formulas of
-# :mod:`motionjax.rotations`, so both layouts give the same numbers).
+# :mod:`motionjax.core.rotations`, so both layouts give the same numbers).
 
 def _xp_of(*arrays):
     return np if all(_is_numpy(a) for a in arrays) else jnp

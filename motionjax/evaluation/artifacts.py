@@ -1,5 +1,5 @@
 """What a run writes besides numbers (process 0 only): learning curves, MPJPE per label, a held-out
-clip's skeletons, and that clip as BVH. The metrics themselves: :mod:`motionjax.evaluation`.
+clip's skeletons, and that clip as BVH. The metrics themselves: :mod:`motionjax.evaluation.metrics`.
 """
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax.features import decode, destandardize
-from motionjax.skeleton import Skeleton
+from motionjax.core.features import decode, destandardize
+from motionjax.core.skeleton import Skeleton
 
 
 def plot_learning_curves(history: dict, path):

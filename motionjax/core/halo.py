@@ -9,6 +9,8 @@ reaches past the ends with :func:`valid_frames`.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -49,3 +51,15 @@ def valid_frames(t_local: int, width: int, axis_name: str | None = None):
         total = jax.lax.axis_size(axis_name) * t_local
     t = offset + jnp.arange(t_local)
     return (t >= width) & (t < total - width)
+
+
+def stencil_valid(valid, width: int, axis_name: str | None = None):
+    """``valid [B, T_local]`` (bool or 0/1) -> ``[B, T_local]`` bool: frames whose whole
+    stencil ``t - width .. t + width`` is valid and inside the global sequence. Padding frames
+    (``valid = 0``: edge copies past the end of a short segment) then add no finite difference."""
+    valid = valid.astype(bool)
+    inside = valid_frames(valid.shape[1], width, axis_name)
+    padded = pad_with_halos(valid, width, axis=1, axis_name=axis_name)
+    t = valid.shape[1]
+    whole = functools.reduce(jnp.logical_and, [padded[:, k:k + t] for k in range(2 * width + 1)])
+    return whole & inside

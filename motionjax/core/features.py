@@ -4,15 +4,15 @@ One frame is ``F = 3 + 6·R`` numbers: the root position (already canonicalised 
 pipeline) followed by the 6D rotation of each of the ``R`` joints that can rotate (fixed joints
 carry no information and are left out). Data, model heads, losses and evaluation all go through
 :func:`encode` / :func:`decode` and :func:`standardize` / :func:`destandardize`. Like
-:mod:`motionjax.rotations`, they return numpy for numpy inputs (the data workers) and jax arrays
+:mod:`motionjax.core.rotations`, they return numpy for numpy inputs (the data workers) and jax arrays
 otherwise (model and losses).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from motionjax import rotations as rot
-from motionjax.skeleton import FIXED, Skeleton
+from motionjax.core import rotations as rot
+from motionjax.core.skeleton import FIXED, Skeleton
 
 
 def rotating_joints(skeleton: Skeleton) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Held-out evaluation: motion metrics and the per-frame PCA reference (plots and BVH export of a
-run: :mod:`motionjax.artifacts`).
+run: :mod:`motionjax.evaluation.artifacts`).
 
 Metrics compare joint positions after FK, ``[B, T, J, 3]`` in metres:
 
@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from motionjax import losses
-from motionjax.features import decode, destandardize
-from motionjax.kinematics import forward_kinematics
-from motionjax.skeleton import Skeleton
+from motionjax.core.features import decode, destandardize
+from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.skeleton import Skeleton
 
 METRICS = ("mpjpe", "mpjpe_global", "root_error", "pa_mpjpe", "accel", "jitter", "foot_skate", "bone_error")
 INPUT_METRICS = METRICS  # also measured on the (noisy) input itself, ``input_`` prefix

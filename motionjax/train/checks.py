@@ -9,12 +9,14 @@ problems one library traceback at a time.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
 
-from motionjax import evaluation, parallel
+from motionjax import parallel
 from motionjax.data import transforms
+from motionjax.evaluation import evaluators, metrics
 
 
 class ConfigError(ValueError):
@@ -42,7 +44,10 @@ def _is_number(v) -> bool:
 
 # Keys an older config may still set: without this they would be silently ignored.
 _RENAMED = {"data.dynamics_weight": ("data.dynamics_sampling",
-                                     "the window-sampling mix; loss.dynamics_weight is the loss weight")}
+                                     "the window-sampling mix; loss.dynamics_weight is the loss weight"),
+            "train.eval_splits": ("evals.heldout.splits", "the splits evaluated during training"),
+            "train.final_splits": ("evals.final.splits", "the splits evaluated once at the end"),
+            "train.eval_noise_level": ("evals.final.noise_level", "and evals.clip.noise_level")}
 
 
 def _split_names(v) -> bool:
@@ -83,9 +88,6 @@ _RULES = {
     "train.checkpoint_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.keep_checkpoints": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.stop_timeout_s": (lambda v: _is_number(v) and v > 0, "a positive number of seconds"),
-    "train.eval_splits": (_split_names, "a non-empty tuple of split names"),
-    # The final evaluation also draws and exports a held-out clip from the last of them.
-    "train.final_splits": (_split_names, "a non-empty tuple of split names"),
 }
 
 
@@ -132,19 +134,44 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"data.window={d.window}: expected a multiple of data.chunk={d.chunk}")
     if {"data.chunk", "model.stride"}.isdisjoint(bad) and d.chunk % config.model.stride:
         problems.append(f"data.chunk={d.chunk}: expected a multiple of model.stride={config.model.stride}")
-    best = config.train.get("best_metric", "validation/mpjpe")  # older configs: train.best_metric
-    split, _, metric = str(best).partition("/")
-    if "train.eval_splits" not in bad and (split not in config.train.eval_splits
-                                           or metric not in evaluation.METRICS):
-        problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC', SPLIT one of "
-                        f"train.eval_splits={tuple(config.train.eval_splits)!r} and METRIC one of "
-                        f"{evaluation.METRICS}")
+    problems += _check_evals(config)
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="
                         f"{config.train.grad_accum_steps} (one optimizer update)")
     if problems:
         raise ConfigError(problems)
+
+
+def _check_evals(config) -> list[str]:
+    """``config.evals``: known kinds and settings, non-empty split tuples, and ``train.best_metric`` a
+    ``SPLIT/METRIC`` that a ``during`` evaluator measures."""
+    problems, during_splits, named = [], [], True
+    if "evals" not in config or not config.evals:
+        return ["evals: missing; expected at least one evaluator (experiments/base.py declares them)"]
+    for name, spec in config.evals.items():
+        kind = spec.get("kind")
+        if kind not in evaluators.KINDS:
+            problems.append(f"evals.{name}.kind={kind!r}: expected one of {sorted(evaluators.KINDS)}")
+            continue
+        allowed = set(inspect.signature(evaluators.KINDS[kind]).parameters) - {"config", "info"}
+        unknown = sorted(set(spec) - allowed - {"kind"})
+        if unknown:
+            problems.append(f"evals.{name}: unknown settings {unknown} for kind {kind!r}; expected some of "
+                            f"{sorted(allowed)}")
+        splits = spec.get("splits", (spec.get("split"),) if "split" in spec else ())
+        if "splits" in spec and not _split_names(splits):
+            problems.append(f"evals.{name}.splits={splits!r}: expected a non-empty tuple of split names")
+            named = named and not spec.get("during")
+        if spec.get("during"):
+            during_splits += list(splits)
+    best = config.train.get("best_metric", "validation/mpjpe")
+    split, _, metric = str(best).partition("/")
+    if named and (split not in during_splits or metric not in metrics.METRICS):
+        problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC', SPLIT one of the splits "
+                        f"evaluated during training {tuple(dict.fromkeys(during_splits))!r} (evaluators "
+                        f"with during=True) and METRIC one of {metrics.METRICS}")
+    return problems
 
 
 def check_data(config, info) -> None:
@@ -158,11 +185,13 @@ def check_data(config, info) -> None:
     if config.data.window > most:
         problems.append(f"data.window={config.data.window}: expected at most {most} frames (the longest "
                         f"training segment of {where} has {longest})")
-    for key in ("eval_splits", "final_splits"):
-        splits = tuple(config.train.get(key, ()))
+    for name, spec in config.evals.items():
+        splits = tuple(spec.get("splits", ())) + ((spec["split"],) if "split" in spec else ())
         unknown = [s for s in splits if s not in info.splits]
         if unknown:
-            problems.append(f"train.{key}={splits!r}: unknown {unknown}; expected splits of {where}: "
+            key = f"evals.{name}.splits" if "splits" in spec else f"evals.{name}.split"
+            value = splits if "splits" in spec else splits[0]
+            problems.append(f"{key}={value!r}: unknown {unknown}; expected splits of {where}: "
                             f"{sorted(info.splits)}")
     if problems:
         raise ConfigError(problems)

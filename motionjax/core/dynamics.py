@@ -18,16 +18,17 @@ Terms (each a mean over batch, valid frames and joints of a squared norm; weight
 Masses are the skeleton's per-link masses normalised to body mass (fractions summing to 1), so
 forces are per kg of body; skeleton builders take the defaults from de Leva (1996), "Adjustments
 to Zatsiorsky-Seluyanov's segment inertia parameters", J. Biomech. 29(9), Table 4
-(``motionjax.skeleton.DE_LEVA_MASS_FRACTION``). Gravity points along ``-up_axis``.
+(``motionjax.core.skeleton.DE_LEVA_MASS_FRACTION``). Gravity points along ``-up_axis``.
 
 The products ``J·θ̇`` and ``Jᵀ·F`` come from one of three interchangeable backends
-(``jacobian=``): ``"blocked"`` (tree prefix/subtree sums, :mod:`motionjax.kinematics`), ``"jvp"``
+(``jacobian=``): ``"blocked"`` (tree prefix/subtree sums, :mod:`motionjax.core.kinematics`), ``"jvp"``
 (``jax.jvp``/``jax.vjp`` of FK) and ``"dense"`` (the ``jax.jacfwd`` Jacobian, the reference).
 
 Sharding: called inside ``jax.shard_map`` with ``T`` split over ``time_axis_name``, the frames the
-stencils need come from the neighbouring shards (:func:`motionjax.halo.pad_with_halos`), frames
-whose stencil crosses a global end are masked (:func:`motionjax.halo.valid_frames`) and the means
-are taken with ``psum``, so the value equals the unsharded one.
+stencils need come from the neighbouring shards (:func:`motionjax.core.halo.pad_with_halos`), frames
+whose stencil crosses a global end or a padding frame (``valid = 0``) are masked
+(:func:`motionjax.core.halo.stencil_valid`) and the means are taken with ``psum``, so the value
+equals the unsharded one.
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from motionjax import kinematics as K
-from motionjax import rotations as rot
-from motionjax.halo import pad_with_halos, valid_frames
-from motionjax.reduce import masked_sum, mean_of
-from motionjax.skeleton import Skeleton
+from motionjax.core import kinematics as K
+from motionjax.core import rotations as rot
+from motionjax.core.halo import pad_with_halos, stencil_valid
+from motionjax.core.reduce import masked_sum, mean_of
+from motionjax.core.skeleton import Skeleton
 
 GRAVITY = 9.81  # m/s²
 TERMS = ("velocity", "force", "jerk")
@@ -133,7 +134,7 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
 
 
 def _quat_log_tree(q):
-    """:func:`motionjax.rotations.quat_to_axis_angle` on ``[4, ...]`` (component-major)."""
+    """:func:`motionjax.core.rotations.quat_to_axis_angle` on ``[4, ...]`` (component-major)."""
     q = jnp.where(q[:1] < 0, -q, q)
     w, u = q[:1], q[1:]
     sq = jnp.sum(u * u, axis=0, keepdims=True)
@@ -166,8 +167,8 @@ _stencils_tree.defvjp(lambda x, length, fps: (_stencils_tree(x, length, fps), No
 def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None,
                        offsets=None):
     """:func:`_motion_terms` of the blocked backend, in the tree layout of
-    :mod:`motionjax.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss,
-    with the reverse-mode algebra (:func:`motionjax.kinematics.algebra`).
+    :mod:`motionjax.core.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss,
+    with the reverse-mode algebra (:func:`motionjax.core.kinematics.algebra`).
 
     Returns ``(velocity residual [3, J, B, T], generalized forces [3, J + 1, B, T], jerk [3, J, B, T])``.
     """
@@ -215,18 +216,18 @@ def _num_chunks(batch: int, length: int, chunk_frames: int | None) -> int:
     return next(fits, batch)
 
 
-def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets, *, fps,
-               jacobian, time_axis_name):
-    """``({term: sum of squares over valid frames}, {term: count})`` for one (local) batch."""
-    length = pred_rot.shape[1]
-    inner, outer = valid_frames(length, 1, time_axis_name), valid_frames(length, HALO, time_axis_name)
+def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets, valid, *,
+               fps, jacobian, time_axis_name):
+    """``({term: sum of squares over valid frames}, {term: count})`` for one (local) batch; ``valid
+    [B, T]`` bool: a frame counts where its whole stencil is valid (and inside the sequence)."""
+    inner, outer = stencil_valid(valid, 1, time_axis_name), stencil_valid(valid, HALO, time_axis_name)
     if jacobian == "blocked":  # the tree layout end to end: components first, frames last
         terms_of, sq = _motion_terms_tree, lambda x: jnp.sum(x * x, axis=0)  # [J, B, T]
         total = lambda x, mask: masked_sum(x, mask)
     else:
         terms_of = functools.partial(_motion_terms, jacobian=jacobian)
         sq = lambda x: jnp.sum(x * x, axis=-1)  # [B, T, J]
-        total = lambda x, mask: masked_sum(x, mask[None, :, None])
+        total = lambda x, mask: masked_sum(x, mask[..., None])
     residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
                                         forces_only=False, fk=pred_fk, offsets=offsets)
     _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
@@ -239,7 +240,8 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
                   weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
-                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES, offsets=None):
+                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES, offsets=None,
+                  valid=None, batch_axis_name: str | None = None):
     """The weighted joint-dynamics loss.
 
     Args:
@@ -252,7 +254,7 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
       time_axis_name: the mesh axis ``T`` is split over when called inside ``jax.shard_map``
         (local ``T >= 2`` frames per shard), else None.
       pred_fk, target_fk: optional ``(positions [B, T, J, 3], world rotations [B, T, J, 4])`` of
-        the two motions, when the caller has run :func:`motionjax.kinematics.forward_kinematics`
+        the two motions, when the caller has run :func:`motionjax.core.kinematics.forward_kinematics`
         already (the reconstruction loss has): FK then runs once per motion per step.
       chunk_frames: above this many (local) frames the batch is processed in chunks of at most
         this many frames (whole windows; a divisor of ``B``), one after another, each
@@ -260,11 +262,15 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         None: one pass.
       offsets: optional ``[B, J, 3]`` rest offsets of each window's clip (m), used by every FK and
         Jacobian of both motions; None: the skeleton's. ``pred_fk``/``target_fk`` must match them.
+      valid: optional ``[B, T]`` (0 = edge padding past a short segment's end): a frame counts only
+        where its whole stencil is valid. None: every frame.
+      batch_axis_name: the mesh axis ``B`` is split over inside ``jax.shard_map``: the means are then
+        global (sums and counts summed over it), however the valid frames fall on the shards.
 
     Returns:
       ``(loss scalar, {term: unweighted scalar})``; means over frames at least two frames (one
       for velocity and force) from either end of the global sequence (0 where there is none:
-      :func:`motionjax.reduce.mean_of`).
+      :func:`motionjax.core.reduce.mean_of`).
     """
     unknown = set(weights) - set(TERMS)
     if unknown:
@@ -273,7 +279,8 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
         raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
     if offsets is not None:
         offsets = jnp.asarray(offsets, pred_rot.dtype)[:, None]  # [B, 1, J, 3]: the same bones every frame
-    motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets)
+    valid = jnp.ones(pred_rot.shape[:2], bool) if valid is None else jnp.asarray(valid).astype(bool)
+    motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets, valid)
     batch, length = pred_rot.shape[:2]
     chunks = _num_chunks(batch, length, chunk_frames)
     sums = functools.partial(_term_sums, skeleton, fps=fps, jacobian=jacobian, time_axis_name=time_axis_name)
@@ -282,10 +289,10 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
     else:  # a loop over batch chunks, each recomputed in the backward pass: a bounded working set
         split = lambda x: x.reshape(chunks, batch // chunks, *x.shape[1:])
         per_chunk, counts = jax.lax.map(lambda m: jax.checkpoint(sums)(*m), jax.tree.map(split, motion))
-        totals = jax.tree.map(lambda x: jnp.sum(x, axis=0), per_chunk)
-        counts = jax.tree.map(lambda x: x[0] * chunks, counts)
-    if time_axis_name is not None:
-        totals, counts = jax.lax.psum((totals, counts), time_axis_name)
+        totals, counts = jax.tree.map(lambda x: jnp.sum(x, axis=0), (per_chunk, counts))
+    axes = tuple(a for a in (batch_axis_name, time_axis_name) if a is not None)
+    if axes:
+        totals, counts = jax.lax.psum((totals, counts), axes)
     terms = {name: mean_of(totals[name], counts[name]) for name in TERMS}
     loss = sum(weights.get(name, 0.0) * value for name, value in terms.items())
     return loss, terms

@@ -1,0 +1,152 @@
+"""The evaluators an experiment declares (``config.evals``), as in big_vision: each entry names a
+``kind`` and its settings, and the trainer runs them without knowing what they measure.
+
+``config.evals.NAME = {"kind": KIND, ...settings}``; an entry with ``during = True`` also runs every
+``train.eval_every`` steps (its ``SPLIT/METRIC`` scalars are the learning curves, and
+``train.best_metric`` among them picks the best checkpoint); every entry runs once at the end, on
+the test split too where it is named (nothing is chosen there). The kinds (:data:`KINDS`):
+
+* ``metrics``: the motion metrics of :mod:`motionjax.evaluation.metrics` on ``splits`` x ``inputs``
+  (``"clean"``, ``"noisy"`` at ``noise_level``), with reference rows (``references``: ``"input"``, the
+  input's own error; ``"pca"``, a per-frame PCA with the model's numbers per frame) and the per-label
+  breakdown (``by_label``, plotted per split and input);
+* ``clip``: one held-out window of ``split`` at ``noise_level``, drawn as skeletons (input / output /
+  truth) and exported as BVH.
+
+Each evaluator is built once per run (its windows are cached) and called with ``predict``: ``x [B, N,
+C, F] -> [B, N, C, F]`` (numpy, standardized features). Every process calls it (prediction is one
+program over all devices); only the caller that passes ``workdir`` writes files (process 0).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from motionjax.data import pipeline
+from motionjax.evaluation import artifacts, metrics
+
+
+class Metrics:
+    """Motion metrics of the model (and reference rows) on ``splits`` x ``inputs``."""
+
+    def __init__(self, config, info, *, splits, inputs=("clean",), noise_level: float = 0.0,
+                 references=(), by_label: bool = False, during: bool = False):
+        self.info, self.during, self.references = info, during, tuple(references)
+        self.labels = (getattr(info, "labels", None) or None) if by_label else None
+        self.args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
+        levels = {"clean": 0.0, "noisy": noise_level}
+        batches = lambda split, level: pipeline.make_eval_batches(config.data, info, split, level,
+                                                                  seed=config.seed)
+        self.sets = {(split, condition): batches(split, levels[condition])
+                     for split in splits for condition in inputs}
+        self.pca = _pca_reference(config, info) if "pca" in self.references else None
+
+    def __call__(self, predict, workdir: Path | None = None) -> dict:
+        """``{split: {input: {"model": {metric: v}, "input": {...}, "pca": {...}}}}``; with ``workdir``
+        the per-label plots are written there."""
+        results = {}
+        for (split, condition), batches in self.sets.items():
+            model = metrics.evaluate(predict, batches, *self.args, labels=self.labels)
+            row = {"model": model, "input": {k: model.pop(f"input_{k}") for k in metrics.INPUT_METRICS}}
+            if "input" not in self.references:
+                row.pop("input")
+            if self.pca is not None:
+                row["pca"] = {k: v for k, v in metrics.evaluate(self.pca, batches, *self.args).items()
+                              if not k.startswith("input_")}
+            results.setdefault(split, {})[condition] = row
+            if workdir is not None and model.get("by_label"):
+                path = workdir / f"by_label_{split}_{condition}.png"
+                artifacts.plot_label_breakdown(model["by_label"], path, title=f"{split}, {condition} input:")
+        return results
+
+    @staticmethod
+    def scalars(results: dict) -> dict:
+        """The model's metrics as ``{"SPLIT/METRIC": v}`` (clean input) and ``{"SPLIT/INPUT/METRIC":
+        v}`` (others): the learning curves and the best-checkpoint metric."""
+        return {(f"{split}/{k}" if condition == "clean" else f"{split}/{condition}/{k}"): v
+                for split, rows in results.items() for condition, row in rows.items()
+                for k, v in row["model"].items() if isinstance(v, float)}
+
+
+class Clip:
+    """One held-out window of ``split``: skeleton figure and BVH of input / reconstruction / truth."""
+
+    def __init__(self, config, info, *, split: str, noise_level: float = 0.0, during: bool = False):
+        self.info, self.split, self.noise_level, self.during = info, split, noise_level, during
+        batches = pipeline.make_eval_batches(config.data, info, split, noise_level, seed=config.seed)
+        self.batch = batches[0]
+
+    def __call__(self, predict, workdir: Path | None = None) -> dict:
+        info, batch = self.info, self.batch
+        output = predict(batch["noisy"])  # every process joins the prediction
+        if workdir is None:
+            return {}
+        pick = lambda x: np.asarray(x)[:1].reshape(-1, info.mean.shape[-1])  # first window -> [T, F]
+        clip = {"noisy": pick(batch["noisy"]), "reconstructed": pick(output), "truth": pick(batch["clean"])}
+        artifacts.plot_skeletons(
+            info.skeleton, {k: metrics.feature_positions(info.skeleton, v, info.mean, info.std)
+                            for k, v in clip.items()},
+            workdir / "heldout_clip.png", title=f"{self.split}, noise level {self.noise_level}")
+        for name, features in clip.items():
+            artifacts.export_bvh(workdir / f"heldout_{name}.bvh", info.skeleton, float(info.fps), features,
+                                 info.mean, info.std, name=name)
+        return {}
+
+
+KINDS = {"metrics": Metrics, "clip": Clip}
+
+
+def build(config, info, during: bool | None = None) -> dict:
+    """``{name: evaluator}`` of ``config.evals`` (with ``during``: only those that run, or do not run,
+    during training), in declaration order."""
+    out = {}
+    for name, spec in config.evals.items():
+        spec = dict(spec)
+        if during is not None and bool(spec.get("during", False)) != during:
+            continue
+        kind = spec.pop("kind")
+        out[name] = KINDS[kind](config, info, **spec)
+    return out
+
+
+def run(evaluators: dict, predict, workdir: Path | None = None) -> dict:
+    """Every evaluator's results, merged per split and input (``summary.json``'s ``results``)."""
+    results = {}
+    for evaluator in evaluators.values():
+        for split, rows in evaluator(predict, workdir).items():
+            results.setdefault(split, {}).update(rows)
+    return results
+
+
+def latent_per_frame(config) -> int:
+    """The model's numbers per frame (either model): the size the PCA reference gets."""
+    return max(int(round(config.model.latent_dim / config.model.stride)), 1)
+
+
+def _pca_reference(config, info) -> metrics.PCA:
+    """The per-frame PCA with the model's numbers per frame, fitted on every training frame."""
+    f = info.feature_dim
+    frames = np.concatenate([b["clean"].reshape(-1, f)[b["valid"].reshape(-1) > 0]
+                             for b in pipeline.make_eval_batches(config.data, info, info.train_split)])
+    return metrics.PCA(frames, latent_per_frame(config))
+
+
+def results_table(results: dict) -> list[str]:
+    """Text table: one line per split x input x method. MPJPE is root-relative (Human3.6M protocol
+    #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.evaluation.metrics`)."""
+    lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'global cm':>9s} {'PA-MPJPE':>9s} "
+             f"{'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
+    for split, rows in results.items():
+        if not isinstance(rows, dict):
+            continue
+        for condition, row in rows.items():
+            # The input row: the (noisy) input's own error, 0 for clean input.
+            for method in ("input", "model", "no_dynamics", "pca"):
+                m = row.get(method)
+                if m is not None:
+                    lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
+                                 f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
+                                 f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
+                                 f"{m.get('bone_error', float('nan')):8.3f}")
+    return lines

@@ -1,0 +1,258 @@
+"""The run: set up, train, evaluate, write; readable top to bottom.
+
+:func:`train_and_evaluate` trains ``config`` in ``workdir`` (resuming from its checkpoints) with the
+step of :mod:`.step`, evaluates with the evaluators ``config.evals`` declares
+(:mod:`motionjax.evaluation.evaluators`), and writes the run directory (process 0: TensorBoard events,
+``summary.json``, learning curves, the evaluators' plots and exports). :func:`run_experiment` adds
+the reference runs (``train.references``) and prints the results table.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from motionjax import parallel
+from motionjax.data import pipeline
+from motionjax.evaluation import artifacts, evaluators
+from motionjax.train import checkpoints, checks, faults, logs, step
+
+
+def make_iterator(config: ml_collections.ConfigDict, info, mesh):
+    """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
+    Grain pipeline, or (``data.loader = "naive"``, the baseline) numpy batches from the main thread
+    placed on the mesh per step."""
+    shardings = parallel.batch_shardings(mesh, step.batch_keys(config))
+    if config.data.loader == "grain":
+        return pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
+    if config.data.loader == "naive":
+        return (pipeline.to_global(shardings, b)
+                for b in pipeline.make_naive_train_iterator(config.data, info, seed=config.seed))
+    raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None) -> dict:
+    """Train ``config`` in ``workdir`` (resuming from its checkpoints), evaluate, write artefacts.
+
+    Safe under several processes: every process runs the same steps and saves its checkpoint
+    shards; process 0 alone holds the workdir lock, logs, plots and writes ``summary.json``.
+    ``on_eval(step, metrics, timing) -> bool``, if given, runs after each evaluation (and its
+    checkpoint) with the held-out metrics and the seconds so far (``compile_s``, ``train_s``,
+    ``eval_s``, ``checkpoint_s``, ``data_wait_s``); True ends training there, evaluated as a finished
+    run (``status`` "stopped by on_eval"): a stop at a target accuracy or a time budget.
+    Returns the summary dict. Raises :class:`~.checks.ConfigError`, :class:`~.faults.WorkdirLockedError`,
+    :class:`~.faults.StorageError` (a failed write, after closing the checkpoint manager and the data
+    iterator within ``train.stop_timeout_s``) or :class:`~.checkpoints.CheckpointError`.
+    """
+    checks.check_config(config, jax.device_count(), jax.process_count())
+    workdir = Path(workdir)
+    lock = faults.workdir_lock(workdir) if parallel.is_main_process() else contextlib.nullcontext()
+    with lock, faults.stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
+        try:
+            run = _start(config, workdir, cleanup)
+            done, stopped_early = _train(run, stop, on_eval)
+            summary = _finish(run, done, stop["signal"], stopped_early)
+        except Exception as e:
+            error = faults.storage_error(e, workdir)
+            if error is None:
+                raise
+            # Close what is open (orbax's writer threads, the data iterator) but never hang on it.
+            checkpoints.ignore_abandoned_reads()
+            watchdog = faults.watchdog(config.train.stop_timeout_s, f"{error} (cleanup blocked)", 1)
+            cleanup.close()
+            watchdog.cancel()
+            raise error from e
+        cleanup.pop_all()  # closed on the way out already
+        return summary
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one run holds between its start and its end."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    info: object
+    step: object           # the jitted train step
+    state: dict
+    predict: object        # predict(state, x) in eval mode
+    iterator: object
+    mngr: object           # the orbax checkpoint manager
+    history: dict
+    log: logs.MetricLog
+    guard: checkpoints.NonfiniteGuard
+    chrono: logs.Chrono
+    heldout: dict          # the evaluators that run during training
+    start: int
+    writer: logs.EventWriter | None = None
+    bar: object = None
+
+
+def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
+    """Mesh, data, model, state (restored from the newest readable checkpoint), logs."""
+    main, cfg = parallel.is_main_process(), config.train
+    if cfg.retain_host_memory:
+        parallel.retain_host_memory()
+    mesh = parallel.make_mesh(config.mesh)
+    info = pipeline.dataset_info(config.data)  # prepares the dataset on first use
+    checks.check_data(config, info)
+    train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
+    iterator = make_iterator(config, info, mesh)
+    cleanup.callback(faults.quietly, getattr(iterator, "close", None))
+    mngr = checkpoints.make_checkpoint_manager(workdir, cfg)
+    cleanup.callback(faults.quietly, mngr.close)
+    start, state, history = checkpoints.restore_latest(mngr, workdir, state, iterator)
+    if start is None:
+        start = 0
+        checkpoints.save_checkpoint(mngr, 0, state, iterator, history)  # the NaN guard's first "last good"
+    writer = bar = None
+    if main:
+        workdir.mkdir(parents=True, exist_ok=True)
+        writer = logs.EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
+        cleanup.callback(faults.quietly, writer.close)
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc=workdir.name, dynamic_ncols=True, smoothing=0.1)
+        cleanup.callback(faults.quietly, bar.close)
+    return _Run(config, workdir, info, train_step, state, step.make_predict(eval_graphdef, mesh, shardings),
+                iterator, mngr, history, logs.MetricLog(history, writer),
+                checkpoints.NonfiniteGuard(mngr, cfg.max_nonfinite_steps, start, verbose=main),
+                logs.Chrono(frames_per_step=config.data.batch_size * config.data.window),
+                evaluators.build(config, info, during=True), start, writer, bar)
+
+
+def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
+    """Steps until ``train.steps``, a signal (``stop``) or ``on_eval`` says stop: ``(last step, stopped
+    by on_eval)``. Metrics are read one step late, so the device always has a step queued."""
+    cfg, chrono, pending = run.config.train, run.chrono, None
+    current, stopped_early = run.start, False
+    while current < cfg.steps and stop["signal"] is None and not stopped_early:
+        with chrono.data_wait():
+            batch = next(run.iterator)
+        if chrono.compile_s is None:
+            with chrono.compiling():
+                run.state, metrics = run.step(run.state, batch)
+                jax.block_until_ready(metrics)
+        else:
+            run.state, metrics = run.step(run.state, batch)
+            chrono.steps += 1
+        current += 1
+        if pending is not None:
+            _read(run, pending, dispatched=current)
+        # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
+        # or use is still queued blocks the host until the device gets there.
+        pending = (current, metrics, batch)
+        if run.bar:
+            run.bar.update(1)
+        eval_now = current % cfg.eval_every == 0 or current == cfg.steps
+        if eval_now or current % cfg.checkpoint_every == 0:
+            _read(run, pending, dispatched=current)
+            pending = None
+            with chrono.paused("eval"):
+                held_out = _evaluate_heldout(run, current) if eval_now else None
+            metric = checkpoints.best_metric(cfg)
+            with chrono.paused("checkpoint"):
+                checkpoints.save_checkpoint(run.mngr, current, run.state, run.iterator, run.history,
+                                            {metric: held_out[metric]} if held_out else None)
+            if held_out and on_eval is not None:
+                stopped_early = bool(on_eval(current, held_out, chrono.so_far()))
+    if pending is not None:
+        _read(run, pending, dispatched=current)
+    return current, stopped_early
+
+
+def _read(run: _Run, pending, dispatched: int) -> None:
+    """Log a dispatched step's metrics and let the non-finite guard act on them."""
+    cfg, (done_step, metrics, _) = run.config.train, pending
+    metrics = jax.device_get(metrics)
+    if done_step % cfg.log_every == 0 or done_step == cfg.steps:
+        run.log(done_step, {k: v for k, v in metrics.items() if k != "nonfinite_run"}, "train")
+    if run.bar:
+        run.bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", fps=f"{run.chrono.frames_per_s():.0f}",
+                            wait=f"{100 * run.chrono.data_wait_fraction():.0f}%",
+                            skipped=int(metrics["nonfinite_total"]), refresh=False)
+    run.state = run.guard(done_step, metrics, run.state, dispatched=dispatched)
+
+
+def _evaluate_heldout(run: _Run, current: int) -> dict:
+    """The during-training evaluators' scalars (``SPLIT/METRIC``), logged under ``eval/``."""
+    predict = lambda x: run.predict(run.state, x)
+    out = evaluators.Metrics.scalars(evaluators.run(run.heldout, predict))
+    run.log(current, out, "eval")
+    return out
+
+
+def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) -> dict:
+    """The final checkpoint and evaluation (every declared evaluator, once), ``summary.json``."""
+    main, mngr = parallel.is_main_process(), run.mngr
+    timing = run.chrono.summary()
+    if interrupted and mngr.latest_step() != done:
+        checkpoints.save_checkpoint(mngr, done, run.state, run.iterator, run.history)
+    mngr.wait_until_finished()
+    if hasattr(run.iterator, "close"):
+        run.iterator.close()
+    if run.bar:
+        run.bar.close()
+    summary = {
+        "workdir": str(run.workdir), "steps": done,
+        "status": (f"stopped by {interrupted}" if interrupted else "stopped by on_eval" if stopped_early
+                   else "done"),
+        **timing,
+        "nonfinite_steps": int(jax.device_get(run.state["nonfinite_total"])),
+        "nonfinite_restores": run.guard.restores,
+        "params": int(sum(x.size for x in jax.tree.leaves(run.state["params"]))),
+    }
+    if not interrupted:
+        # Every evaluator once at the end, the test split included (it chose nothing).
+        final = evaluators.build(run.config, run.info)
+        predict = lambda x: run.predict(run.state, x)
+        summary["results"] = evaluators.run(final, predict, run.workdir if main else None)
+        summary["results"]["pca_latent_per_frame"] = evaluators.latent_per_frame(run.config)
+        # A residual model also sees its input through the skip path: PCA then matches its bottleneck only.
+        summary["results"]["model_residual"] = bool(run.config.model.residual)
+        summary["best_step"] = mngr.best_step()  # by train.best_metric among the checkpoints on disk (kept)
+    summary["history"] = run.history
+    mngr.close()
+    if main:
+        artifacts.plot_learning_curves(
+            {k: v for k, v in run.history.items() if k in ("train/loss", "train/position") or
+             (k.startswith("eval/") and k.endswith("/mpjpe"))}, run.workdir / "learning_curves.png")
+        (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        run.writer.close()
+    return summary
+
+
+def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
+    """:func:`train_and_evaluate`, then (``train.references``) the same model without the dynamics
+    loss in ``workdir/no_dynamics``; prints and saves the comparison table in ``summary.json``."""
+    workdir = Path(workdir)
+    summary = train_and_evaluate(config, workdir)
+    if "results" not in summary:
+        return summary
+    if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        ablation = copy.deepcopy(config)
+        with ablation.unlocked():
+            ablation.loss.dynamics_weight = 0.0
+            ablation.train.references = ()
+        ref = train_and_evaluate(ablation, workdir / "no_dynamics")
+        for split, rows in ref.get("results", {}).items():
+            if isinstance(rows, dict):
+                for condition, row in rows.items():
+                    summary["results"][split][condition]["no_dynamics"] = row["model"]
+    table = evaluators.results_table(summary["results"])
+    table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the model's "
+                 "bottleneck" + (" (the model also has a residual skip from its input)"
+                                 if summary["results"]["model_residual"] else ""))
+    if summary["steps_per_s"]:  # a run resumed at its last step trains nothing in this session
+        speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
+        table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
+    summary["table"] = table
+    if parallel.is_main_process():
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print("\n".join(table), flush=True)
+    return summary

@@ -1,0 +1,198 @@
+"""The train step: the optimizer, the loss over the mesh, one jitted sharded update, and prediction.
+
+One jitted step (in/out shardings from :mod:`motionjax.parallel`, the train state donated) runs the
+model on the loader's input window, the loss of :mod:`motionjax.losses` against the clean window
+(padding frames weighted out by ``valid``), and an optax update (adamw, warmup + cosine, global-norm
+clipping, optional ``optax.MultiSteps`` accumulation). A step whose loss or gradients are not finite
+leaves the state untouched and is counted (the loop's :class:`~motionjax.train.checkpoints.NonfiniteGuard`
+decides when to restore). :func:`lower_train_step` compiles the same step for abstract inputs.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from motionjax import losses, models, parallel
+from motionjax.core.features import feature_dim
+
+
+def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The batch leaves the step reads (and the loader puts on the mesh): the input window, the target,
+    their ``valid`` mask, and with ``data.bones = "clip"`` each window's clip ``offsets``."""
+    return ("noisy", "clean", "valid") + (("offsets",) if config.data.bones == "clip" else ())
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """adamw with linear warmup + cosine decay and global-norm clipping; ``cfg`` = ``config.train``.
+
+    With ``grad_accum_steps = k > 1`` every optimizer update averages ``k`` micro-batches
+    (``optax.MultiSteps``); ``steps`` counts micro-batches, so the schedule has ``steps // k``.
+    """
+    updates = max(cfg.steps // cfg.grad_accum_steps, 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, min(cfg.warmup_steps, updates - 1), updates,
+        end_value=cfg.learning_rate * cfg.final_lr_fraction)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    return optax.MultiSteps(tx, cfg.grad_accum_steps) if cfg.grad_accum_steps > 1 else tx
+
+
+def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
+    """``(pred, clean [B, N, C, F], offsets [B, J, 3] | None, valid [B, N, C, 1] | None) -> (loss,
+    terms)``, one ``shard_map`` over the whole mesh: each device decodes and runs FK on its own frames
+    (on its windows' clip offsets when given, ``data.bones = "clip"``); time derivatives exchange halo
+    frames only; frames with ``valid = 0`` (padding) count in no term."""
+    loss = functools.partial(losses.reconstruction_loss, config.loss, info.skeleton, float(info.fps),
+                             mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
+                             time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
+    frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
+    # Per-window offsets [B, J, 3] over data only (every time shard of a window needs all its bones);
+    # None (an empty tree) matches any spec.
+    sharded = jax.shard_map(lambda p, t, o, v: loss(p, t, offsets=o, valid=v), mesh=mesh,
+                            in_specs=(frames, frames, P(parallel.DATA_AXIS), frames), out_specs=P(),
+                            check_vma=False)
+
+    def loss_fn(pred, clean, offsets=None, valid=None):
+        b, n, c, f = clean.shape
+        valid = None if valid is None else valid.reshape(b, n * c)
+        return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
+
+    return loss_fn
+
+
+def _all_finite(tree):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0):
+    """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
+    math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both).
+    ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average."""
+
+    def step(state, batch):
+        def compute(params):
+            # copy: fresh Variables at this trace level, so dropout may advance its RNG count here.
+            model = nnx.merge(graphdef, params, state["rest"], copy=True)
+            loss, terms = loss_fn(model(batch["noisy"]), batch["clean"], batch.get("offsets"),
+                                  batch.get("valid"))
+            return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
+
+        (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "rest": rest}
+        if ema_decay:
+            new["ema"] = optax.incremental_update(new["params"], state["ema"], 1.0 - ema_decay)
+        finite = jnp.isfinite(loss) & _all_finite(grads)
+        # A non-finite step keeps every leaf of the old state, optimizer moments included.
+        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, {k: state[k] for k in new})
+        new["nonfinite_total"] = state["nonfinite_total"] + (~finite).astype(jnp.int32)
+        new["nonfinite_run"] = jnp.where(finite, 0, state["nonfinite_run"] + 1)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **terms,
+                   "nonfinite_total": new["nonfinite_total"], "nonfinite_run": new["nonfinite_run"]}
+        return new, metrics
+
+    return step
+
+
+def init_state(config: ml_collections.ConfigDict, info, mesh):
+    """Model graph definitions (train and eval mode), the train state and its shardings."""
+    model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
+                              nnx.Rngs(config.seed), mesh=mesh, info=info)
+    model.eval()
+    eval_graphdef = nnx.graphdef(model)
+    model.train()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(config.train)
+    state = {"params": params, "rest": rest, "opt_state": tx.init(params),
+             "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
+    if config.train.ema_decay:
+        state["ema"] = jax.tree.map(jnp.copy, params)
+    shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
+    return (graphdef, eval_graphdef, model), tx, parallel.put(state, shardings), shardings
+
+
+def build_train_step(config: ml_collections.ConfigDict, info, mesh):
+    """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
+    out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
+    (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
+    step = pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay)
+    step = jit_train_step(step, shardings, mesh)
+    return step, state, shardings, eval_graphdef
+
+
+def jit_train_step(step, shardings, mesh):
+    """``jax.jit`` of a train step with the state's shardings in and out and the state donated;
+    batch leaves as :data:`motionjax.parallel.BATCH_AXES` lays them out. One jitted function per set
+    of batch keys (called or ``.lower``-ed alike)."""
+
+    @functools.cache
+    def jitted(keys):
+        return jax.jit(step, in_shardings=(shardings, parallel.batch_shardings(mesh, keys)),
+                       out_shardings=(shardings, None), donate_argnums=0)
+
+    class Step:
+        def __call__(self, state, batch):
+            return jitted(tuple(sorted(batch)))(state, batch)
+
+        def lower(self, state, batch):
+            return jitted(tuple(sorted(batch))).lower(state, batch)
+
+    return Step()
+
+
+def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
+    """The batch the step is compiled for (:func:`batch_keys`), ``jax.ShapeDtypeStruct`` float32 leaves
+    with their shardings: ``noisy``, ``clean [B, N, C, F]``, ``valid [B, N, C, 1]``, ``offsets [B, J,
+    3]`` (nothing allocated)."""
+    d = config.data
+    window = (d.batch_size, d.window // d.chunk, d.chunk)
+    shapes = {"noisy": (*window, feature_dim(info.skeleton)), "clean": (*window, feature_dim(info.skeleton)),
+              "valid": (*window, 1), "offsets": (d.batch_size, info.skeleton.num_joints, 3)}
+    keys = batch_keys(config)
+    return {k: jax.ShapeDtypeStruct(shapes[k], np.float32, sharding=s)
+            for k, s in parallel.batch_shardings(mesh, keys).items()}
+
+
+def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
+    """``(lowered, state)``: :func:`build_train_step`'s step lowered for abstract inputs, shapes and
+    shardings only (MaxText's ``train_compile``: any mesh size, nothing allocated); ``state`` is the
+    abstract train state. ``lowered.compile()`` is the program the trainer runs."""
+    built = {}
+
+    def build():  # traced: the model's initialization runs abstractly
+        built["step"], state, built["shardings"], _ = build_train_step(config, info, mesh)
+        return state
+
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         jax.eval_shape(build), built["shardings"])
+    return built["step"].lower(state, abstract_batch(config, info, mesh)), state
+
+
+def evaluated_params(state):
+    """The parameters evaluation and export use: the moving average when the run keeps one."""
+    return state.get("ema", state["params"])
+
+
+def make_predict(eval_graphdef, mesh, state_shardings):
+    """``predict(state, x [B, N, C, F] numpy) -> numpy`` in eval mode (:func:`evaluated_params`);
+    pads B to the data axis."""
+    window = parallel.window_sharding(mesh)
+
+    @functools.partial(jax.jit, in_shardings=(state_shardings["params"], state_shardings["rest"], window),
+                       out_shardings=parallel.replicated(mesh))
+    def apply(params, rest, x):
+        return nnx.merge(eval_graphdef, params, rest)(x)
+
+    def predict(state, x):
+        b, pad = x.shape[0], -x.shape[0] % mesh.shape[parallel.DATA_AXIS]
+        x = np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else np.asarray(x)
+        return np.asarray(apply(evaluated_params(state), state["rest"], parallel.put(x, window)))[:b]
+
+    return predict
