@@ -66,7 +66,8 @@ class Sizes:
     seeds: tuple[int, ...]          # a: runs of each config, one per seed (data order, noise, weights)
     splits: tuple[str, ...]         # a: held-out splits evaluated after each run
     repeats: int                    # b, e, f: timed calls (or interleaved rounds) of a program alone
-    split_compute: bool             # b: also time the model and the loss alone (two more compiles each)
+    split_compute: bool             # b: also time the model and the loss alone (two more compiles each;
+                                    #    the baseline's dense-Jacobian loss is the slowest compile of a run)
     loader_batches: int             # b: batches timed of the input iterator alone
     torch_pairs: int                # d: end-to-end PyTorch / motionjax run pairs (0: one short run)
     torch_dense_steps: int          # d: steps of PyTorch with the dense Jacobian (~1 s each)
@@ -86,7 +87,7 @@ SIZES = {
     # `make bench`: every claim of the README's speed table that fits in ~12 minutes on 2 cores. The
     # grid is the SMPL-like body (J = 24) at the sizes the #15 targets name; its XLA compiles
     # (~1–2 min per row) are what bounds it, hence the grid budget.
-    "default": Sizes(steps=100, seeds=(0,), splits=("validation",), repeats=5, split_compute=True,
+    "default": Sizes(steps=100, seeds=(0,), splits=("validation",), repeats=5, split_compute=False,
                      loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
                      growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512), growth_j=(),
                      grid=dict(joints=(24,), frames=(256, 1024, 4096), dtypes=("float32",), budget_s=8.0,
