@@ -288,3 +288,20 @@ def test_default_bench_measures_what_the_readme_claims():
     assert 24 in grid["joints"] and set(grid["frames"]) >= {256, 1024, 4096} and "float32" in grid["dtypes"]
     assert max(default.growth_t) >= 1024 and default.growth_fixed and default.torch_pairs
     assert default.steps == SIZES["full"].steps  # the same frames as the docs' full run: ratios comparable
+
+
+def test_bench_table_states_the_grid_targets_on_the_joints_measured():
+    from benchmarks import dynamics_grid
+    rows = [_grid_row("24 (smpl_like)", 24, f, "float32", jvp=1.7 if f == 256 else 2.4)
+            for f in (256, 1024, 4096)]
+    grid = {"window": 64, "frames": [256, 1024, 4096], "dtypes": ["float32"], "rows": rows,
+            "not_run": [{"J": "52 (random_tree)", "frames": 4096, "dtype": "float32"}],
+            "grid_budget_s": 180.0, "targets": dynamics_grid.check_targets(rows)}
+    part = {"results": grid, "markdown": dynamics_grid.markdown(grid), "met": True}
+    table = report.markdown({"quick": False, "mode": "default", "command": "python scripts/bench.py",
+                             "date": "", "wall_s": 1.0, "parts": {"dynamics": part}, "machine": report.machine()})
+    assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** | ≥ 50× "
+            "| yes |") in table
+    assert "4,096 frames (worst of J = 24) | 2.40× | ≥ 1.5× | yes |" in table
+    assert "| the same at 256 frames (worst of J = 24) | 1.70× | ≥ 1× | yes |" in table
+    assert "Not run (grid budget of 180 s spent): J = 52 × 4096 (float32)." in table
