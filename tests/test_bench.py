@@ -299,9 +299,10 @@ def test_bench_table_states_the_grid_targets_on_the_joints_measured():
             "grid_budget_s": 180.0, "targets": dynamics_grid.check_targets(rows)}
     part = {"results": grid, "markdown": dynamics_grid.markdown(grid), "met": True}
     table = report.markdown({"quick": False, "mode": "default", "command": "python scripts/bench.py",
-                             "date": "", "wall_s": 1.0, "parts": {"dynamics": part}, "machine": report.machine()})
-    assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** | ≥ 50× "
-            "| yes |") in table
+                             "date": "", "wall_s": 1.0, "parts": {"dynamics": part},
+                             "machine": report.machine()})
+    assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** "
+            "| ≥ 50× | yes |") in table
     assert "4,096 frames (worst of J = 24) | 2.40× | ≥ 1.5× | yes |" in table
     assert "| the same at 256 frames (worst of J = 24) | 1.70× | ≥ 1× | yes |" in table
     assert "Not run (grid budget of 180 s spent): J = 52 × 4096 (float32)." in table
