@@ -49,7 +49,7 @@ from benchmarks.report import MPJPE_TOLERANCE, TARGETS, machine, markdown, plots
 from experiments import baseline, deepmimic_denoise
 from motionjax import parallel, train
 from motionjax.core import rotations as rot
-from motionjax.core.features import encode
+from motionjax.core.features import pack
 from motionjax.core.skeleton import random_tree
 from motionjax.data import pipeline
 from motionjax.data.info import stand_in
@@ -153,7 +153,7 @@ def _batch(config, info, window, seed=0):
     b, t, c = config.data.batch_size, config.data.window, config.data.chunk
     rng = np.random.default_rng(seed)
     root, angles = measure.smooth_motion(rng, b, t, info.skeleton.num_joints)
-    x = (np.asarray(encode(info.skeleton, root, rot.axis_angle_to_quat(angles))) - info.mean) / info.std
+    x = (np.asarray(pack(info.skeleton, root, rot.axis_angle_to_quat(angles))) - info.mean) / info.std
     clean = x.reshape(b, t // c, c, -1).astype(np.float32)
     noisy = clean + rng.normal(0, 0.1, clean.shape).astype(np.float32)
     return {k: jax.device_put(v, window) for k, v in (("noisy", noisy), ("clean", clean))}

@@ -25,8 +25,7 @@ from motionjax.core.dynamics import GRAVITY, HALO
 from motionjax.core.features import rotating_joints
 from motionjax.core.kinematics import dof_layout, tree_plan
 from motionjax.core.skeleton import BALL, HINGE, Skeleton
-from motionjax.data import pipeline as data
-from motionjax.data import transforms
+from motionjax.data import pipeline, transforms
 
 # Below this angle the Taylor branches take over (as in motionjax.core.rotations).
 _SMALL = 1e-4
@@ -431,9 +430,9 @@ class WindowDataset(torch.utils.data.Dataset):
     noise drawn from a generator seeded by ``(seed, i)``, transformed by the pipeline's ``MakeExample``."""
 
     def __init__(self, cfg, info, seed: int = 0):
-        self.slots, self.seed = data.train_slots(info, cfg.window, cfg.dynamics_sampling), seed
-        self.sample = data.SampleWindow(data.ClipSource(info), info, cfg)
-        self.make = data.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
+        self.slots, self.seed = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling), seed
+        self.sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
+        self.make = pipeline.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
 
     def __len__(self):
         return len(self.slots)

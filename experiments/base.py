@@ -1,6 +1,7 @@
 """Shared base config; experiments import ``get_config`` from here and override a few fields.
 
-Every knob the code reads lives here (no hidden defaults in library code). Sections:
+Every knob the code reads lives here (library code reads config keys without defaults of its own, so
+a key missing here is an error, not a silent default). Sections:
 ``data`` (motionjax.data), ``model`` (motionjax.models), ``loss`` (motionjax.losses and the
 dynamics terms), ``mesh`` (motionjax.parallel), ``train`` (motionjax.train), ``evals``
 (motionjax.evaluation.evaluators).
@@ -24,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.chunk = 8                   # frames per time chunk (C); T = N*C, N divisible by the 'time' axis
     c.data.batch_size = 32             # global batch (windows), split evenly over processes
     # "memory": the largest batch whose train step fits device memory; "throughput": the fastest that
-    # fits (motionjax.efficiency.batch_finder, run by scripts/train.py); replaces batch_size. "": off.
+    # fits (motionjax.train.batch_finder, run by the trainer before its first step); replaces batch_size.
     c.data.auto_batch = ""
     c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
     c.data.worker_buffer = 2           # batches each worker keeps ready

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from motionjax.core import dynamics, halo
 from motionjax.core import rotations as rot
-from motionjax.core.features import decode, destandardize, rotating_joints
+from motionjax.core.features import destandardize, rotating_joints, unpack
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.reduce import masked_mean
 from motionjax.core.skeleton import Skeleton
@@ -81,7 +81,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     cos = (jnp.sum(mats[0] * mats[1], axis=(-2, -1)) - 1.0) / 2.0
     terms = {"rotation": masked_mean(1.0 - cos, frame, axes)}
 
-    (p_root, p_rot), (t_root, t_rot) = decode(skeleton, pred), decode(skeleton, target)
+    (p_root, p_rot), (t_root, t_rot) = unpack(skeleton, pred), unpack(skeleton, target)
     if offsets is not None:
         offsets = jnp.asarray(offsets, jnp.float32)[:, None]  # [B, 1, J, 3]: the same bones every frame
     p_fk = forward_kinematics(skeleton, p_rot, p_root, offsets)
@@ -98,7 +98,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     planted &= halo.stencil_valid(valid, 1, time_axis_name)[..., None]
     terms["foot"] = masked_mean(jnp.sum(p_feet**2, -1), planted, axes)
 
-    loss = sum(cfg.get(k, 0.0) * terms[k] for k in ("rotation", "position", "pose", "foot"))
+    loss = sum(cfg[k] * terms[k] for k in ("rotation", "position", "pose", "foot"))
     if cfg.dynamics_weight > 0:
         dyn, dyn_metrics = dynamics.dynamics_loss(
             skeleton, p_root, p_rot, t_root, t_rot, fps, cfg.dynamics, jacobian=cfg.jacobian,

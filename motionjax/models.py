@@ -17,8 +17,9 @@ passes through the latent, ``latent_dim / stride`` numbers per frame (:attr:`lat
 the size a per-frame PCA baseline should get; ``residual=True`` predicts a correction to the input
 instead, which denoises better but bypasses the bottleneck.
 
-Parameters stay in ``param_dtype`` (fp32) and are replicated; activations are computed in
-``dtype`` (bf16 by default); outputs are fp32.
+Parameters stay in ``param_dtype`` (fp32); where they live on the mesh is the trainer's choice
+(:func:`motionjax.parallel.param_sharding`: replicated, or split over ``data`` with ``mesh.fsdp``).
+Activations are computed in ``dtype`` (bf16 by default); outputs are fp32.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from motionjax.core import rotations as rot
-from motionjax.core.features import decode, destandardize, rotating_joints
+from motionjax.core.features import destandardize, rotating_joints, unpack
 from motionjax.core.halo import pad_with_halos
 from motionjax.core.kinematics import forward_kinematics, inverse_kinematics
 from motionjax.parallel import DATA_AXIS, TIME_AXIS
@@ -142,7 +143,7 @@ def stage_strides(stride: int, stages: int) -> tuple[int, ...]:
 POSITION_SCALE = 0.5  # m: root-relative joint positions enter the model divided by this (~unit scale)
 
 
-class Kinematics:
+class SkeletonLayer:
     """What a model needs to see joint positions or emit world-frame rotations: the skeleton and the
     feature statistics (static; closed over, never trained).
 
@@ -182,7 +183,7 @@ class Kinematics:
 
     def positions(self, x):
         """Standardized features ``[..., F]`` -> root-relative joint positions ``[..., 3·J]`` / scale."""
-        _, rotations = decode(self.skeleton, destandardize(x.astype(jnp.float32), self.mean, self.std))
+        _, rotations = unpack(self.skeleton, destandardize(x.astype(jnp.float32), self.mean, self.std))
         pos = forward_kinematics(self.skeleton, rotations, jnp.zeros(x.shape[:-1] + (3,), jnp.float32))[0]
         return pos.reshape(*x.shape[:-1], -1) / POSITION_SCALE
 
@@ -192,7 +193,7 @@ class Kinematics:
         """
         mean, std = self.mean[3:], self.std[3:]
         no_root = [(0, 0)] * (rotations.ndim - 1) + [(3, 0)]  # decode reads features after a root slot
-        hint = decode(self.skeleton, jnp.pad(rotations * std + mean, no_root))[1]
+        hint = unpack(self.skeleton, jnp.pad(rotations * std + mean, no_root))[1]
         goal = forward_kinematics(self.skeleton, hint, jnp.zeros(rotations.shape[:-1] + (3,), jnp.float32))[0]
         goal = goal + correction.reshape(goal.shape) * POSITION_SCALE
         local = inverse_kinematics(self.skeleton, goal, hint)[..., rotating_joints(self.skeleton), :]
@@ -221,7 +222,7 @@ class ChunkedAutoencoder(nnx.Module):
     """
 
     def __init__(self, features, chunk, dim, depth, latent_dim, stride, residual, make_block, dtype,
-                 param_dtype, mesh, *, rngs, stages=1, kinematics: Kinematics | None = None, highpass=0,
+                 param_dtype, mesh, *, rngs, stages=1, kinematics: SkeletonLayer | None = None, highpass=0,
                  upsample="linear"):
         if upsample not in ("linear", "interp"):
             raise ValueError(f"model.upsample={upsample!r}: expected 'linear' or 'interp'")
@@ -371,14 +372,14 @@ class TemporalConvNet(ChunkedAutoencoder):
                          highpass=highpass, upsample=upsample)
 
 
-def _kinematics(config, info) -> Kinematics | None:
-    flags = {k: bool(config.get(k, False)) for k in ("input_positions", "global_rotations", "position_head")}
+def _kinematics(config, info) -> SkeletonLayer | None:
+    flags = {k: bool(config[k]) for k in ("input_positions", "global_rotations", "position_head")}
     if not any(flags.values()):
         return None
     if info is None:
         raise ValueError(f"model {', '.join(k for k, v in flags.items() if v)} needs the dataset "
                          "(make_model(..., info=DatasetInfo)) for the skeleton and feature statistics")
-    return Kinematics(info.skeleton, info.mean, info.std, **flags)
+    return SkeletonLayer(info.skeleton, info.mean, info.std, **flags)
 
 
 def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, rngs: nnx.Rngs, mesh=None,
@@ -386,7 +387,7 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
     """The model named by ``config.name`` (the ``model`` section of the experiment config).
 
     ``info``: the dataset (skeleton, feature mean/std); needed when ``config.input_positions``,
-    ``config.global_rotations`` or ``config.position_head`` is set (:class:`Kinematics`).
+    ``config.global_rotations`` or ``config.position_head`` is set (:class:`SkeletonLayer`).
 
     ``mesh``: when given, the chunk axis of the input is expected sharded over its ``'time'`` axis
     (and the batch over ``'data'``) and halos are exchanged between devices.
@@ -394,9 +395,8 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
     common = dict(
         dim=config.dim, depth=config.depth, latent_dim=config.latent_dim, stride=config.stride,
         residual=config.residual, dropout=config.dropout, dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs, stages=config.get("stages", 1),
-        kinematics=_kinematics(config, info), highpass=config.get("highpass", 0),
-        upsample=config.get("upsample", "linear"),
+        param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs, stages=config.stages,
+        kinematics=_kinematics(config, info), highpass=config.highpass, upsample=config.upsample,
     )
     if config.name == "transformer":
         return MotionTransformer(feature_dim, chunk, heads=config.heads, mlp_ratio=config.mlp_ratio,

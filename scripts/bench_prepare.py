@@ -82,7 +82,7 @@ def loader_vs_step(batches: int = 30) -> dict:
     """Grain loader frames/s alone on Bandai-1 vs the default model's train-step frames/s."""
     from experiments import base, deepmimic_denoise
     from motionjax.data import pipeline
-    from motionjax.efficiency import batch_finder
+    from motionjax.train import batch_finder
 
     config = base.use_bandai(deepmimic_denoise.get_config(), window=32)
     info = pipeline.dataset_info(config.data)

@@ -23,9 +23,9 @@ flags.mark_flag_as_required("workdir")
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
-    from motionjax.efficiency import report
+    from motionjax.efficiency import variants
 
-    r = report.run(_WORKDIR.value, _OUT.value, prune_steps=_PRUNE_STEPS.value,
+    r = variants.run(_WORKDIR.value, _OUT.value, prune_steps=_PRUNE_STEPS.value,
                    sparsities=[float(s) for s in _SPARSITIES.value], distill_steps=_DISTILL_STEPS.value,
                    seeds=tuple(range(_SEEDS.value)), alpha=_ALPHA.value, eval_every=_EVAL_EVERY.value)
     print(f"written to {_OUT.value} in {r['wall_s']:.0f} s")

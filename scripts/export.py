@@ -22,15 +22,15 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     import numpy as np
 
-    from motionjax.efficiency import export, measure, trained
+    from motionjax.efficiency import export, scorecard, trained
 
     step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
     run = trained.load(_WORKDIR.value, step)
     out = Path(_OUT.value or Path(_WORKDIR.value) / "export")
     out.mkdir(parents=True, exist_ok=True)
     shape, batch = run.window_shape, _BATCH.value
-    x = measure.window(shape, batch)
-    reference = measure.jit_predict(run.model)
+    x = scorecard.window(shape, batch)
+    reference = scorecard.jit_predict(run.model)
     want = reference(x)
     export.to_stablehlo(run.model, shape, out / "model.stablehlo")
     export.to_onnx(run.model, shape, out / "model.onnx", batch=batch)
@@ -45,9 +45,9 @@ def main(argv):
     print(f"{run.config.model.name} from {_WORKDIR.value} step {run.step}; window {shape}, batch {batch}")
     print(f"{'format':12s} {'file bytes':>11s} {'max |diff|':>11s} {'ms/call':>8s}")
     for r in rows:
-        r["bytes"] = (out / r["file"]).stat().st_size if r["file"] else measure.param_bytes(run.model)
+        r["bytes"] = (out / r["file"]).stat().st_size if r["file"] else scorecard.param_bytes(run.model)
         r["max_abs_diff"] = float(np.abs(r["predict"](x) - want).max())
-        r["ms_per_call"] = 1e3 * measure.latency(r.pop("predict"), x)
+        r["ms_per_call"] = 1e3 * scorecard.latency(r.pop("predict"), x)
         print(f"{r['format']:12s} {r['bytes']:11d} {r['max_abs_diff']:11.2e} {r['ms_per_call']:8.3f}")
     (out / "export.json").write_text(json.dumps({"workdir": _WORKDIR.value, "step": run.step,
                                                  "batch": batch, "rows": rows}, indent=2))

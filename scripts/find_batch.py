@@ -25,7 +25,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     from motionjax import parallel
     from motionjax.data import pipeline
-    from motionjax.efficiency import batch_finder
+    from motionjax.train import batch_finder
 
     parallel.initialize()
     config = _CONFIG.value

@@ -44,11 +44,6 @@ def main(argv):
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             pipeline.dataset_info(config.data)
         multihost_utils.sync_global_devices("dataset prepared")
-        if config.data.get("auto_batch"):  # every process finds the same batch (a compile-time analysis)
-            from motionjax.efficiency import batch_finder
-            found = batch_finder.resolve_auto_batch(config, pipeline.dataset_info(config.data))
-            print(f"data.auto_batch={found['mode']}: data.batch_size={found['global_batch']} "
-                  f"({found['per_device_batch']} per device)", flush=True)
         train.run_experiment(config, _WORKDIR.value)
     except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError,
             records.DamagedShardError) as e:

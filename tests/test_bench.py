@@ -58,7 +58,7 @@ def _windows(skeleton, b, t, seed):
     rng = np.random.default_rng(seed)
     root, angles = measure.smooth_motion(rng, b, t, skeleton.num_joints, angle_std=0.08)
     root += np.float32([0, 0.9, 0])
-    x = np.asarray(features.encode(skeleton, jnp.asarray(root), rot.axis_angle_to_quat(jnp.asarray(angles))))
+    x = np.asarray(features.pack(skeleton, jnp.asarray(root), rot.axis_angle_to_quat(jnp.asarray(angles))))
     f = x.shape[-1]
     mean, std = x.reshape(-1, f).mean(0), x.reshape(-1, f).std(0) + 0.1
     clean = ((x - mean) / std).astype(np.float32)

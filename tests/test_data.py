@@ -151,7 +151,7 @@ def test_mirror_frames_from_the_data_mirror_a_rig_whose_sides_differ():
                                atol=1e-9)
     assert not transforms.mirrorable(rig)
     assert transforms.mirror_frames(rig) is None  # no statistics: cannot tell the frames
-    frames = transforms.mirror_frames(rig, features.encode(rig, sr, q).mean(0))
+    frames = transforms.mirror_frames(rig, features.pack(rig, sr, q).mean(0))
     assert frames is not None
     mr, mq = transforms.mirror(rig, sr, q, frames)
     want_r, want_q = transforms.mirror(smpl, sr, sq)  # the plain mirror is exact on the original rig
@@ -195,8 +195,8 @@ def test_noise_statistics_match_the_config(clip):
     d = (kept[:, :3] - clean[~frame_mask][:, :3])
     np.testing.assert_allclose(d.std(0), 0.03, rtol=0.06)
     # Rotation noise: log(q⁻¹ q_noisy) is N(0, 0.1²) per axis on ball joints, on-axis for hinges.
-    _, qc = features.decode(skel, clean[~frame_mask])
-    _, qn = features.decode(skel, kept)
+    _, qc = features.unpack(skel, clean[~frame_mask])
+    _, qn = features.unpack(skel, kept)
     eps = rot.quat_to_axis_angle(rot.quat_mul(rot.quat_conj(qc), qn))[:, ids]  # [n, R, 3]
     kinds = np.array([skel.kinds[j] for j in ids])
     ball = eps[~joint_zero & (kinds == "ball") & (ids > 0)]

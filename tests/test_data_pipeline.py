@@ -291,3 +291,30 @@ def test_synthetic_corpus_streams_without_storage(cfg):
     # The held-out tails (13 frames each) evaluate as padded windows.
     batches = pipeline.make_eval_batches(c, info, "validation")
     assert len(batches) == 40 // c.batch_size and sum(float(b["valid"].sum()) for b in batches) == 40 * 13
+
+
+def test_canonical_height_scales_every_body_to_it(cfg, info):
+    """``data.canonical_height``: each window's motion and bones are scaled by the height over the
+    skeleton's standing root height (uniform retargeting): root positions and clip offsets of the
+    same windows come out multiplied by exactly that ratio, rotations unchanged."""
+    scaled = cfg.copy_and_resolve_references()
+    scaled.canonical_height = 2.0 * transforms.rest_height(info.skeleton)
+    plain_cfg = cfg.copy_and_resolve_references()
+    for c in (scaled, plain_cfg):
+        c.update(rot_noise=0.0, pos_noise=0.0, joint_mask_prob=0.0, frame_mask_prob=0.0, time_warp=0.0,
+                 mirror_prob=0.0)
+    windows = [pipeline.make_eval_batches(c, info, "validation")[0] for c in (plain_cfg, scaled)]
+    mean, std = info.mean, info.std
+    decode = lambda b: features_of(b["clean"], mean, std, info.skeleton)
+    (root0, rot0), (root2, rot2) = decode(windows[0]), decode(windows[1])
+    np.testing.assert_allclose(root2, 2.0 * root0, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(rot2, rot0, atol=1e-5)
+    np.testing.assert_allclose(windows[1]["offsets"], 2.0 * windows[0]["offsets"], rtol=1e-6)
+
+
+def features_of(x, mean, std, skeleton):
+    """Standardized windows ``[B, N, C, F]`` -> ``(root [B, T, 3], rotation matrices)``."""
+    from motionjax.core import features, rotations
+    root, quats = features.unpack(skeleton, features.destandardize(x.reshape(x.shape[0], -1, x.shape[-1]),
+                                                                   mean, std))
+    return np.asarray(root), np.asarray(rotations.quat_to_matrix(quats))

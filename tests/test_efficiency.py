@@ -11,7 +11,8 @@ from flax import nnx
 
 from experiments import base, deepmimic_denoise
 from motionjax import models, parallel
-from motionjax.efficiency import batch_finder, export, finetune, measure, prune, quantize
+from motionjax.efficiency import export, finetune, prune, quantize, scorecard
+from motionjax.train import batch_finder
 
 FEATURES = 21  # root position 3 + three rotating joints x 6D
 WINDOW = (4, 8, FEATURES)  # N chunks x C frames x F features
@@ -41,8 +42,8 @@ def _missing(*modules):
 @pytest.mark.parametrize("name", ["transformer", "tconv"])
 def test_onnx_runtime_equals_jax(tmp_path, name):
     model = tiny_model(name=name, **({"stride": 1, "highpass": 5} if name == "tconv" else {}))
-    x = measure.window(WINDOW, batch=2, seed=3)
-    want = measure.jit_predict(model)(x)  # jitted: eager nnx compiles every op on its own (slow)
+    x = scorecard.window(WINDOW, batch=2, seed=3)
+    want = scorecard.jit_predict(model)(x)  # jitted: eager nnx compiles every op on its own (slow)
     assert np.abs(want - x).max() > 0.1  # the model does something: equality below means something
     for batch in (1, 2):  # batch 1: the plain graph; batch 2: it mapped over windows (ONNX Loop)
         export.to_onnx(model, WINDOW, tmp_path / f"m{batch}.onnx", batch=batch)
@@ -56,21 +57,21 @@ def test_stablehlo_roundtrip_any_batch(tmp_path):
     export.to_stablehlo(model, WINDOW, tmp_path / "m.stablehlo")
     predict = export.load_stablehlo(tmp_path / "m.stablehlo")  # no model code: the serialized program
     for batch in (1, 3):
-        x = measure.window(WINDOW, batch=batch, seed=batch)
-        np.testing.assert_allclose(predict(x), measure.jit_predict(model)(x), atol=1e-5, rtol=0)
+        x = scorecard.window(WINDOW, batch=batch, seed=batch)
+        np.testing.assert_allclose(predict(x), scorecard.jit_predict(model)(x), atol=1e-5, rtol=0)
 
 
 @pytest.mark.skipif(bool(_missing("qwix")), reason="needs qwix (the 'export' extra) for int8 quantization")
 def test_int8_weights_are_int8_and_close():
     model = tiny_model(dim=64, heads=2, latent_dim=16)
-    x = measure.window(WINDOW, batch=2, seed=5)
+    x = scorecard.window(WINDOW, batch=2, seed=5)
     q = quantize.quantize(model, x)
     kernels = [v for p, v in jax.tree_util.tree_leaves_with_path(nnx.state(q, nnx.Param))
                if "kernel" in jax.tree_util.keystr(p)]
     assert kernels and {str(np.asarray(k).dtype) for k in kernels} >= {"int8"}
-    assert measure.param_bytes(model) / measure.param_bytes(q) >= 3.5
+    assert scorecard.param_bytes(model) / scorecard.param_bytes(q) >= 3.5
     # int8 per-channel weights: the model's correction (output - input) is kept to a few percent.
-    y, yq = measure.jit_predict(model)(x), measure.jit_predict(q)(x)
+    y, yq = scorecard.jit_predict(model)(x), scorecard.jit_predict(q)(x)
     assert np.linalg.norm(yq - y) / np.linalg.norm(y - x) < 0.05
 
 
@@ -153,7 +154,7 @@ def test_channel_pruning_removes_exactly_the_dead_channels():
     cfg.update(name="transformer", dim=16, depth=1, heads=2, mlp_ratio=2, halo=2, latent_dim=8, stride=2,
                residual=True, dtype="float32")
     model = tiny_model()
-    x = measure.window(WINDOW, batch=2, seed=6)
+    x = scorecard.window(WINDOW, batch=2, seed=6)
     # Silence half of each MLP's hidden channels: removing them must not change the output.
     for _, block in nnx.iter_graph(model):
         if isinstance(block, models.AttentionBlock):
@@ -161,5 +162,41 @@ def test_channel_pruning_removes_exactly_the_dead_channels():
             block.mlp_out.kernel[...] = np.where(dead[:, None], 0.0, np.asarray(block.mlp_out.kernel[...]))
     small, small_cfg = prune.prune_mlp_channels(model, cfg, FEATURES, WINDOW[1], keep=0.5)
     assert small_cfg.mlp_ratio == 1
-    assert measure.param_count(small) < measure.param_count(model)
-    np.testing.assert_allclose(measure.jit_predict(small)(x), measure.jit_predict(model)(x), atol=1e-5)
+    assert scorecard.param_count(small) < scorecard.param_count(model)
+    np.testing.assert_allclose(scorecard.jit_predict(small)(x), scorecard.jit_predict(model)(x), atol=1e-5)
+
+
+def test_finetune_runs_the_trainers_step_masked_and_distilled(deepmimic_dir):
+    """The fine-tuning loop is the trainer's step with two hooks: pruned weights stay exactly zero
+    while the kept ones train, and with a teacher at weight 0 the student trains exactly as without
+    one (the objective's mix adds nothing), while weight 1 trains it towards the teacher instead."""
+    from motionjax.data import pipeline
+    from motionjax.efficiency import trained
+    from runs import runlocal_config
+
+    config = runlocal_config(deepmimic_dir)
+    info = pipeline.dataset_info(config.data)
+    student, teacher = trained.build_model(config, info, seed=1), tiny_teacher(config, info)
+    params = jax.tree.map(np.asarray, nnx.state(student, nnx.Param))
+    mask = prune.magnitude_mask(params, 0.5)
+    tuned, _ = finetune.Loop(config, info, student, 3).run(student, seed=0, mask=mask)
+    after = jax.tree.map(np.asarray, nnx.state(tuned, nnx.Param))
+    for w, m in zip(jax.tree.leaves(after), jax.tree.leaves(mask), strict=True):
+        assert (w[m == 0] == 0).all()
+    assert any(not np.array_equal(w[m == 1], w0[m == 1])
+               for w, w0, m in zip(*(jax.tree.leaves(t) for t in (after, params, mask)), strict=True))
+    plain, _ = finetune.Loop(config, info, student, 3).run(student, seed=0)
+    loop = finetune.Loop(config, info, student, 3, teacher=teacher)
+    zero, _ = loop.run(student, seed=0, alpha=0.0)
+    one, _ = loop.run(student, seed=0, alpha=1.0)
+    leaves = lambda m: jax.tree.leaves(jax.tree.map(np.asarray, nnx.state(m, nnx.Param)))
+    for a, b in zip(leaves(plain), leaves(zero), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert any(not np.allclose(a, b) for a, b in zip(leaves(plain), leaves(one), strict=True))
+
+
+def tiny_teacher(config, info):
+    """Another model of the config's architecture, with other weights: its outputs are not the data."""
+    from motionjax.efficiency import trained
+
+    return trained.build_model(config, info, seed=7)

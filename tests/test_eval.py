@@ -70,7 +70,7 @@ def _clip_batches():
     batches = []
     for seed in range(2):
         q = rot.quat_normalize(rng.normal(size=(3, 8, SKELETON.num_joints, 4)))
-        clean = feat.encode(SKELETON, rng.normal(size=(3, 8, 3)), q).astype(np.float32)
+        clean = feat.pack(SKELETON, rng.normal(size=(3, 8, 3)), q).astype(np.float32)
         batches.append({"clean": clean.reshape(3, 2, 4, f), "noisy": clean.reshape(3, 2, 4, f) * 1.1,
                         "valid": np.ones((3, 2, 4, 1), np.float32),
                         "offsets": (SKELETON.offsets * rng.uniform(0.8, 1.2, (3, 1, 1))).astype(np.float32),
@@ -103,3 +103,18 @@ def test_evaluate_uses_each_windows_offsets_and_breaks_mpjpe_down_by_label():
     plain = [dict(b, offsets=None) for b in batches]
     other = metrics.evaluate(shrink, plain, SKELETON, FPS, mean, std, 0.3)["mpjpe"]
     assert abs(other - out["mpjpe"]) > 1e-3
+
+
+def test_evaluator_results_merge_rows_whatever_the_order():
+    """Two evaluators of one split and input (the held-out one during training, the final one with its
+    reference rows) add up to one row with every method, in either order (ConfigDict sorts names)."""
+    from motionjax.evaluation import evaluators
+
+    heldout = lambda predict, workdir=None: {"validation": {"clean": {"model": {"mpjpe": 1.0}}}}
+    final = lambda predict, workdir=None: {"validation": {"clean": {"model": {"mpjpe": 1.0},
+                                                                    "pca": {"mpjpe": 3.0}}},
+                                           "test": {"noisy": {"model": {"mpjpe": 2.0}}}}
+    for order in ({"a": heldout, "b": final}, {"a": final, "b": heldout}):
+        results = evaluators.run(order, predict=None)
+        assert sorted(results["validation"]["clean"]) == ["model", "pca"]
+        assert results["test"]["noisy"]["model"]["mpjpe"] == 2.0

@@ -164,7 +164,7 @@ def test_best_checkpoint_survives_a_restart(tmp_path):
 
     def save(step, metric):
         mngr = train.make_checkpoint_manager(tmp_path, cfg)
-        metrics = None if metric is None else {train.best_metric(cfg): metric}
+        metrics = None if metric is None else {cfg.best_metric: metric}
         train.save_checkpoint(mngr, step, state, None, {}, metrics)
         mngr.wait_until_finished()
         mngr.close()

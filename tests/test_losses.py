@@ -20,7 +20,7 @@ def test_reconstruction_loss_runs_fk_on_each_windows_offsets():
     rng = np.random.default_rng(0)
     f = feat.feature_dim(SKELETON)
     mean, std = np.zeros(f, np.float32), np.ones(f, np.float32)
-    x = lambda: feat.encode(SKELETON, rng.normal(size=(2, 6, 3)),
+    x = lambda: feat.pack(SKELETON, rng.normal(size=(2, 6, 3)),
                             rot.quat_normalize(rng.normal(size=(2, 6, SKELETON.num_joints, 4))))
     pred, target = jnp.asarray(x(), jnp.float32), jnp.asarray(x(), jnp.float32)
     offsets = (SKELETON.offsets[None] * np.array([0.8, 1.3])[:, None, None]).astype(np.float32)
@@ -49,14 +49,14 @@ def test_pose_term_is_root_relative_mpjpe_and_weighted_into_the_loss():
     mean, std = np.zeros(f, np.float32), np.ones(f, np.float32)
     root = rng.normal(size=(2, 6, 3))
     quats = rot.quat_normalize(rng.normal(size=(2, 6, SKELETON.num_joints, 4)))
-    target = jnp.asarray(feat.encode(SKELETON, root, quats), jnp.float32)
-    pred = jnp.asarray(feat.encode(SKELETON, root + 0.1, rot.quat_normalize(quats + 0.2)), jnp.float32)
+    target = jnp.asarray(feat.pack(SKELETON, root, quats), jnp.float32)
+    pred = jnp.asarray(feat.pack(SKELETON, root + 0.1, rot.quat_normalize(quats + 0.2)), jnp.float32)
     loss, terms = losses.reconstruction_loss(cfg, SKELETON, 30.0, pred, target, mean, std)
     shifted = pred.at[..., :3].add(jnp.array([0.5, -0.2, 0.3]))
     _, moved = losses.reconstruction_loss(cfg, SKELETON, 30.0, shifted, target, mean, std)
     np.testing.assert_allclose(float(moved["pose"]), float(terms["pose"]), rtol=1e-5)
     assert float(moved["position"]) > float(terms["position"]) + 0.1
-    fk = lambda x: np.asarray(forward_kinematics(SKELETON, *feat.decode(SKELETON, x)[::-1])[0])
+    fk = lambda x: np.asarray(forward_kinematics(SKELETON, *feat.unpack(SKELETON, x)[::-1])[0])
     rel = lambda x: fk(x) - np.asarray(x)[..., None, :3]
     expected = np.linalg.norm(rel(pred) - rel(target), axis=-1).mean()
     np.testing.assert_allclose(float(terms["pose"]), expected, rtol=1e-4)
@@ -82,7 +82,7 @@ def test_padding_frames_weigh_nothing_in_any_term_sharded_or_not():
     root = np.cumsum(rng.normal(scale=0.02, size=(2, t, 3)), axis=1)
     quats = rot.quat_normalize(rng.normal(size=(2, t, SKELETON.num_joints, 4)) * 0.1 + [1, 0, 0, 0])
     noisy = rot.quat_normalize(quats + rng.normal(scale=0.05, size=quats.shape))
-    pred, target = (np.asarray(feat.encode(SKELETON, r, q), np.float32) for r, q in ((root + 0.01, noisy),
+    pred, target = (np.asarray(feat.pack(SKELETON, r, q), np.float32) for r, q in ((root + 0.01, noisy),
                                                                                       (root, quats)))
     for x in (pred, target):  # window 0 is padded after `real` frames with copies of its last real frame
         x[0, real:] = x[0, real - 1]

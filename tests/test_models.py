@@ -185,7 +185,7 @@ def _kinematics(input_positions=False, global_rotations=False):
     f = 3 + 6 * len(models.rotating_joints(sk))
     rng = np.random.default_rng(0)
     mean, std = rng.normal(size=f).astype(np.float32) * 0.1, rng.uniform(0.5, 2, f).astype(np.float32)
-    return sk, f, models.Kinematics(sk, mean, std, input_positions, global_rotations)
+    return sk, f, models.SkeletonLayer(sk, mean, std, input_positions, global_rotations)
 
 
 def test_global_rotations_map_to_the_local_rotations_of_the_same_pose():
@@ -198,16 +198,16 @@ def test_global_rotations_map_to_the_local_rotations_of_the_same_pose():
     rng = np.random.default_rng(1)
     q = rot.quat_normalize(rng.normal(size=(3, sk.num_joints, 4)))
     q[:, [k == "fixed" for k in sk.kinds]] = [1, 0, 0, 0]
-    q = np.asarray(feat.decode(sk, feat.encode(sk, np.zeros((3, 3)), q))[1])  # hinges as features see them
+    q = np.asarray(feat.unpack(sk, feat.pack(sk, np.zeros((3, 3)), q))[1])  # hinges as features see them
     _, world = forward_kinematics(sk, q, np.zeros((3, 3)))
     ids = models.rotating_joints(sk)
     got = kin.local_features(jnp.asarray(rot.quat_to_6d(np.asarray(world)[:, ids])))
-    want = feat.standardize(feat.encode(sk, np.zeros((3, 3)), q), kin.mean, kin.std)[:, 3:]
+    want = feat.standardize(feat.pack(sk, np.zeros((3, 3)), q), kin.mean, kin.std)[:, 3:]
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-4)
 
 
 def test_position_head_output_reaches_the_corrected_positions():
-    """``Kinematics.project``: rotation features (the hint) plus a position correction give rotations
+    """``SkeletonLayer.project``: rotation features (the hint) plus a position correction give rotations
     whose FK lands on FK(hint) + correction (independent reference: FK of a second random pose on
     an all-ball body; the correction is the difference of the two poses' positions), and a zero
     correction gives the hint back."""
@@ -219,20 +219,20 @@ def test_position_head_output_reaches_the_corrected_positions():
     f = 3 + 6 * len(models.rotating_joints(sk))
     rng = np.random.default_rng(3)
     mean, std = rng.normal(size=f).astype(np.float32) * 0.1, rng.uniform(0.5, 2, f).astype(np.float32)
-    kin = models.Kinematics(sk, mean, std, position_head=True)
+    kin = models.SkeletonLayer(sk, mean, std, position_head=True)
     hint, true = (rot.quat_normalize(rng.normal(size=(5, sk.num_joints, 4))).astype(np.float32)
                   for _ in range(2))
     fk = lambda q: np.asarray(forward_kinematics(sk, jnp.asarray(q), jnp.zeros((5, 3)))[0])
-    x = feat.standardize(feat.encode(sk, np.zeros((5, 3), np.float32), hint), mean, std)[:, 3:]
+    x = feat.standardize(feat.pack(sk, np.zeros((5, 3), np.float32), hint), mean, std)[:, 3:]
     project = jax.jit(kin.project)
     for want in (true, hint):
         correction = (fk(want) - fk(hint)).reshape(5, -1) / models.POSITION_SCALE
         out = np.asarray(project(jnp.asarray(x), jnp.asarray(correction)))
-        got = feat.decode(sk, feat.destandardize(np.pad(out, [(0, 0), (3, 0)]), mean, std))[1]
+        got = feat.unpack(sk, feat.destandardize(np.pad(out, [(0, 0), (3, 0)]), mean, std))[1]
         np.testing.assert_allclose(fk(got), fk(want), atol=2e-5)
     np.testing.assert_allclose(np.abs(np.sum(np.asarray(got) * hint, -1)), 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="pick one"):
-        models.Kinematics(sk, mean, std, global_rotations=True, position_head=True)
+        models.SkeletonLayer(sk, mean, std, global_rotations=True, position_head=True)
 
 
 def test_input_positions_are_root_relative_fk_positions():
@@ -243,8 +243,8 @@ def test_input_positions_are_root_relative_fk_positions():
     rng = np.random.default_rng(2)
     q = rot.quat_normalize(rng.normal(size=(4, sk.num_joints, 4)))
     root = rng.normal(size=(4, 3))
-    x = feat.standardize(feat.encode(sk, root, q), kin.mean, kin.std).astype(np.float32)
-    pos, _ = forward_kinematics(sk, np.asarray(feat.decode(sk, feat.encode(sk, root, q))[1]), root)
+    x = feat.standardize(feat.pack(sk, root, q), kin.mean, kin.std).astype(np.float32)
+    pos, _ = forward_kinematics(sk, np.asarray(feat.unpack(sk, feat.pack(sk, root, q))[1]), root)
     want = (pos - pos[:, :1]).reshape(4, -1) / models.POSITION_SCALE
     np.testing.assert_allclose(np.asarray(kin.positions(jnp.asarray(x))), want, atol=1e-4)
     assert kin.extra_inputs == 3 * sk.num_joints
@@ -309,3 +309,19 @@ def test_interp_upsampling_is_linear_interpolation_across_chunks_and_devices():
     assert apply(perturb(m), features((2, 2, C, F))).shape == (2, 2, C, F)
     with pytest.raises(ValueError, match="upsample"):
         model("tconv", upsample="cubic")
+
+
+@pytest.mark.parametrize("name", ["transformer", "tconv"])
+def test_dropout_is_random_in_training_and_off_in_evaluation(name):
+    """``model.dropout``: two training-mode calls drop different units (the RNG advances), while eval
+    mode is deterministic and equals the same weights with dropout 0."""
+    x = features((2, 4, C, F))
+    m = perturb(model(name, dropout=0.5))
+    plain = model(name, dropout=0.0)
+    nnx.update(plain, nnx.state(m, nnx.Param))
+    m.train()
+    first, second = np.asarray(m(x)), np.asarray(m(x))
+    assert not np.allclose(first, second)
+    m.eval()
+    np.testing.assert_allclose(np.asarray(m(x)), np.asarray(m(x)))
+    np.testing.assert_allclose(np.asarray(m(x)), np.asarray(plain(x)), rtol=1e-5, atol=1e-6)

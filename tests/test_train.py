@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -252,3 +253,50 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     assert json.loads((interrupted / "summary.json").read_text())["status"] == "done"
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
+
+
+def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(tmp_path, data_dir, monkeypatch):
+    """``data.auto_batch="memory"`` is honoured by the trainer itself (not only scripts/train.py): the
+    run trains at the largest global batch whose compiled step fits the per-device memory limit."""
+    from motionjax.train import batch_finder
+
+    config = runlocal_config(data_dir)
+    config.train.update(steps=2, eval_every=2, checkpoint_every=2)
+    config.evals.final.splits = ("validation",)
+    info = pipeline.dataset_info(config.data)
+    probe = batch_finder.StepProbe.for_trainer(config, info)
+    limit = probe.memory(1).peak  # per-device batch 1 fits exactly, 2 does not
+    assert probe.memory(2).peak > limit
+    monkeypatch.setattr(batch_finder, "device_memory_limit", lambda: limit)
+    config.data.auto_batch = "memory"
+    summary = train.train_and_evaluate(config, tmp_path / "run")
+    assert summary["status"] == "done" and config.data.batch_size == jax.device_count()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["batch_size"] == 8
+
+
+def test_grad_accum_steps_average_micro_batches_into_one_update():
+    """``train.grad_accum_steps = k``: parameters move every k-th micro-batch, by the update plain
+    adamw makes from the micro-batches' mean gradient (with the schedule counted in updates)."""
+    from experiments.base import get_config
+
+    cfg = get_config().train
+    cfg.update(steps=8, warmup_steps=0, learning_rate=0.1, grad_clip=1e9)
+    params = {"w": jnp.array([1.0, -2.0, 0.5])}
+    rows = ([0.3, -0.1, 0.2], [0.1, 0.5, -0.4], [-0.2, 0.2, 0.1], [0.4, 0.0, 0.3])
+    grads = [{"w": jnp.array(g)} for g in rows]
+    cfg.grad_accum_steps = 2
+    accum = train.make_optimizer(cfg)
+    state, p_accum = accum.init(params), params
+    for i, g in enumerate(grads):
+        updates, state = accum.update(g, state, p_accum)
+        moved = optax.apply_updates(p_accum, updates)
+        assert np.array_equal(moved["w"], p_accum["w"]) == (i % 2 == 0)  # moves on micro-batch 2, 4
+        p_accum = moved
+    plain_cfg = cfg.copy_and_resolve_references()
+    plain_cfg.update(grad_accum_steps=1, steps=4)  # the same schedule: 4 updates
+    plain = train.make_optimizer(plain_cfg)
+    state, p_plain = plain.init(params), params
+    for a, b in (grads[:2], grads[2:]):
+        updates, state = plain.update(jax.tree.map(lambda x, y: (x + y) / 2, a, b), state, p_plain)
+        p_plain = optax.apply_updates(p_plain, updates)
+    np.testing.assert_allclose(p_accum["w"], p_plain["w"], rtol=1e-6)

@@ -3,7 +3,7 @@
 One frame is ``F = 3 + 6·R`` numbers: the root position (already canonicalised by the data
 pipeline) followed by the 6D rotation of each of the ``R`` joints that can rotate (fixed joints
 carry no information and are left out). Data, model heads, losses and evaluation all go through
-:func:`encode` / :func:`decode` and :func:`standardize` / :func:`destandardize`. Like
+:func:`pack` / :func:`unpack` and :func:`standardize` / :func:`destandardize`. Like
 :mod:`motionjax.core.rotations`, they return numpy for numpy inputs (the data workers) and jax arrays
 otherwise (model and losses).
 """
@@ -24,15 +24,15 @@ def feature_dim(skeleton: Skeleton) -> int:
     return 3 + 6 * len(rotating_joints(skeleton))
 
 
-def encode(skeleton: Skeleton, root_position, rotations):
+def pack(skeleton: Skeleton, root_position, rotations):
     """``root_position [..., T, 3]``, ``rotations [..., T, J, 4]`` -> features ``[..., T, F]``."""
     sixd = rot.quat_to_6d(rotations[..., rotating_joints(skeleton), :])
     xp = rot._xp(root_position, sixd)
     return xp.concatenate([root_position, sixd.reshape(*sixd.shape[:-2], -1)], axis=-1)
 
 
-def decode(skeleton: Skeleton, features):
-    """Inverse of :func:`encode`: ``features [..., T, F]`` -> ``(root_position, rotations)``.
+def unpack(skeleton: Skeleton, features):
+    """Inverse of :func:`pack`: ``features [..., T, F]`` -> ``(root_position, rotations)``.
 
     Any 6D vector decodes to a valid rotation (Gram-Schmidt), so raw model outputs are safe here.
     """

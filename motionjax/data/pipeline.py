@@ -170,8 +170,8 @@ class SampleWindow:
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
         self.source, self.skeleton = source, info.skeleton
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
-        self.log_speed = float(np.log(cfg.get("speed_range", 1.0)))
-        self.reverse_prob = float(cfg.get("reverse_prob", 0.0))
+        self.log_speed = float(np.log(cfg.speed_range))
+        self.reverse_prob = float(cfg.reverse_prob)
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)

@@ -59,4 +59,4 @@ def window_features(skeleton: Skeleton, root, rotations, window: int, stride: in
     else:
         r, q, _, _ = transforms.canonicalize(skeleton, root[idx], rotations[idx], floor=False)
         r[..., skeleton.up_axis] -= positions[idx][..., skeleton.up_axis].min(axis=(-1, -2))[:, None]
-    return features.encode(skeleton, r, q).reshape(-1, features.feature_dim(skeleton))
+    return features.pack(skeleton, r, q).reshape(-1, features.feature_dim(skeleton))

@@ -312,14 +312,14 @@ def mirror_offsets(skeleton: Skeleton, offsets, frames: MirrorFrames | None = No
 def normalize(skeleton: Skeleton, root_position, rotations, mean, std, *, floor=True, scale=1.0):
     """Windows -> standardized features ``[..., T, F]`` plus the ``(yaw, origin)`` frame."""
     root, rots, yaw, origin = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale)
-    x = features.standardize(features.encode(skeleton, root, rots), mean, std)
+    x = features.standardize(features.pack(skeleton, root, rots), mean, std)
     return x.astype(np.float32), yaw, origin
 
 
 def denormalize(skeleton: Skeleton, x, mean, std):
     """Model side: standardized features ``[..., T, F]`` (chunked ones go through :func:`unchunk`
     first) -> canonical ``(root_position [..., T, 3], rotations [..., T, J, 4])``, jax or numpy."""
-    return features.decode(skeleton, features.destandardize(x, mean, std))
+    return features.unpack(skeleton, features.destandardize(x, mean, std))
 
 
 def chunk(x, size: int):
@@ -445,10 +445,10 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
             offsets[m] = mirror_offsets(skeleton, offsets[m], frames)
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
                                     offsets=offsets)
-    clean = features.standardize(features.encode(skeleton, root, rots), mean, std)
+    clean = features.standardize(features.pack(skeleton, root, rots), mean, std)
     nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
     nrots = rotation_noise(skeleton, nrots, draws["rot"])
-    noisy = features.standardize(features.encode(skeleton, nroot + draws["pos"], nrots), mean, std)
+    noisy = features.standardize(features.pack(skeleton, nroot + draws["pos"], nrots), mean, std)
     noisy = mask_features(skeleton, noisy, draws["joint_mask"], draws["frame_mask"])
     mask = draws["frame_mask"][..., None].astype(np.float32)
     out = {"noisy": chunk(noisy.astype(np.float32), chunk_size),

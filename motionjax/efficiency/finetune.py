@@ -1,10 +1,11 @@
-"""A short training loop for the efficiency variants: masked fine-tuning after pruning, and a
-student trained on a teacher's outputs (distillation) or on the data alone.
+"""Short training runs for the efficiency variants: masked fine-tuning after pruning, and a student
+trained on a teacher's outputs (distillation) or on the data alone.
 
-It reuses the trainer's pieces (loss, optimizer schedule, Grain iterator, mesh) and adds two inputs
-the trainer has no use for: a parameter mask kept by the optimizer (:func:`keep_masked`) and a
-teacher whose outputs are targets. Both are arguments of one jitted step, so every sparsity level,
-seed and the distilled/data-only pair share one compilation.
+They run the trainer's own step (:func:`motionjax.train.pure_train_step`: its loss, optimizer
+schedule, clipping, non-finite guard) through its two hooks: the optimizer gains a parameter mask it
+keeps (:func:`keep_masked`), and the objective (:func:`distillation_objective`) mixes in the
+teacher's output, which the batch carries as ``target``. The mask and the mix weight are inputs, so
+every sparsity level, seed and the distilled/data-only pair share one compilation.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from motionjax import parallel, train
-from motionjax.efficiency import measure
+from motionjax.efficiency import scorecard
 
 
 class MaskState(NamedTuple):
@@ -33,6 +35,20 @@ def keep_masked(mask) -> optax.GradientTransformation:
         update=lambda updates, state, params=None: (jax.tree.map(jnp.multiply, updates, state.mask), state))
 
 
+def distillation_objective(loss_fn):
+    """``(pred, batch) -> (loss, terms)``: ``(1 - a)·L(pred, clean) + a·L(pred, target)`` with the
+    trainer's loss ``L`` and ``a = batch["target_weight"]`` (one value for the whole batch)."""
+    reconstruction = train.reconstruction_objective(loss_fn)
+
+    def objective(pred, batch):
+        loss, terms = reconstruction(pred, batch)
+        alpha = batch["target_weight"][0]
+        taught, _ = reconstruction(pred, dict(batch, clean=batch["target"]))
+        return (1 - alpha) * loss + alpha * taught, terms
+
+    return objective
+
+
 def _config(config, steps: int, seed: int, learning_rate: float | None):
     c = copy.deepcopy(config)
     with c.unlocked():
@@ -40,52 +56,39 @@ def _config(config, steps: int, seed: int, learning_rate: float | None):
         c.train.steps = steps
         c.train.warmup_steps = min(c.train.warmup_steps, max(steps // 10, 1))
         c.train.grad_accum_steps = 1
+        c.train.ema_decay = 0.0
         if learning_rate is not None:
             c.train.learning_rate = learning_rate
     return c
 
 
 class Loop:
-    """Jitted ``params -> params`` training for one model architecture on ``config``'s data.
+    """``steps`` of the trainer's step for one model architecture on ``config``'s data.
 
-    ``alpha``: weight of the teacher target (0: data only; the loss is ``(1 - alpha)·L(pred, clean)
-    + alpha·L(pred, teacher(noisy))`` with the trainer's reconstruction loss ``L``).
+    ``teacher``: its outputs are a second target, weighted ``alpha`` in :meth:`run` (0: data only).
     """
 
     def __init__(self, config, info, model: nnx.Module, steps: int, teacher: nnx.Module | None = None,
                  learning_rate: float | None = None):
         self.config, self.info, self.steps = _config(config, steps, config.seed, learning_rate), info, steps
         self.mesh = parallel.make_mesh(self.config.mesh)
-        self.graphdef, _, self.rest = nnx.split(model, nnx.Param, ...)
+        # Every run is masked (all ones when nothing is pruned): one optimizer-state layout, one compile.
+        ones = jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param))
+        tx = optax.chain(train.make_optimizer(self.config.train), keep_masked(ones))
+        (graphdef, self.eval_graphdef, _), self.tx, state, self.shardings = train.init_state(
+            self.config, info, self.mesh, model=model, tx=tx)
+        self.rest = state["rest"]
         loss_fn = train.make_loss_fn(self.config, info, self.mesh)
+        objective = distillation_objective(loss_fn) if teacher is not None else None
+        self._step = train.jit_train_step(train.pure_train_step(graphdef, tx, loss_fn, objective=objective),
+                                          self.shardings, self.mesh)
         self.teacher = None
         if teacher is not None:
+            window = parallel.window_sharding(self.mesh)
             t_graphdef, t_state = nnx.split(teacher)
-            self.teacher = (t_graphdef, self._put(t_state))
-        # Every run is masked (all ones when nothing is pruned): one optimizer-state layout, one compile.
-        self.tx = optax.chain(train.make_optimizer(self.config.train), keep_masked(None))
-        graphdef, rest, t_graphdef = self.graphdef, self.rest, self.teacher and self.teacher[0]
-
-        def step(params, opt_state, batch, teacher_state, alpha):
-            def compute(p):
-                pred = nnx.merge(graphdef, p, rest)(batch["noisy"])
-                loss, _ = loss_fn(pred, batch["clean"])
-                if t_graphdef is not None:
-                    target = jax.lax.stop_gradient(nnx.merge(t_graphdef, teacher_state)(batch["noisy"]))
-                    loss = (1 - alpha) * loss + alpha * loss_fn(pred, target)[0]
-                return loss
-
-            loss, grads = jax.value_and_grad(compute)(params)
-            updates, opt_state = self.tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        # Shardings pinned in and out: the step's outputs are its next inputs, so it compiles once.
-        rep, window = parallel.replicated(self.mesh), parallel.window_sharding(self.mesh)
-        self._step = jax.jit(step, in_shardings=(rep, rep, window, rep, rep), out_shardings=rep,
-                             donate_argnums=(0, 1))
-
-    def _put(self, tree):
-        return jax.device_put(tree, parallel.replicated(self.mesh))
+            forward = jax.jit(lambda s, x: nnx.merge(t_graphdef, s)(x), out_shardings=window)
+            t_state = jax.device_put(t_state, parallel.replicated(self.mesh))
+            self.teacher = lambda x: forward(t_state, x)
 
     def run(self, model: nnx.Module, seed: int = 0, mask=None, alpha: float = 0.0, eval_batches=None,
             eval_every: int = 50) -> tuple[nnx.Module, list[dict]]:
@@ -93,33 +96,36 @@ class Loop:
         ``[{step, train_s, mpjpe}]`` every ``eval_every`` steps (``train_s`` excludes evaluation and
         the first step's compilation)."""
         config = _config(self.config, self.steps, seed, None)
-        _, params, _ = nnx.split(model, nnx.Param, ...)
+        params = nnx.state(model, nnx.Param)
         mask = jax.tree.map(jnp.ones_like, params) if mask is None else mask
-        params = self._put(jax.tree.map(jnp.multiply, params, mask))
+        params = jax.tree.map(jnp.multiply, params, mask)
         adamw, _ = self.tx.init(params)
-        opt_state = (adamw, MaskState(self._put(mask)))
-        teacher_state = self.teacher[1] if self.teacher else None
+        state = parallel.put({"params": params, "rest": self.rest, "opt_state": (adamw, MaskState(mask)),
+                              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}, self.shardings)
+        weight = parallel.batch_shardings(self.mesh, ("target_weight",))["target_weight"]
+        weight = jax.device_put(np.full(config.data.batch_size, alpha, np.float32), weight)
         iterator = train.make_iterator(config, self.info, self.mesh)
         history, elapsed = [], 0.0
         try:
             for i in range(1, self.steps + 1):
                 batch = next(iterator)
-                batch = {k: batch[k] for k in ("noisy", "clean")}
                 t = time.perf_counter()
-                params, opt_state, loss = self._step(params, opt_state, batch, teacher_state,
-                                                     self._put(jnp.float32(alpha)))
-                jax.block_until_ready(loss)
+                if self.teacher is not None:  # both arms run the teacher, so their seconds compare
+                    batch = dict(batch, target=self.teacher(batch["noisy"]), target_weight=weight)
+                state, metrics = self._step(state, batch)
+                jax.block_until_ready(metrics)
                 elapsed += time.perf_counter() - t if i > 1 else 0.0
                 if eval_batches is not None and (i % eval_every == 0 or i == self.steps):
-                    out = self.model(params)
-                    history.append({"step": i, "train_s": elapsed, "loss": float(loss),
-                                    "mpjpe": measure.mpjpe(measure.jit_predict(out), config, self.info,
+                    out = self.model(state["params"])
+                    history.append({"step": i, "train_s": elapsed, "loss": float(metrics["loss"]),
+                                    "mpjpe": scorecard.mpjpe(scorecard.jit_predict(out), config, self.info,
                                                            eval_batches)})
         finally:
             iterator.close()
-        return self.model(params), history
+        return self.model(state["params"]), history
 
     def model(self, params) -> nnx.Module:
-        model = nnx.merge(self.graphdef, jax.device_get(params), self.rest)
+        """A mesh-free model in eval mode with ``params``."""
+        model = nnx.merge(self.eval_graphdef, jax.device_get(params), jax.device_get(self.rest))
         model.eval()
         return model

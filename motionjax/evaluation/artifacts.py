@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from motionjax.core.features import decode, destandardize
+from motionjax.core.features import destandardize, unpack
 from motionjax.core.skeleton import Skeleton
 
 
@@ -105,6 +105,6 @@ def export_bvh(path, skeleton: Skeleton, fps: float, features, mean, std, name: 
     from motionjax.formats import Motion
     from motionjax.formats.bvh import write_bvh
 
-    root, rotations = decode(skeleton, destandardize(np.asarray(features, np.float32), mean, std))
+    root, rotations = unpack(skeleton, destandardize(np.asarray(features, np.float32), mean, std))
     write_bvh(Path(path), Motion(skeleton, fps, np.asarray(root, np.float64),
                                  np.asarray(rotations, np.float64), name=name))

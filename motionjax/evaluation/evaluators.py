@@ -99,7 +99,7 @@ KINDS = {"metrics": Metrics, "clip": Clip}
 
 def build(config, info, during: bool | None = None) -> dict:
     """``{name: evaluator}`` of ``config.evals`` (with ``during``: only those that run, or do not run,
-    during training), in declaration order."""
+    during training)."""
     out = {}
     for name, spec in config.evals.items():
         spec = dict(spec)
@@ -111,11 +111,13 @@ def build(config, info, during: bool | None = None) -> dict:
 
 
 def run(evaluators: dict, predict, workdir: Path | None = None) -> dict:
-    """Every evaluator's results, merged per split and input (``summary.json``'s ``results``)."""
+    """Every evaluator's results, merged per split, input and method (``summary.json``'s ``results``):
+    two evaluators of one split and input add their rows (the model's row is the same model's)."""
     results = {}
     for evaluator in evaluators.values():
         for split, rows in evaluator(predict, workdir).items():
-            results.setdefault(split, {}).update(rows)
+            for condition, row in rows.items():
+                results.setdefault(split, {}).setdefault(condition, {}).update(row)
     return results
 
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from motionjax import losses
-from motionjax.core.features import decode, destandardize
+from motionjax.core.features import destandardize, unpack
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
 
@@ -101,7 +101,7 @@ def motion_metrics(skeleton: Skeleton, fps: float, pred, true, valid=None, conta
 def feature_positions(skeleton: Skeleton, features, mean, std, offsets=None):
     """Standardized features ``[..., T, F]`` -> joint positions ``[..., T, J, 3]`` (m), by FK on
     ``offsets`` (``[..., J, 3]``, one set per window: a clip's rest offsets) or the skeleton's."""
-    root, rotations = decode(skeleton, destandardize(jnp.asarray(features, jnp.float32), mean, std))
+    root, rotations = unpack(skeleton, destandardize(jnp.asarray(features, jnp.float32), mean, std))
     if offsets is not None:
         offsets = jnp.asarray(offsets, jnp.float32)[..., None, :, :]  # broadcast over time
     return forward_kinematics(skeleton, rotations, root, offsets)[0]

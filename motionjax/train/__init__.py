@@ -10,7 +10,6 @@ scripts, notebooks, benchmarks and the efficiency tools use.
 """
 from motionjax.train.checkpoints import (
     CheckpointError,
-    best_metric,
     make_checkpoint_manager,
     restore_checkpoint,
     restore_latest,
@@ -31,13 +30,15 @@ from motionjax.train.step import (
     make_optimizer,
     make_predict,
     pure_train_step,
+    reconstruction_objective,
 )
 
 __all__ = [
     "CheckpointError", "ConfigError", "LOCK_FILE", "StorageError", "WorkdirLockedError", "abstract_batch",
-    "batch_keys", "best_metric", "build_train_step", "check_config", "check_data", "evaluated_params",
+    "batch_keys", "build_train_step", "check_config", "check_data", "evaluated_params",
     "init_state", "jit_train_step", "lower_train_step", "make_checkpoint_manager", "make_iterator",
-    "make_loss_fn", "make_optimizer", "make_predict", "pure_train_step", "restore_checkpoint",
+    "make_loss_fn", "make_optimizer", "make_predict", "pure_train_step", "reconstruction_objective",
+    "restore_checkpoint",
     "restore_latest", "run_experiment", "save_checkpoint", "storage_error", "train_and_evaluate",
     "workdir_lock",
 ]

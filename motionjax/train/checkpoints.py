@@ -24,16 +24,10 @@ import orbax.checkpoint as ocp
 from motionjax import parallel
 
 
-def best_metric(cfg: ml_collections.ConfigDict) -> str:
-    """``train.best_metric`` of ``cfg`` (``config.train``): ``"SPLIT/METRIC"`` whose lowest value picks the
-    best checkpoint (``validation/mpjpe``, never the test split). The ``config.json`` of runs made before
-    the field existed lacks it; they chose by ``validation/mpjpe``."""
-    return cfg.get("best_metric", "validation/mpjpe")
-
-
 def make_checkpoint_manager(workdir: Path, cfg: ml_collections.ConfigDict) -> ocp.CheckpointManager:
-    """Async manager keeping the last ``cfg.keep_checkpoints`` steps and the best by :func:`best_metric`."""
-    metric = best_metric(cfg)
+    """Async manager keeping the last ``cfg.keep_checkpoints`` steps and the best by ``cfg.best_metric``
+    (``config.train``: ``"SPLIT/METRIC"``, lowest is best; never the test split)."""
+    metric = cfg.best_metric
     policy = ocp.checkpoint_managers
     keep = policy.AnyPreservationPolicy([
         policy.LatestN(cfg.keep_checkpoints),

@@ -165,7 +165,7 @@ def _check_evals(config) -> list[str]:
             named = named and not spec.get("during")
         if spec.get("during"):
             during_splits += list(splits)
-    best = config.train.get("best_metric", "validation/mpjpe")
+    best = config.train.best_metric
     split, _, metric = str(best).partition("/")
     if named and (split not in during_splits or metric not in metrics.METRICS):
         problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC', SPLIT one of the splits "

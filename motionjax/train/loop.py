@@ -20,7 +20,7 @@ import ml_collections
 from motionjax import parallel
 from motionjax.data import pipeline
 from motionjax.evaluation import artifacts, evaluators
-from motionjax.train import checkpoints, checks, faults, logs, step
+from motionjax.train import batch_finder, checkpoints, checks, faults, logs, step
 
 
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
@@ -100,6 +100,10 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
         parallel.retain_host_memory()
     mesh = parallel.make_mesh(config.mesh)
     info = pipeline.dataset_info(config.data)  # prepares the dataset on first use
+    found = batch_finder.resolve_auto_batch(config, info)  # data.auto_batch: sets data.batch_size
+    if found and main:
+        print(f"data.auto_batch={found['mode']}: data.batch_size={found['global_batch']} "
+              f"({found['per_device_batch']} per device)", flush=True)
     checks.check_data(config, info)
     train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
     iterator = make_iterator(config, info, mesh)
@@ -155,10 +159,9 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
             pending = None
             with chrono.paused("eval"):
                 held_out = _evaluate_heldout(run, current) if eval_now else None
-            metric = checkpoints.best_metric(cfg)
+            best = {cfg.best_metric: held_out[cfg.best_metric]} if held_out else None
             with chrono.paused("checkpoint"):
-                checkpoints.save_checkpoint(run.mngr, current, run.state, run.iterator, run.history,
-                                            {metric: held_out[metric]} if held_out else None)
+                checkpoints.save_checkpoint(run.mngr, current, run.state, run.iterator, run.history, best)
             if held_out and on_eval is not None:
                 stopped_early = bool(on_eval(current, held_out, chrono.so_far()))
     if pending is not None:

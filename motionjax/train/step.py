@@ -71,17 +71,26 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0):
+def reconstruction_objective(loss_fn):
+    """The trainer's objective: ``(pred, batch) -> (loss, terms)``, the loss of the prediction against
+    ``batch["clean"]`` on the batch's bones and real frames."""
+    return lambda pred, batch: loss_fn(pred, batch["clean"], batch.get("offsets"), batch.get("valid"))
+
+
+def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0,
+                    objective=None):
     """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
     math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both).
-    ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average."""
+    ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average.
+    ``objective(pred, batch) -> (loss, terms)``: what the step minimizes (a hook for other targets,
+    e.g. distillation); default :func:`reconstruction_objective` of ``loss_fn``."""
+    objective = objective or reconstruction_objective(loss_fn)
 
     def step(state, batch):
         def compute(params):
             # copy: fresh Variables at this trace level, so dropout may advance its RNG count here.
             model = nnx.merge(graphdef, params, state["rest"], copy=True)
-            loss, terms = loss_fn(model(batch["noisy"]), batch["clean"], batch.get("offsets"),
-                                  batch.get("valid"))
+            loss, terms = objective(model(batch["noisy"]), batch)
             return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
 
         (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
@@ -101,15 +110,20 @@ def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_dec
     return step
 
 
-def init_state(config: ml_collections.ConfigDict, info, mesh):
-    """Model graph definitions (train and eval mode), the train state and its shardings."""
-    model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                              nnx.Rngs(config.seed), mesh=mesh, info=info)
-    model.eval()
+def init_state(config: ml_collections.ConfigDict, info, mesh, model: nnx.Module | None = None,
+               tx: optax.GradientTransformation | None = None):
+    """Model graph definitions (train and eval mode), the optimizer, the train state and its
+    shardings: a fresh model of ``config.model`` (or ``model``, e.g. a pruned or a student one) and
+    :func:`make_optimizer` (or ``tx``)."""
+    if model is None:
+        model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
+                                  nnx.Rngs(config.seed), mesh=mesh, info=info)
+    else:
+        model = nnx.clone(model)  # its train/eval mode is the caller's
     eval_graphdef = nnx.graphdef(model)
     model.train()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = make_optimizer(config.train)
+    tx = tx or make_optimizer(config.train)
     state = {"params": params, "rest": rest, "opt_state": tx.init(params),
              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
     if config.train.ema_decay:

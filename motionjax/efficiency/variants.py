@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from motionjax.efficiency import export, finetune, measure, prune, quantize, trained
+from motionjax.efficiency import export, finetune, prune, quantize, scorecard, trained
 
 
 def _row(name, kind, mpjpe, params, nbytes, latency_s, **extra):
@@ -35,9 +35,9 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
     t_start = time.perf_counter()
     run_ = trained.load(workdir)
     config, info, teacher = run_.config, run_.info, run_.model
-    test = measure.eval_batches(config, info, "test")
-    validation = measure.eval_batches(config, info, "validation")
-    x = measure.window(run_.window_shape)
+    test = scorecard.eval_batches(config, info, "test")
+    validation = scorecard.eval_batches(config, info, "validation")
+    x = scorecard.window(run_.window_shape)
     rows, extra = [], {}
 
     def add(row):
@@ -46,27 +46,27 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
             f"{row['latency_ms']:7.3f} ms  [{time.perf_counter() - t_start:5.0f} s]")
 
     def jax_row(name, kind, model, **kw):
-        predict = measure.jit_predict(model)
-        add(_row(name, kind, measure.mpjpe(predict, config, info, test), measure.param_count(model),
-                 measure.param_bytes(model), measure.latency(predict, x, repeats), **kw))
+        predict = scorecard.jit_predict(model)
+        add(_row(name, kind, scorecard.mpjpe(predict, config, info, test), scorecard.param_count(model),
+                 scorecard.param_bytes(model), scorecard.latency(predict, x, repeats), **kw))
 
     # fp32 and its exports
     jax_row("fp32 (JAX jit)", "fp32", teacher)
-    n = measure.param_count(teacher)
+    n = scorecard.param_count(teacher)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         export.to_stablehlo(teacher, run_.window_shape, tmp / "m.stablehlo")
         predict = export.load_stablehlo(tmp / "m.stablehlo")
-        add(_row("fp32 StableHLO (jax.export)", "export", measure.mpjpe(predict, config, info, test), n,
-                 (tmp / "m.stablehlo").stat().st_size, measure.latency(predict, x, repeats)))
+        add(_row("fp32 StableHLO (jax.export)", "export", scorecard.mpjpe(predict, config, info, test), n,
+                 (tmp / "m.stablehlo").stat().st_size, scorecard.latency(predict, x, repeats)))
         try:
             export.to_onnx(teacher, run_.window_shape, tmp / "m.onnx")
             export.quantize_onnx_int8(tmp / "m.onnx", tmp / "m8.onnx")
             for name, f in (("fp32 ONNX (onnxruntime)", "m.onnx"),
                             ("int8 ONNX (onnxruntime dynamic)", "m8.onnx")):
                 predict = export.onnx_predict(tmp / f)
-                add(_row(name, "export", measure.mpjpe(predict, config, info, test), n,
-                         (tmp / f).stat().st_size, measure.latency(predict, x, repeats)))
+                add(_row(name, "export", scorecard.mpjpe(predict, config, info, test), n,
+                         (tmp / f).stat().st_size, scorecard.latency(predict, x, repeats)))
         except ImportError as e:
             log(f"ONNX rows skipped: {e}")
 
@@ -85,7 +85,7 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
         for s in (0.0, *sparsities):
             mask = prune.magnitude_mask(params, s)
             pruned = loop.model(jax.tree.map(lambda p, m: p * m, params, mask))
-            before = measure.mpjpe(measure.jit_predict(pruned), config, info, test)
+            before = scorecard.mpjpe(scorecard.jit_predict(pruned), config, info, test)
             tuned, _ = loop.run(teacher, seed=config.seed, mask=mask)
             name = (f"pruned {int(100 * s)}% + {prune_steps} steps" if s
                     else f"fp32 + {prune_steps} steps (control)")
@@ -97,7 +97,7 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
         if config.model.name == "transformer" and config.model.mlp_ratio % 2 == 0:
             small, small_cfg = prune.prune_mlp_channels(teacher, config.model, run_.window_shape[-1],
                                                         config.data.chunk, 0.5, info=info)
-            before = measure.mpjpe(measure.jit_predict(small), config, info, test)
+            before = scorecard.mpjpe(scorecard.jit_predict(small), config, info, test)
             cfg = copy.deepcopy(config)
             with cfg.unlocked():
                 cfg.model = small_cfg
@@ -114,10 +114,10 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
         for kind in ("distilled", "data_only"):
             best = min(d["runs"][kind], key=lambda r: r["test_mpjpe"])  # the latency/size are the same
             model = d.pop(f"_{kind}_model")
-            predict = measure.jit_predict(model)
+            predict = scorecard.jit_predict(model)
             add(_row(f"student {kind.replace('_', '-')} (mean of {len(seeds)} seeds)", "distillation",
-                     float(np.mean([r["test_mpjpe"] for r in d["runs"][kind]])), measure.param_count(model),
-                     measure.param_bytes(model), measure.latency(predict, x, repeats),
+                     float(np.mean([r["test_mpjpe"] for r in d["runs"][kind]])), scorecard.param_count(model),
+                     scorecard.param_bytes(model), scorecard.latency(predict, x, repeats),
                      best_seed_mpjpe=best["test_mpjpe"]))
 
     result = {"workdir": str(workdir), "step": run_.step, "model": config.model.to_dict(),
@@ -136,7 +136,7 @@ def distill(config, info, teacher, validation, test, steps, seeds, student, alph
         # Half the width, a narrower MLP: 4.6x fewer parameters than the default teacher.
         s_cfg.model.update(dict(dim=64, heads=2, mlp_ratio=1, latent_dim=32) | dict(student))
     make = lambda seed: trained.build_model(s_cfg, info, seed=seed)
-    ratio = measure.param_count(teacher) / measure.param_count(make(0))
+    ratio = scorecard.param_count(teacher) / scorecard.param_count(make(0))
     log(f"student {dict(s_cfg.model)}: {ratio:.1f}x fewer parameters than the teacher")
     # One program for both arms (alpha is an input): the data-only arm computes the teacher's output
     # and weighs it 0, so both pay the same per step and train seconds compare like steps.
@@ -147,7 +147,7 @@ def distill(config, info, teacher, validation, test, steps, seeds, student, alph
         for kind, a in (("distilled", alpha), ("data_only", 0.0)):
             model, history = loop.run(make(seed), seed=seed, alpha=a, eval_batches=validation,
                                              eval_every=eval_every)
-            t = measure.mpjpe(measure.jit_predict(model), s_cfg, info, test)
+            t = scorecard.mpjpe(scorecard.jit_predict(model), s_cfg, info, test)
             runs[kind].append({"seed": seed, "test_mpjpe": t, "history": history})
             models_[kind] = model
             log(f"  {kind:9s} seed {seed}: test {t:.3f} cm, validation {history[-1]['mpjpe']:.3f} cm, "

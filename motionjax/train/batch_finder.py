@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax import parallel, train
+from motionjax import parallel
 from motionjax.core.features import feature_dim
+from motionjax.train import step as train_step
 
 HOST_FRACTION = 0.5  # of physical memory a CPU run may plan for (the data pipeline and OS need the rest)
 
@@ -58,32 +59,44 @@ class StepMemory:
 
 
 class StepProbe:
-    """A jitted train step ``step(state, {"noisy", "clean"}) -> (state, metrics)`` (state donated)
-    lowered and compiled at any per-device batch of ``[B, *window_shape]`` windows sharded by
-    ``parallel.window_sharding(mesh)``. :meth:`for_trainer` makes the trainer's own step."""
+    """A jitted train step ``step(state, batch) -> (state, metrics)`` (state donated) lowered and
+    compiled at any per-device batch. ``batch_spec(global_batch) -> {key: ShapeDtypeStruct}`` says
+    what a batch holds (default: ``noisy`` and ``clean`` ``[B, *window_shape]`` windows sharded by
+    ``parallel.window_sharding(mesh)``). :meth:`for_trainer` makes the trainer's own step and batch."""
 
-    def __init__(self, step, state, window_shape, mesh):
+    def __init__(self, step, state, window_shape, mesh, batch_spec=None):
         self.step, self.state, self.mesh = step, state, mesh
         self.window_shape = tuple(window_shape)
         self.data_size = mesh.shape["data"]
+        self.batch_spec = batch_spec or self._windows
         self._memory: dict[int, StepMemory] = {}
         self._compiled: dict[int, object] = {}
 
     @classmethod
     def for_trainer(cls, config, info, mesh=None) -> StepProbe:
-        """:func:`motionjax.train.build_train_step` for ``config`` (its ``data.batch_size`` unread)."""
+        """:func:`motionjax.train.build_train_step` for ``config`` and the batches it reads
+        (:func:`motionjax.train.abstract_batch`: windows, ``valid``, ``offsets``) at any size."""
         mesh = mesh if mesh is not None else parallel.make_mesh(config.mesh)
-        step, state, _, _ = train.build_train_step(config, info, mesh)
+        step, state, _, _ = train_step.build_train_step(config, info, mesh)
         d = config.data
-        return cls(step, state, (d.window // d.chunk, d.chunk, feature_dim(info.skeleton)), mesh)
+
+        def batch_spec(global_batch):
+            sized = config.copy_and_resolve_references()
+            sized.data.batch_size = global_batch
+            return train_step.abstract_batch(sized, info, mesh)
+
+        return cls(step, state, (d.window // d.chunk, d.chunk, feature_dim(info.skeleton)), mesh, batch_spec)
 
     def global_batch(self, per_device: int) -> int:
         return per_device * self.data_size
 
-    def _batch_spec(self, per_device: int) -> dict:
-        spec = jax.ShapeDtypeStruct((self.global_batch(per_device), *self.window_shape), jnp.float32,
+    def _windows(self, global_batch: int) -> dict:
+        spec = jax.ShapeDtypeStruct((global_batch, *self.window_shape), jnp.float32,
                                     sharding=parallel.window_sharding(self.mesh))
         return {"noisy": spec, "clean": spec}
+
+    def _batch_spec(self, per_device: int) -> dict:
+        return self.batch_spec(self.global_batch(per_device))
 
     def compile(self, per_device: int):
         if per_device not in self._compiled:
@@ -103,9 +116,12 @@ class StepProbe:
         """Median seconds of one step at ``per_device`` (random standardized windows; the compiled
         step's cost does not depend on the values)."""
         compiled = self.compile(per_device)
-        x = np.random.default_rng(seed).standard_normal((self.global_batch(per_device), *self.window_shape))
-        sharding = parallel.window_sharding(self.mesh)
-        batch = {k: jax.device_put(x.astype(np.float32), sharding) for k in ("noisy", "clean")}
+        rng = np.random.default_rng(seed)
+        # Windows random, real frames everywhere (valid = 1), bones of unit length: values do not
+        # change the cost of the compiled step.
+        fill = {"valid": np.ones, "offsets": np.ones}
+        batch = {k: jax.device_put(fill.get(k, rng.standard_normal)(s.shape).astype(np.float32), s.sharding)
+                 for k, s in self._batch_spec(per_device).items()}
         # The step donates its state: run on a copy, then drop it.
         state = jax.tree.map(lambda a: a.copy(), self.state)
         state, metrics = compiled(state, batch)  # warm-up
@@ -211,10 +227,23 @@ def find(config, info, mode: str = "memory", limit_bytes: int | None = None, ste
 
 def resolve_auto_batch(config, info) -> dict | None:
     """With ``config.data.auto_batch`` (``"memory"`` | ``"throughput"``) set, replace
-    ``config.data.batch_size`` by the found global batch; returns the finder's result (or None)."""
-    mode = config.data.get("auto_batch", "")
+    ``config.data.batch_size`` by the found global batch; returns the finder's result (or None).
+
+    The trainer calls it before it builds its step, so every entry point (scripts, notebooks,
+    benchmarks) honours the setting. With several processes process 0's choice is everyone's (the
+    throughput mode times steps, which differ between hosts)."""
+    mode = config.data.auto_batch
     if not mode:
         return None
     result = find(config, info, mode)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        chosen = int(multihost_utils.broadcast_one_to_all(np.int32(result["per_device_batch"])))
+        result.update(per_device_batch=chosen, global_batch=chosen * config_data_size(config))
     config.data.batch_size = result["global_batch"]
     return result
+
+
+def config_data_size(config) -> int:
+    """The size of the ``data`` mesh axis of ``config.mesh`` on this run's devices."""
+    return parallel.mesh_shape(config.mesh.shape, jax.device_count())[parallel.DATA_AXIS]
