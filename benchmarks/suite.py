@@ -394,11 +394,11 @@ def part_mfu(sizes: Sizes, out: Path, done: dict) -> dict:
     """MFU of the optimized and baseline steps (compute only, one fixed batch; the programs of part
     b come from the compilation cache). Steps and the peak matmuls are timed round-robin; the peak
     is the best of fp32 and bf16, so MFU is against what this machine can do in either precision."""
-    configs = {"optimized": experiment(deepmimic_denoise, 1)}
+    configs = {"optimized": experiment(deepmimic_denoise, sizes.steps)}
     if sizes.mfu_variants:  # the baseline, and the optimized step with the other activation dtype
-        configs["baseline"] = experiment(baseline, 1)
+        configs["baseline"] = experiment(baseline, sizes.steps)
         other = "bfloat16" if configs["optimized"].model.dtype == "float32" else "float32"
-        configs[f"optimized, {other}"] = experiment(deepmimic_denoise, 1)
+        configs[f"optimized, {other}"] = experiment(deepmimic_denoise, sizes.steps)
         configs[f"optimized, {other}"].model.dtype = other
     calls, flops = {}, {}
     for name, config in configs.items():
@@ -419,7 +419,7 @@ def part_mfu(sizes: Sizes, out: Path, done: dict) -> dict:
 
 def part_growth(sizes: Sizes, out: Path, done: dict) -> dict:
     """Step time of the optimized step vs T (DeepMimic body) and vs J (random trees), batch 8."""
-    base = experiment(deepmimic_denoise, 1)
+    base = experiment(deepmimic_denoise, sizes.steps)
     base.data.batch_size = 8
     info = pipeline.dataset_info(base.data)
     calls = {}
