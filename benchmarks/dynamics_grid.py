@@ -31,6 +31,7 @@ WEIGHTS = dynamics.DEFAULT_WEIGHTS
 FPS = 30.0
 WINDOW = 64  # frames per window; batch = frames per batch / WINDOW
 FRAMES = (256, 1024, 4096, 65536)
+TARGET_FRAMES = (256, 1024, 4096)  # the sizes issue #15's targets name (check_targets)
 DTYPES = ("float32", "bfloat16")
 # The dense Jacobian holds 3J × num_dof entries per frame (and jacfwd pushes num_dof tangents
 # through FK): above this many entries per batch it takes minutes and GBs, so it is skipped.
@@ -82,6 +83,7 @@ def _ratio(times, name):
 
 def measure_size(label, skeleton, frames, dtype, budget_s=SECONDS_PER_SIZE, dense=True):
     """One row: the three backends at ``frames`` frames per batch (``frames / WINDOW`` windows)."""
+    start = time.perf_counter()
     window = min(WINDOW, frames)
     batch = frames // window
     target_root, target_rot, pred_root, pred_rot = _motion(skeleton, batch, window, seed=0,
@@ -114,16 +116,23 @@ def measure_size(label, skeleton, frames, dtype, budget_s=SECONDS_PER_SIZE, dens
     for name in ("jvp", "dense"):
         row[f"{name}_over_blocked"], row[f"{name}_over_blocked_range"] = (
             _ratio(times, name) if name in times else (None, None))
+    row["wall_s"] = time.perf_counter() - start  # compiles included: what a row costs the grid
     return row
 
 
 def run(quick: bool = False, budget_s: float | None = None, partial: Path | None = None, joints=None,
-        frames=None, dtypes=None) -> dict:
+        frames=None, dtypes=None, grid_budget_s: float | None = None) -> dict:
     """Every (dtype, J, frames) row, printed as it completes; returns the JSON-able results.
 
-    ``quick``: J = 13 and 24 at 256 and 1,024 frames, float32 only. ``partial``: a JSON file
-    rewritten after every row (a long run interrupted keeps what it measured). ``joints``,
-    ``frames``, ``dtypes``: subsets of the grid.
+    ``quick``: J = 13 and 24 at 256 and 1,024 frames, float32 only. ``joints``, ``frames``,
+    ``dtypes``: subsets of the grid (default: all of it, hours on 2 cores: each row compiles three
+    programs, ~0.5–2 min at J ≤ 24 and several at J = 100). ``budget_s``: timing seconds per row (sets
+    the rounds). ``grid_budget_s``: no row starts once the grid has run this long; the rows left are
+    listed under ``not_run`` (the row running then finishes, so the grid can overrun by one row).
+    ``partial``: a JSON file rewritten after every row (a long run interrupted keeps what it measured).
+
+    Rows run in order of what the #15 targets need: float32 at 256–4,096 frames first (per J, the
+    largest size first), then the other sizes, then the other dtypes.
     """
     sizes = tuple(frames or (FRAMES[:2] if quick else FRAMES))
     dtypes = tuple(dtypes or (DTYPES[:1] if quick else DTYPES))
@@ -134,24 +143,34 @@ def run(quick: bool = False, budget_s: float | None = None, partial: Path | None
     # dense backend's ~GB of temporaries page-faults its own buffers afresh (blocked at J = 24,
     # 1,024 frames measured ~3x slower that way).
     parallel.retain_host_memory()
+    grid = sorted(((dtype, i, frames) for dtype in dtypes for i in range(len(chosen)) for frames in sizes),
+                  key=lambda g: (DTYPES.index(g[0]) if g[0] in DTYPES else len(DTYPES),
+                                 g[2] not in TARGET_FRAMES, g[1], -g[2]))
     print(HEADER, flush=True)
-    rows = []
-    # The largest size last: a run cut short still has every size the targets name.
-    grid = [(frames == max(sizes), dtype, i, frames) for dtype in dtypes for i in range(len(chosen))
-            for frames in sizes]
-    for _, dtype, i, frames in sorted(grid, key=lambda g: (g[0], dtypes.index(g[1]), g[2], g[3])):
+    rows, not_run, start = [], [], time.perf_counter()
+    for dtype, i, frames in grid:
+        if grid_budget_s is not None and time.perf_counter() - start >= grid_budget_s:
+            not_run.append({"J": chosen[i][0], "frames": frames, "dtype": dtype})
+            continue
         rows.append(measure_size(*chosen[i], frames, dtype, budget_s))
         print(_format_row(rows[-1]), flush=True)
         if partial is not None:
             partial.write_text(json.dumps({"rows": rows}, indent=1))
+    if not_run:
+        print(f"grid budget of {grid_budget_s:.0f} s spent: {len(not_run)} row(s) not run", flush=True)
     return {"window": WINDOW, "frames": list(sizes), "dtypes": list(dtypes), "backend": jax.default_backend(),
             "devices": jax.device_count(), "dense_max_entries": DENSE_MAX_ENTRIES, "rows": rows,
+            "not_run": not_run, "grid_budget_s": grid_budget_s, "wall_s": time.perf_counter() - start,
             "targets": check_targets(rows)}
 
 
 def check_targets(rows) -> dict:
     """Issue #15's criteria on these rows (float32): jvp ÷ blocked ≥ 1.5 at 1,024 and 4,096 frames
-    and ≥ 1 at 256 for every J; dense ÷ blocked ≥ 50 at J = 24 and 4,096 frames."""
+    and ≥ 1 at 256 for every J measured; dense ÷ blocked ≥ 50 at J = 24 and 4,096 frames.
+
+    ``met``: every target these rows measure is met (and at least one is measured); ``measured``:
+    which targets the rows cover; ``joints``: the J of the float32 rows (a grid of J = 24 alone says
+    nothing about J = 100)."""
     fp32 = [r for r in rows if r["dtype"] == "float32"]
     speed = [r for r in fp32 if r["frames"] in (1024, 4096) and r["jvp_over_blocked"] is not None]
     small = [r for r in fp32 if r["frames"] == 256 and r["jvp_over_blocked"] is not None]
@@ -159,14 +178,17 @@ def check_targets(rows) -> dict:
     out = {"jvp_over_blocked_min_at_1024_4096": min((r["jvp_over_blocked"] for r in speed), default=None),
            "jvp_over_blocked_min_at_256": min((r["jvp_over_blocked"] for r in small), default=None),
            "dense_over_blocked_J24_4096": dense[0]["dense_over_blocked"] if dense else None}
-    out["met"] = bool(speed and small and dense and out["jvp_over_blocked_min_at_1024_4096"] >= 1.5
-                      and out["jvp_over_blocked_min_at_256"] >= 1.0
-                      and out["dense_over_blocked_J24_4096"] >= 50)
+    thresholds = {"jvp_over_blocked_min_at_1024_4096": 1.5, "jvp_over_blocked_min_at_256": 1.0,
+                  "dense_over_blocked_J24_4096": 50.0}
+    out["measured"] = [k for k in thresholds if out[k] is not None]
+    out["joints"] = sorted({r["joints"] for r in fp32})
+    out["met"] = bool(out["measured"]) and all(out[k] >= thresholds[k] for k in out["measured"])
     return out
 
 
 HEADER = (f"{'dtype':>8} {'J':>26} {'frames':>6} | {'blocked ms':>10} {'jvp ms':>9} {'dense ms':>9} | "
-          f"{'jvp/blk (range)':>19} {'dense/blk':>9} | {'temp MB blk/jvp/dense':>21} rounds")
+          f"{'jvp/blk (range)':>19} {'dense/blk':>9} | {'temp MB blk/jvp/dense':>21} "
+          f"{'rounds':>6} {'row s':>6}")
 
 
 def _num(x, spec):
@@ -181,7 +203,8 @@ def _format_row(row):
            if row["jvp_over_blocked"] is not None else "skipped")
     return (f"{row['dtype']:>8} {row['J']:>26} {row['frames']:>6} | {row['blocked_ms']:>10.1f} "
             f"{_num(row['jvp_ms'], '9.1f'):>9} {_num(row['dense_ms'], '9.1f'):>9} | {jvp:>19} "
-            f"{_num(row['dense_over_blocked'], '8.1f'):>8}x | {temps:>21} {row['rounds']}")
+            f"{_num(row['dense_over_blocked'], '8.1f'):>8}x | {temps:>21} {row['rounds']:>6} "
+            f"{row['wall_s']:>6.0f}")
 
 
 def markdown(results: dict) -> list[str]:
@@ -202,6 +225,10 @@ def markdown(results: dict) -> list[str]:
                      else f"skipped: {r['skipped'].get('dense', '')}")
             lines.append(f"| {r['J']} | {r['frames']} | {r['blocked_ms']:.1f} | {_num(r['jvp_ms'], '.1f')} | "
                          f"{_num(r['dense_ms'], '.1f')} | {jvp} | {dense} |")
+    if results.get("not_run"):
+        rows = ", ".join(f"J = {r['J'].split()[0]} × {r['frames']} ({r['dtype']})"
+                         for r in results["not_run"])
+        lines += ["", f"Not run (grid budget of {results['grid_budget_s']:.0f} s spent): {rows}."]
     return lines
 
 

@@ -296,12 +296,14 @@ def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std):
     p_fk, t_fk = forward_kinematics(body, p_rot, p_root), forward_kinematics(body, t_rot, t_root)
     p_pos, t_pos = p_fk[0], t_fk[0]
     terms["position"] = norm(p_pos - t_pos).mean()
+    rel = lambda pos, root: pos - root[..., None, :]  # root-relative: what MPJPE scores
+    terms["pose"] = norm(rel(p_pos, p_root) - rel(t_pos, t_root)).mean()
     valid = _valid(pred.shape[1], 1)[None, :, None]
     velocity = lambda x: (_edge_pad(x, 1)[:, 2:] - _edge_pad(x, 1)[:, :-2]) * (fps / 2)
     p_feet, t_feet = velocity(p_pos[..., body.feet, :]), velocity(t_pos[..., body.feet, :])
     planted = (norm(t_feet) < cfg.contact_speed) & valid
     terms["foot"] = _masked_mean((p_feet**2).sum(-1), planted)
-    loss = sum(cfg[k] * terms[k] for k in ("rotation", "position", "foot"))
+    loss = sum(cfg.get(k, 0.0) * terms[k] for k in ("rotation", "position", "pose", "foot"))
     if cfg.dynamics_weight > 0:
         dyn, _ = dynamics_loss(body, p_root, p_rot, t_root, t_rot, fps, dict(cfg.dynamics), cfg.jacobian,
                                p_fk, t_fk)

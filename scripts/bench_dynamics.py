@@ -2,7 +2,10 @@
 J × frames per batch × dtype (:mod:`benchmarks.dynamics_grid`). Prints a table, writes JSON and a PNG.
 
     .venv/bin/python scripts/bench_dynamics.py [--quick] [--joints 24,52] [--frames 1024,4096] \\
-        [--dtypes float32] [--out results/bench_dynamics]
+        [--dtypes float32] [--budget 8] [--grid-budget 600] [--out results/bench_dynamics]
+
+The whole grid (4 J × 4 sizes × 2 dtypes) takes hours on 2 cores, most of it XLA compiling three
+programs per row; ``--grid-budget`` starts no row after that many seconds (target rows run first).
 """
 import argparse
 import json
@@ -17,6 +20,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="J = 13, 24 at 256 and 1,024 frames, float32")
     parser.add_argument("--budget", type=float, default=None, help="timing seconds per size (sets rounds)")
+    parser.add_argument("--grid-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no row after this long (default: none)")
     parser.add_argument("--out", default="results/bench_dynamics", help="folder for the JSON and PNG")
     parser.add_argument("--joints", default=None, help="subset of J, e.g. 52,100")
     parser.add_argument("--frames", default=None, help="subset of frames per batch, e.g. 256,1024")
@@ -28,7 +33,7 @@ def main():
     ints = lambda text: [int(x) for x in text.split(",")] if text else None
     results = run(args.quick, args.budget, partial=out / "bench_dynamics.partial.json",
                   joints=ints(args.joints), frames=ints(args.frames),
-                  dtypes=args.dtypes.split(",") if args.dtypes else None)
+                  dtypes=args.dtypes.split(",") if args.dtypes else None, grid_budget_s=args.grid_budget)
     (out / "bench_dynamics.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "dynamics.png")
     print("\n".join(markdown(results)))

@@ -1,5 +1,6 @@
 """The benchmark's pieces: power-law fit, MFU arithmetic, FLOP counts, and the PyTorch peer computing
 the same model and loss as motionjax (so the speed comparison compares one computation)."""
+import json
 import sys
 
 import jax
@@ -135,10 +136,10 @@ def test_torch_model_matches_flax_model_with_copied_weights():
 
 
 def test_bench_skips_torch_part_without_torch(monkeypatch, tmp_path):
-    from scripts import bench
+    from benchmarks import suite
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     monkeypatch.delitem(sys.modules, "benchmarks.torch_peer", raising=False)
-    result = bench.part_torch(True, tmp_path, {})
+    result = suite.part_torch(suite.SIZES["quick"], tmp_path, {})
     assert "pip install" in result["skipped"]
     assert "skipped" in report.markdown({"quick": True, "date": "", "wall_s": 1.0, "parts": {"torch": result},
                                          "machine": report.machine()})
@@ -158,15 +159,150 @@ def test_compiled_step_runs_on_the_batch_it_builds(deepmimic_dir, bones):
     """bench's ahead-of-time step takes the batch bench builds for it, whatever keys the config's
     batches carry (``data.bones="clip"`` adds per-window offsets): a compiled step checks its input
     tree exactly, so a missing key is an error, not a retrace."""
+    from benchmarks import suite
     from motionjax import train
     from motionjax.data import pipeline
     from runs import runlocal_config
-    from scripts import bench
     config = runlocal_config(deepmimic_dir)
     config.data.bones = bones
     info = pipeline.dataset_info(config.data)
-    step, state, batch, mesh, _ = bench.compiled_step(config, info)
+    step, state, batch, mesh, _ = suite.compiled_step(config, info)
     assert set(batch) == set(train.abstract_batch(config, info, mesh))
     assert ("offsets" in batch) == (bones == "clip")
     _, metrics = step(state, batch)
     assert np.isfinite(float(metrics["loss"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's bounds: the grid budget, partial results, the modes
+
+
+def _grid_row(label, joints, frames, dtype, jvp=2.0, dense=60.0):
+    """A measured grid row as :func:`benchmarks.dynamics_grid.measure_size` returns it."""
+    row = {"J": label, "joints": joints, "frames": frames, "dtype": dtype, "rounds": 3, "wall_s": 100.0,
+           "skipped": {}, "blocked_ms": 1.0, "jvp_ms": jvp, "dense_ms": dense, "jvp_over_blocked": jvp,
+           "jvp_over_blocked_range": [jvp, jvp], "dense_over_blocked": dense}
+    return row | {f"{n}_temp_mb": 1.0 for n in ("blocked", "jvp", "dense")}
+
+
+def test_dynamics_grid_runs_target_rows_first_and_starts_none_past_its_budget(monkeypatch, tmp_path):
+    """Rows run float32 at the targets' sizes first (per J, the largest first), then 65,536 frames,
+    then bfloat16; once the grid budget is spent no row starts and the rest are listed as not run."""
+    import types
+
+    from benchmarks import dynamics_grid
+    clock, order = [0.0], []
+
+    def measure_size(label, skeleton, frames, dtype, budget_s):
+        order.append((skeleton.num_joints, frames, dtype))
+        clock[0] += 100.0  # every row takes 100 s of the fake clock
+        return _grid_row(label, skeleton.num_joints, frames, dtype)
+
+    monkeypatch.setattr(dynamics_grid, "measure_size", measure_size)
+    monkeypatch.setattr(dynamics_grid, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(dynamics_grid.parallel, "retain_host_memory", lambda: None)
+    partial = tmp_path / "partial.json"
+    results = dynamics_grid.run(joints=(13, 24), frames=(256, 4096, 65536), dtypes=("float32", "bfloat16"),
+                                grid_budget_s=450.0, partial=partial)
+    # J = 13 is the DeepMimic humanoid (15 joints), J = 24 the SMPL-like body.
+    assert order == [(15, 4096, "float32"), (15, 256, "float32"), (24, 4096, "float32"), (24, 256, "float32"),
+                     (15, 65536, "float32")]  # started at 0, 100, ..., 400 s; none at 500 s
+    assert [(r["J"].split()[0], r["frames"], r["dtype"]) for r in results["not_run"]] == [
+        ("24", 65536, "float32"), ("13", 4096, "bfloat16"), ("13", 256, "bfloat16"), ("24", 4096, "bfloat16"),
+        ("24", 256, "bfloat16"), ("13", 65536, "bfloat16"), ("24", 65536, "bfloat16")]
+    assert len(json.loads(partial.read_text())["rows"]) == 5  # rewritten after every row
+    assert "Not run (grid budget of 450 s spent): J = 24 × 65536 (float32)" in "\n".join(
+        dynamics_grid.markdown(results))
+
+
+def test_dynamics_targets_are_judged_on_the_rows_measured():
+    from benchmarks.dynamics_grid import check_targets
+    j24 = [_grid_row("24", 24, f, "float32") for f in (256, 1024, 4096)]
+    t = check_targets(j24)
+    assert t["met"] and t["joints"] == [24] and len(t["measured"]) == 3
+    assert t["dense_over_blocked_J24_4096"] == 60.0
+    slow = check_targets([*j24, _grid_row("52", 52, 1024, "float32", jvp=1.4)])  # one J misses 1.5x
+    assert not slow["met"] and slow["jvp_over_blocked_min_at_1024_4096"] == 1.4 and slow["joints"] == [24, 52]
+    only_1024 = check_targets([j24[1], _grid_row("24", 24, 1024, "bfloat16", jvp=0.5)])  # bf16 is not judged
+    assert only_1024["met"] and only_1024["measured"] == ["jvp_over_blocked_min_at_1024_4096"]
+    assert not check_targets([])["met"]  # nothing measured is not a target met
+
+
+GROWTH = {"batch": 8, "by_T": {32: 0.01, 64: 0.02, 128: 0.04}, "by_J": {}, "by_T_at_1024_frames": {},
+          "fit_T": {"exponent": 1.0, "coefficient": 3e-4, "r2": 1.0},
+          "fit_T_tail": {"exponent": 1.0, "coefficient": 3e-4, "r2": 1.0}, "met": True}
+
+
+def test_bench_run_keeps_finished_parts_when_one_fails_or_is_stopped(monkeypatch, tmp_path):
+    from benchmarks import suite
+
+    def fail(sizes, out, done):
+        raise RuntimeError("boom")
+
+    def growth(sizes, out, done):
+        assert json.loads((out / "bench.json").read_text())["parts"]["train"]["error"] == "RuntimeError: boom"
+        return dict(GROWTH)
+
+    monkeypatch.setattr(suite, "RUNNERS", {"train": fail, "growth": growth})
+    results = suite.run(["growth", "train"], "quick", tmp_path, "python scripts/bench.py --quick")
+    assert list(results["parts"]) == ["train", "growth"]  # in PARTS order, whatever the order asked
+    assert set(results["part_wall_s"]) == {"train", "growth"}
+    table = (tmp_path / "bench.md").read_text()
+    assert "**train: failed** (RuntimeError: boom)" in table and "| step time ∝ T^k | k = 1.00" in table
+    assert "`python scripts/bench.py --quick`" in table and "Time per part: train" in table
+
+    def stop(sizes, out, done):
+        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM through scripts/bench.py's handler
+
+    monkeypatch.setattr(suite, "RUNNERS", {"mfu": stop, "growth": growth})
+    (tmp_path / "bench.json").write_text(json.dumps({"parts": {"train": {"error": "RuntimeError: boom"}}}))
+    with pytest.raises(KeyboardInterrupt):
+        suite.run(["mfu", "growth"], "quick", tmp_path, "python scripts/bench.py --quick")
+    kept = json.loads((tmp_path / "bench.json").read_text())
+    assert kept["parts"]["mfu"]["error"] == "interrupted" and "growth" not in kept["parts"]
+
+
+def test_bench_command_line_picks_the_mode_and_grid_budget(monkeypatch):
+    from scripts import bench
+    calls = []
+    monkeypatch.setattr(bench, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
+    bench.main(["--full", "--parts", "dynamics", "--grid-budget", "0"])
+    bench.main(["--quick"])
+    bench.main([])
+    (parts, mode, _, command), kwargs = calls[0]
+    assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python scripts/bench.py --full --parts "
+                                              "dynamics --grid-budget 0", {"grid_budget_s": 0.0})
+    assert calls[1][0][:2] == (["train", "torch", "mfu", "growth"], "quick")
+    assert calls[2][0][:2] == (list(bench.PARTS), "default") and calls[2][1] == {"grid_budget_s": None}
+    for argv in (["--quick", "--full"], ["--parts", "train,fk"]):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+
+
+def test_default_bench_measures_what_the_readme_claims():
+    """The README's speed table names, per row, the command that produced it; these are the rows
+    `make bench` (the default mode) must still produce."""
+    from benchmarks.suite import SIZES
+    default = SIZES["default"]
+    grid = default.grid
+    assert 24 in grid["joints"] and set(grid["frames"]) >= {256, 1024, 4096} and "float32" in grid["dtypes"]
+    assert max(default.growth_t) >= 1024 and default.growth_fixed and default.torch_pairs
+    assert default.steps == SIZES["full"].steps  # the same frames as the docs' full run: ratios comparable
+
+
+def test_bench_table_states_the_grid_targets_on_the_joints_measured():
+    from benchmarks import dynamics_grid
+    rows = [_grid_row("24 (smpl_like)", 24, f, "float32", jvp=1.7 if f == 256 else 2.4)
+            for f in (256, 1024, 4096)]
+    grid = {"window": 64, "frames": [256, 1024, 4096], "dtypes": ["float32"], "rows": rows,
+            "not_run": [{"J": "52 (random_tree)", "frames": 4096, "dtype": "float32"}],
+            "grid_budget_s": 180.0, "targets": dynamics_grid.check_targets(rows)}
+    part = {"results": grid, "markdown": dynamics_grid.markdown(grid), "met": True}
+    table = report.markdown({"quick": False, "mode": "default", "command": "python scripts/bench.py",
+                             "date": "", "wall_s": 1.0, "parts": {"dynamics": part},
+                             "machine": report.machine()})
+    assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** "
+            "| ≥ 50× | yes |") in table
+    assert "4,096 frames (worst of J = 24) | 2.40× | ≥ 1.5× | yes |" in table
+    assert "| the same at 256 frames (worst of J = 24) | 1.70× | ≥ 1× | yes |" in table
+    assert "Not run (grid budget of 180 s spent): J = 52 × 4096 (float32)." in table
