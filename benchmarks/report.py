@@ -50,8 +50,21 @@ def _ms(seconds) -> str:
 
 
 def markdown(results: dict) -> str:
-    m, p = results["machine"], results["parts"]
+    """The whole report: the run's header, the claims table, then one section per part measured."""
+    p = results["parts"]
     tr, to, mf, gr, dy = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics"))
+    lines = _header(results)
+    claims = [*_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy), *_growth_claims(gr),
+              *_mfu_claims(mf)]
+    lines += _table(["claim", "measured", "target", "met"], claims)
+    lines += _train_section(tr) + _dynamics_section(dy) + _torch_section(to) + _mfu_section(mf) + \
+        _growth_section(gr)
+    return "\n".join(lines) + "\n"
+
+
+def _header(results: dict) -> list:
+    """Title, command, machine, time per part, and the parts that failed."""
+    m, p = results["machine"], results["parts"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     mode = results.get("mode", "quick" if results["quick"] else "default")
     command = results.get("command", "python scripts/bench.py" + (" --quick" if results["quick"] else ""))
@@ -66,6 +79,11 @@ def markdown(results: dict) -> str:
         if "error" in part:
             lines += [f"**{name}: failed** ({part['error']}); the other parts are complete.", ""]
 
+    return lines
+
+
+def _train_claims(tr: dict) -> list:
+    """Claims of parts a, b: speedup, equal MPJPE, the input pipeline."""
     claims = []
     if "rows" in tr:
         o, b = tr["rows"]["optimized"], tr["rows"]["baseline"]
@@ -86,6 +104,12 @@ def markdown(results: dict) -> str:
                        f"{_ms(bd['loader_s'])} vs {_ms(bd['step_s'])} ms "
                        f"({bd['step_s'] / bd['loader_s']:.1f}×); "
                        f"{100 * o['data_wait_fraction']:.0f}% of training", "", ""])
+    return claims
+
+
+def _torch_claims(to: dict) -> list:
+    """Claims of part d: motionjax vs the PyTorch peer."""
+    claims = []
     if "ratio_optimized_vs_torch_blocked" in to:
         alone = to.get("compute_alone_ms", {}).get("blocked")
         alone = f", {alone['torch'] / alone['motionjax']:.2f}× compute alone" if alone else ""
@@ -97,6 +121,12 @@ def markdown(results: dict) -> str:
                            f"{to['ratio_baseline_vs_torch_dense']:.2f}×", "", ""])
     elif "skipped" in to:
         claims.append(["motionjax ÷ PyTorch eager", f"skipped: {to['skipped']}", "", ""])
+    return claims
+
+
+def _dynamics_claims(dy: dict) -> list:
+    """Claims of part c: the dynamics loss, blocked vs dense and jvp."""
+    claims = []
     if "results" in dy:
         t, at = dy["results"]["targets"], lambda key: t[key] is not None
         joints = "/".join(str(j) for j in t["joints"])
@@ -113,6 +143,12 @@ def markdown(results: dict) -> str:
             claims.append([f"the same at 256 frames (worst of J = {joints})",
                            f"{t['jvp_over_blocked_min_at_256']:.2f}×", "≥ 1×",
                            _yes(t["jvp_over_blocked_min_at_256"] >= 1)])
+    return claims
+
+
+def _growth_claims(gr: dict) -> list:
+    """Claims of part f: step time against T (and J)."""
+    claims = []
     if "fit_T" in gr:
         tail, full = gr["fit_T_tail"]["exponent"], gr["fit_T"]["exponent"]
         sizes = list(gr["by_T"])
@@ -120,12 +156,22 @@ def markdown(results: dict) -> str:
                        f"k ≤ {TARGETS['t_exponent']}", _yes(gr["met"])])
         if "fit_J" in gr:
             claims.append(["step time ∝ J^k", f"k = {gr['fit_J']['exponent']:.2f}", "", ""])
+    return claims
+
+
+def _mfu_claims(mf: dict) -> list:
+    """Claims of part e: MFU."""
+    claims = []
     if "mfu" in mf:
         achieved, peak = mf["rows"]["optimized"]["achieved_flops"], max(mf["peak_flops"].values())
         claims.append(["MFU of the optimized step",
                        f"{100 * mf['mfu']:.1f}% ({achieved / 1e9:.1f} of {peak / 1e9:.0f} GFLOP/s)", "", ""])
-    lines += _table(["claim", "measured", "target", "met"], claims)
+    return claims
 
+
+def _train_section(tr: dict) -> list:
+    """Section (a, b): end to end, config by config."""
+    lines = []
     if "rows" in tr:
         first = tr["rows"]["optimized"]
         splits = list(first["heldout_mpjpe_cm"])
@@ -151,6 +197,12 @@ def markdown(results: dict) -> str:
             lines.append(f"- {name}: loader alone {_ms(bd['loader_s'])} + step alone {_ms(bd['step_s'])} = "
                          f"{_ms(bd['loader_s'] + bd['step_s'])} ms vs {_ms(r['step_s'])} ms/step end to end "
                          f"({100 * r['data_wait_fraction']:.0f}% of it waiting for data).")
+    return lines
+
+
+def _dynamics_section(dy: dict) -> list:
+    """Section (c): the dynamics grid."""
+    lines = []
     if "skipped" in dy:
         lines += ["", f"## (c) Dynamics loss across J: skipped ({dy['skipped']})"]
     elif "results" in dy:
@@ -164,6 +216,12 @@ def markdown(results: dict) -> str:
                   f"frames: {_num(t['dense_over_blocked_J24_4096'], '.1f')}× — met: {_yes(t['met'])}"
                   f"{'' if len(t.get('measured', [0, 0, 0])) == 3 else ' (of those measured)'}."]
         lines += dy["markdown"]
+    return lines
+
+
+def _torch_section(to: dict) -> list:
+    """Section (d): the PyTorch peer."""
+    lines = []
     if "rows" in to:
         lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
                   "fp32", ""]
@@ -186,6 +244,12 @@ def markdown(results: dict) -> str:
                         [[f"{name} loss", f"{v['motionjax']:.0f}", f"{v['torch']:.0f}",
                           f"{v['torch'] / v['motionjax']:.2f}×"]
                          for name, v in to["compute_alone_ms"].items()])
+    return lines
+
+
+def _mfu_section(mf: dict) -> list:
+    """Section (e): MFU."""
+    lines = []
     if "mfu" in mf:
         lines += ["", "## (e) MFU: the jitted step alone on a fixed batch", ""]
         lines += _table(["config", "activations", "GFLOP/step (XLA)", "step ms", "GFLOP/s", "MFU"],
@@ -195,6 +259,12 @@ def markdown(results: dict) -> str:
         peaks = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in mf["peak_flops"].items())
         lines += ["", f"Peak: a large matmul in this run, {peaks} GFLOP/s. The baseline's FLOPs include the "
                   "dense Jacobian's, work the blocked form does not do."]
+    return lines
+
+
+def _growth_section(gr: dict) -> list:
+    """Section (f): cost growth with T and J."""
+    lines = []
     if "fit_T" in gr:
         lines += ["", f"## (f) Cost growth of the optimized step (batch {gr['batch']})", ""]
         lines += _table([f"T (B = {gr['batch']})", *gr["by_T"]],
@@ -208,7 +278,7 @@ def markdown(results: dict) -> str:
             lines += [""] + _table(["J", *gr["by_J"]], [["step ms", *(_ms(v) for v in gr["by_J"].values())]])
             fits += f"; J^{gr['fit_J']['exponent']:.2f} (r² {gr['fit_J']['r2']:.3f}), random trees"
         lines += ["", fits + "."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _plain_ticks(ax, x):
