@@ -25,6 +25,33 @@ def _row(name, kind, mpjpe, params, nbytes, latency_s, **extra):
             "latency_ms": 1e3 * latency_s, **extra}
 
 
+class _Rows:
+    """The report's rows as they are measured: each variant's test MPJPE, size and latency."""
+
+    def __init__(self, run_, repeats: int, log):
+        self.config, self.info = run_.config, run_.info
+        self.test = scorecard.eval_batches(run_.config, run_.info, "test")
+        self.x, self.repeats, self.log = scorecard.window(run_.window_shape), repeats, log
+        self.rows, self.t_start = [], time.perf_counter()
+
+    def add(self, row) -> None:
+        self.rows.append(row)
+        self.log(f"{row['variant']:34s} MPJPE {row['test_mpjpe']:6.3f} cm  {row['bytes'] / 1e6:7.3f} MB  "
+                 f"{row['latency_ms']:7.3f} ms  [{time.perf_counter() - self.t_start:5.0f} s]")
+
+    def mpjpe(self, predict) -> float:
+        return scorecard.mpjpe(predict, self.config, self.info, self.test)
+
+    def predictor(self, name, kind, predict, params, nbytes, **kw) -> None:
+        """A row of any ``predict`` (a jitted model, an exported file, an onnxruntime session)."""
+        self.add(_row(name, kind, self.mpjpe(predict), params, nbytes,
+                      scorecard.latency(predict, self.x, self.repeats), **kw))
+
+    def model(self, name, kind, model, **kw) -> None:
+        self.predictor(name, kind, scorecard.jit_predict(model), scorecard.param_count(model),
+                       scorecard.param_bytes(model), **kw)
+
+
 def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9), distill_steps: int = 300,
         seeds=(0, 1, 2), student=None, alpha: float = 0.5, eval_every: int = 50, repeats: int = 200,
         log=print) -> dict:
@@ -32,101 +59,86 @@ def run(workdir, out_dir, *, prune_steps: int = 100, sparsities=(0.5, 0.7, 0.9),
     ``out_dir`` and returns the JSON's content."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
     run_ = trained.load(workdir)
     config, info, teacher = run_.config, run_.info, run_.model
-    test = scorecard.eval_batches(config, info, "test")
-    validation = scorecard.eval_batches(config, info, "validation")
-    x = scorecard.window(run_.window_shape)
-    rows, extra = [], {}
-
-    def add(row):
-        rows.append(row)
-        log(f"{row['variant']:34s} MPJPE {row['test_mpjpe']:6.3f} cm  {row['bytes'] / 1e6:7.3f} MB  "
-            f"{row['latency_ms']:7.3f} ms  [{time.perf_counter() - t_start:5.0f} s]")
-
-    def jax_row(name, kind, model, **kw):
-        predict = scorecard.jit_predict(model)
-        add(_row(name, kind, scorecard.mpjpe(predict, config, info, test), scorecard.param_count(model),
-                 scorecard.param_bytes(model), scorecard.latency(predict, x, repeats), **kw))
-
-    # fp32 and its exports
-    jax_row("fp32 (JAX jit)", "fp32", teacher)
-    n = scorecard.param_count(teacher)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        export.to_stablehlo(teacher, run_.window_shape, tmp / "m.stablehlo")
-        predict = export.load_stablehlo(tmp / "m.stablehlo")
-        add(_row("fp32 StableHLO (jax.export)", "export", scorecard.mpjpe(predict, config, info, test), n,
-                 (tmp / "m.stablehlo").stat().st_size, scorecard.latency(predict, x, repeats)))
-        try:
-            export.to_onnx(teacher, run_.window_shape, tmp / "m.onnx")
-            export.quantize_onnx_int8(tmp / "m.onnx", tmp / "m8.onnx")
-            for name, f in (("fp32 ONNX (onnxruntime)", "m.onnx"),
-                            ("int8 ONNX (onnxruntime dynamic)", "m8.onnx")):
-                predict = export.onnx_predict(tmp / f)
-                add(_row(name, "export", scorecard.mpjpe(predict, config, info, test), n,
-                         (tmp / f).stat().st_size, scorecard.latency(predict, x, repeats)))
-        except ImportError as e:
-            log(f"ONNX rows skipped: {e}")
-
-    # int8 (qwix)
-    jax_row("int8 weights (qwix PTQ)", "int8", quantize.quantize(teacher, x))
-    jax_row("int8 weights+activations (qwix)", "int8", quantize.quantize(teacher, x, activations=True))
-
-    # pruning, fine-tuned with the mask
+    rows, extra = _Rows(run_, repeats, log), {}
+    rows.model("fp32 (JAX jit)", "fp32", teacher)
+    _exports(rows, teacher, run_.window_shape)
+    rows.model("int8 weights (qwix PTQ)", "int8", quantize.quantize(teacher, rows.x))
+    rows.model("int8 weights+activations (qwix)", "int8",
+               quantize.quantize(teacher, rows.x, activations=True))
     if prune_steps:
-        # Fine-tuning a trained model: a tenth of its peak learning rate (the full rate's first adamw
-        # steps move every weight by ~lr and undo the training).
-        tune_lr = 0.1 * config.train.learning_rate
-        loop = finetune.Loop(config, info, teacher, prune_steps, learning_rate=tune_lr)
-        params = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
-        curve = []
-        for s in (0.0, *sparsities):
-            mask = prune.magnitude_mask(params, s)
-            pruned = loop.model(jax.tree.map(lambda p, m: p * m, params, mask))
-            before = scorecard.mpjpe(scorecard.jit_predict(pruned), config, info, test)
-            tuned, _ = loop.run(teacher, seed=config.seed, mask=mask)
-            name = (f"pruned {int(100 * s)}% + {prune_steps} steps" if s
-                    else f"fp32 + {prune_steps} steps (control)")
-            jax_row(name, "unstructured" if s else "control", tuned,
-                    sparsity=prune.sparsity_of(nnx.state(tuned, nnx.Param)),
-                    mpjpe_before_finetune=before)
-            curve.append({"sparsity": s, "before": before, "after": rows[-1]["test_mpjpe"]})
-        extra["sparsity_curve"] = curve
-        if config.model.name == "transformer" and config.model.mlp_ratio % 2 == 0:
-            small, small_cfg = prune.prune_mlp_channels(teacher, config.model, run_.window_shape[-1],
-                                                        config.data.chunk, 0.5, info=info)
-            before = scorecard.mpjpe(scorecard.jit_predict(small), config, info, test)
-            cfg = copy.deepcopy(config)
-            with cfg.unlocked():
-                cfg.model = small_cfg
-            tuned, _ = finetune.Loop(cfg, info, small, prune_steps, learning_rate=tune_lr).run(
-                small, seed=config.seed)
-            jax_row(f"50% MLP channels removed + {prune_steps} steps", "structured", tuned,
-                    mpjpe_before_finetune=before)
-
-    # distillation: a >= 4x smaller student, teacher targets vs data only, same steps and seeds
-    if distill_steps:
-        extra["distillation"] = distill(config, info, teacher, validation, test, distill_steps, seeds,
+        extra["sparsity_curve"] = _pruning(rows, teacher, prune_steps, sparsities, run_.window_shape)
+    if distill_steps:  # a >= 4x smaller student, teacher targets vs data only, same steps and seeds
+        validation = scorecard.eval_batches(config, info, "validation")
+        extra["distillation"] = distill(config, info, teacher, validation, rows.test, distill_steps, seeds,
                                         student or {}, alpha, eval_every, log)
         d = extra["distillation"]
         for kind in ("distilled", "data_only"):
             best = min(d["runs"][kind], key=lambda r: r["test_mpjpe"])  # the latency/size are the same
             model = d.pop(f"_{kind}_model")
-            predict = scorecard.jit_predict(model)
-            add(_row(f"student {kind.replace('_', '-')} (mean of {len(seeds)} seeds)", "distillation",
-                     float(np.mean([r["test_mpjpe"] for r in d["runs"][kind]])), scorecard.param_count(model),
-                     scorecard.param_bytes(model), scorecard.latency(predict, x, repeats),
-                     best_seed_mpjpe=best["test_mpjpe"]))
-
+            rows.add(_row(f"student {kind.replace('_', '-')} (mean of {len(seeds)} seeds)", "distillation",
+                          float(np.mean([r["test_mpjpe"] for r in d["runs"][kind]])),
+                          scorecard.param_count(model), scorecard.param_bytes(model),
+                          scorecard.latency(scorecard.jit_predict(model), rows.x, repeats),
+                          best_seed_mpjpe=best["test_mpjpe"]))
     result = {"workdir": str(workdir), "step": run_.step, "model": config.model.to_dict(),
               "metric": f"test MPJPE (cm), noisy input level {config.evals.final.noise_level}",
-              "rows": rows, **extra, "wall_s": time.perf_counter() - t_start}
+              "rows": rows.rows, **extra, "wall_s": time.perf_counter() - rows.t_start}
     (out_dir / "efficiency.json").write_text(json.dumps(result, indent=2, default=float))
-    plot(rows, out_dir / "efficiency_pareto.png")
+    plot(rows.rows, out_dir / "efficiency_pareto.png")
     (out_dir / "efficiency_table.md").write_text(markdown(result))
     return result
+
+
+def _exports(rows: _Rows, teacher, window_shape) -> None:
+    """fp32 exported to StableHLO and ONNX, and ONNX's dynamic int8, each loaded back and measured."""
+    n = scorecard.param_count(teacher)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        export.to_stablehlo(teacher, window_shape, tmp / "m.stablehlo")
+        rows.predictor("fp32 StableHLO (jax.export)", "export", export.load_stablehlo(tmp / "m.stablehlo"), n,
+                       (tmp / "m.stablehlo").stat().st_size)
+        try:
+            export.to_onnx(teacher, window_shape, tmp / "m.onnx")
+            export.quantize_onnx_int8(tmp / "m.onnx", tmp / "m8.onnx")
+        except ImportError as e:
+            rows.log(f"ONNX rows skipped: {e}")
+            return
+        for name, f in (("fp32 ONNX (onnxruntime)", "m.onnx"),
+                        ("int8 ONNX (onnxruntime dynamic)", "m8.onnx")):
+            rows.predictor(name, "export", export.onnx_predict(tmp / f), n, (tmp / f).stat().st_size)
+
+
+def _pruning(rows: _Rows, teacher, steps: int, sparsities, window_shape) -> list:
+    """Magnitude pruning at each sparsity (and 0: the fine-tuning control) fine-tuned with the mask, and
+    for transformers half the MLP channels removed; returns the sparsity curve (before / after)."""
+    config, info, test = rows.config, rows.info, rows.test
+    # Fine-tuning a trained model: a tenth of its peak learning rate (the full rate's first adamw
+    # steps move every weight by ~lr and undo the training).
+    tune_lr = 0.1 * config.train.learning_rate
+    loop = finetune.Loop(config, info, teacher, steps, learning_rate=tune_lr)
+    params = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
+    curve = []
+    for s in (0.0, *sparsities):
+        mask = prune.magnitude_mask(params, s)
+        before = rows.mpjpe(scorecard.jit_predict(loop.model(jax.tree.map(lambda p, m: p * m, params, mask))))
+        tuned, _ = loop.run(teacher, seed=config.seed, mask=mask)
+        name = f"pruned {int(100 * s)}% + {steps} steps" if s else f"fp32 + {steps} steps (control)"
+        rows.model(name, "unstructured" if s else "control", tuned,
+                   sparsity=prune.sparsity_of(nnx.state(tuned, nnx.Param)), mpjpe_before_finetune=before)
+        curve.append({"sparsity": s, "before": before, "after": rows.rows[-1]["test_mpjpe"]})
+    if config.model.name == "transformer" and config.model.mlp_ratio % 2 == 0:
+        small, small_cfg = prune.prune_mlp_channels(teacher, config.model, window_shape[-1],
+                                                    config.data.chunk, 0.5, info=info)
+        before = scorecard.mpjpe(scorecard.jit_predict(small), config, info, test)
+        cfg = copy.deepcopy(config)
+        with cfg.unlocked():
+            cfg.model = small_cfg
+        tuned, _ = finetune.Loop(cfg, info, small, steps, learning_rate=tune_lr).run(small, seed=config.seed)
+        rows.model(f"50% MLP channels removed + {steps} steps", "structured", tuned,
+                   mpjpe_before_finetune=before)
+    return curve
 
 
 STUDENT_RATIO = 4.4  # a tconv student's width: the widest multiple of 8 with this many times fewer parameters
