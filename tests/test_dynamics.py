@@ -28,13 +28,13 @@ def clip_batch(frames=24, batch=4):
     return motion.skeleton, motion.fps, pred_root, pred_raw, target_root, target_rot
 
 
-def loss_fn(skeleton, fps, jacobian, time_axis_name=None, chunk_frames=dynamics.CHUNK_FRAMES):
+def loss_fn(skeleton, fps, jacobian, time_axis_name=None, frames_per_pass=dynamics.PASS_FRAMES):
     """``(pred_root, raw rotations, target_root, target_rot) -> (loss, terms)``; rotations are
     normalised inside, as a model's decoder does, so gradients live in the tangent space."""
     def f(pred_root, pred_raw, target_root, target_rot):
         return dynamics.dynamics_loss(skeleton, pred_root, rot.quat_normalize(pred_raw), target_root,
                                       target_rot, fps, WEIGHTS, jacobian=jacobian,
-                                      time_axis_name=time_axis_name, chunk_frames=chunk_frames)
+                                      time_axis_name=time_axis_name, frames_per_pass=frames_per_pass)
     return f
 
 
@@ -139,11 +139,11 @@ def test_batch_chunks_equal_one_pass(jacobian):
     # session's compilation cache serves it.
     skeleton, fps, *args = clip_batch(frames=12, batch=2)
 
-    def f(chunk_frames):
-        return value_and_grads(loss_fn(skeleton, fps, jacobian, chunk_frames=chunk_frames))(*args)
+    def f(frames_per_pass):
+        return value_and_grads(loss_fn(skeleton, fps, jacobian, frames_per_pass=frames_per_pass))(*args)
 
-    assert dynamics._num_chunks(2, 12, 12) == 2 and dynamics._num_chunks(2, 12, dynamics.CHUNK_FRAMES) == 1
-    assert_same_loss_terms_and_grads(f(12), f(dynamics.CHUNK_FRAMES))
+    assert dynamics._num_passes(2, 12, 12) == 2 and dynamics._num_passes(2, 12, dynamics.PASS_FRAMES) == 1
+    assert_same_loss_terms_and_grads(f(12), f(dynamics.PASS_FRAMES))
 
 
 def test_masked_mean_is_one_helper_and_zero_without_valid_frames():

@@ -207,12 +207,12 @@ def test_custom_vjp_gradients_equal_autodiff(name):
 
 
 def test_reverse_mode_algebra_vjps_equal_autodiff():
-    """kinematics.algebra(custom_vjp=True): the hand-written VJPs of cross, quat_mul and quat_rotate
+    """rotations.algebra(custom_vjp=True): the hand-written VJPs of cross, quat_mul and quat_rotate
     (non-unit quaternions, an operand broadcast against the other) equal JAX's reverse mode of the
     plain formulas."""
     rng = np.random.default_rng(3)
     normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
-    plain, reverse = K.algebra(), K.algebra(custom_vjp=True)
+    plain, reverse = rot.algebra(), rot.algebra(custom_vjp=True)
     cases = [("cross", normal(3, 5, 2), normal(3, 5, 1)), ("quat_mul", normal(4, 1, 2), normal(4, 5, 2)),
              ("quat_rotate", normal(4, 5, 2), normal(3, 5, 1)),
              ("quat_rotate", normal(4, 5, 1), normal(3, 5, 2))]

@@ -54,34 +54,7 @@ TERMS = ("velocity", "force", "jerk")
 DEFAULT_WEIGHTS = {"velocity": 1.0, "force": 1e-3, "jerk": 1e-7}
 JACOBIANS = ("blocked", "jvp", "dense")
 HALO = 2  # the jerk stencil reaches two frames each way
-CHUNK_FRAMES = 512  # see dynamics_loss (measured: 16,384 frames at J = 13, 512 -> 2.6x faster than one pass)
-
-
-def _mass_fractions(skeleton: Skeleton, dtype):
-    masses = np.asarray(skeleton.masses, float)
-    return jnp.asarray(masses / masses.sum(), dtype)
-
-
-def _products(skeleton, jacobian, rotations, root_position, positions, world, joint_velocity,
-              root_velocity, forces, offsets=None):
-    """``(J·[v_root, θ̇] [..., J, 3], Jᵀ·F as (torques [..., J, 3], root force [..., 3]))``; the
-    autodiff backends run FK on ``offsets`` (the blocked one reads them from ``positions``)."""
-    if jacobian == "blocked":
-        velocity = K.jacobian_vector_product(skeleton, positions, world, joint_velocity, root_velocity)
-        return velocity, K.jacobian_transpose_product(skeleton, positions, world, forces)
-    if jacobian == "jvp":
-        velocity = K.autodiff_jacobian_vector_product(skeleton, rotations, root_position, joint_velocity,
-                                                      root_velocity, offsets)
-        return velocity, K.autodiff_jacobian_transpose_product(skeleton, rotations, root_position, forces,
-                                                               offsets)
-    if jacobian == "dense":
-        jac = K.jacfwd_jacobian(skeleton, rotations, root_position, offsets)  # [..., 3J, num_dof]
-        q_dot = K.pack_dofs(skeleton, root_velocity, joint_velocity)
-        velocity = jnp.einsum("...mn,...n->...m", jac, q_dot).reshape(forces.shape)
-        generalized = jnp.einsum("...mn,...m->...n", jac, forces.reshape(*forces.shape[:-2], -1))
-        root_force, torques = K.unpack_dofs(skeleton, generalized)
-        return velocity, (torques, root_force)
-    raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
+PASS_FRAMES = 512  # see dynamics_loss (measured: 16,384 frames at J = 13, 512 -> 2.6x faster than one pass)
 
 
 # The time stencils as (offset: coefficient) at a power of fps: velocity, acceleration, jerk.
@@ -98,53 +71,6 @@ def _stencil(x, stencil, start, length, axis):
 def _apply_stencils(x, start, length, fps, axis):
     """Every stencil of :data:`_STENCILS` on the ``length`` frames of ``x`` from ``start`` on."""
     return tuple(_stencil(x, stencil, start, length, axis) * fps**power for stencil, power in _STENCILS)
-
-
-def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None,
-                  offsets=None):
-    """Per-frame quantities of one motion ``[B, T, ...]`` (local frames).
-
-    ``fk``: the motion's ``(positions, world rotations)`` when the caller already ran FK on it.
-    ``offsets``: ``[B, 1, J, 3]`` rest offsets of each window (None: the skeleton's).
-    Returns ``(velocity residual [B, T, J, 3], generalized forces [B, T, J + 1, 3],
-    jerk [B, T, J, 3])``; with ``forces_only`` the residual and jerk are None.
-    """
-    length = rotations.shape[1]
-    positions, world = K.forward_kinematics(skeleton, rotations, root_position, offsets) if fk is None else fk
-    # FK runs on the local frames only; the stencils' neighbour frames arrive as positions.
-    positions_pad = pad_with_halos(positions, HALO, axis=1, axis_name=time_axis_name)
-    rot_pad = pad_with_halos(rotations, 1, axis=1, axis_name=time_axis_name)
-    velocity, acceleration, jerk = _apply_stencils(positions_pad, HALO, length, fps, axis=1)
-    gravity = jnp.zeros(3, rotations.dtype).at[skeleton.up_axis].set(-GRAVITY)
-    forces = _mass_fractions(skeleton, rotations.dtype)[:, None] * (acceleration - gravity)
-
-    # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
-    local_omega = rot.relative_rotation_vector(rot_pad[:, :-2], rot_pad[:, 2:])
-    parent = rot.quat_mul(world, rot.quat_conj(rotations))
-    joint_velocity = K.world_to_dofs(skeleton, world, rot.quat_rotate(parent, local_omega * (fps / 2)))
-    root_velocity = velocity[..., 0, :]
-
-    predicted_velocity, (torques, root_force) = _products(
-        skeleton, jacobian, rotations, root_position, positions, world, joint_velocity, root_velocity, forces,
-        offsets)
-    generalized = jnp.concatenate([root_force[..., None, :], torques], axis=-2)
-    if forces_only:
-        return None, generalized, None
-    return predicted_velocity - velocity, generalized, jerk
-
-
-def _quat_log_tree(q):
-    """:func:`motionjax.core.rotations.quat_to_axis_angle` on ``[4, ...]`` (component-major)."""
-    q = jnp.where(q[:1] < 0, -q, q)
-    w, u = q[:1], q[1:]
-    sq = jnp.sum(u * u, axis=0, keepdims=True)
-    nonzero = sq > 0
-    s = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
-    small = s < rot._SMALL
-    safe_s = jnp.where(small, 1.0, s)
-    safe_w = jnp.where(small, w, 1.0)
-    k = jnp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)), 2.0 * jnp.arctan2(s, w) / safe_s)
-    return k * u
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -164,15 +90,48 @@ def _stencils_tree_vjp(length, fps, _, cotangents):
 _stencils_tree.defvjp(lambda x, length, fps: (_stencils_tree(x, length, fps), None), _stencils_tree_vjp)
 
 
-def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, forces_only, fk=None,
-                       offsets=None):
-    """:func:`_motion_terms` of the blocked backend, in the tree layout of
-    :mod:`motionjax.core.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss,
-    with the reverse-mode algebra (:func:`motionjax.core.kinematics.algebra`).
+def _products(skeleton, jacobian, rotations, root_position, offsets, positions, world, joint_velocity,
+              root_velocity, forces, forces_only):
+    """``J·[v_root, θ̇]`` ``[3, J, B, T]`` (None with ``forces_only``) and ``Jᵀ·F`` as ``(torques
+    [3, J, B, T], root force [3, B, T])``, all in the tree layout. The blocked backend works in it
+    end to end; the autodiff ones differentiate FK of the ``[B, T, J, ...]`` motion (``rotations``,
+    ``root_position``, ``offsets``), so their vectors go there and back."""
+    if jacobian == "blocked":
+        torques, root_force = K.jacobian_transpose_product_tree(skeleton, positions, world, forces,
+                                                                custom_vjp=True)
+        velocity = None if forces_only else K.jacobian_vector_product_tree(
+            skeleton, positions, world, joint_velocity, root_velocity, custom_vjp=True)
+        return velocity, (torques, root_force)
+    to_batch = lambda x: K.from_tree_layout(skeleton, x, custom_vjp=True)
+    to_tree = lambda x: K.to_tree_layout(skeleton, x, custom_vjp=True)
+    omega, root_v, force = to_batch(joint_velocity), jnp.moveaxis(root_velocity, 0, -1), to_batch(forces)
+    if jacobian == "jvp":
+        velocity = None if forces_only else K.autodiff_jacobian_vector_product(
+            skeleton, rotations, root_position, omega, root_v, offsets)
+        torques, root_force = K.autodiff_jacobian_transpose_product(skeleton, rotations, root_position, force,
+                                                                    offsets)
+    else:  # dense: the jax.jacfwd Jacobian, the reference
+        jac = K.jacfwd_jacobian(skeleton, rotations, root_position, offsets)  # [..., 3J, num_dof]
+        velocity = None if forces_only else jnp.einsum(
+            "...mn,...n->...m", jac, K.pack_dofs(skeleton, root_v, omega)).reshape(force.shape)
+        generalized = jnp.einsum("...mn,...m->...n", jac, force.reshape(*force.shape[:-2], -1))
+        root_force, torques = K.unpack_dofs(skeleton, generalized)
+    velocity = None if velocity is None else to_tree(velocity)
+    return velocity, (to_tree(torques), jnp.moveaxis(root_force, -1, 0))
 
-    Returns ``(velocity residual [3, J, B, T], generalized forces [3, J + 1, B, T], jerk [3, J, B, T])``.
+
+def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_name, forces_only, fk=None,
+                  offsets=None):
+    """Per-frame quantities of one motion ``[B, T, ...]`` (local frames), in the tree layout of
+    :mod:`motionjax.core.kinematics` (``[C, J, B, T]``, joints in level order) from input to loss,
+    with the reverse-mode algebra (:func:`motionjax.core.rotations.algebra`).
+
+    ``fk``: the motion's ``(positions, world rotations)`` when the caller already ran FK on it.
+    ``offsets``: ``[B, 1, J, 3]`` rest offsets of each window (None: the skeleton's).
+    Returns ``(velocity residual [3, J, B, T], generalized forces [3, J + 1, B, T], jerk [3, J, B, T])``;
+    with ``forces_only`` the residual and jerk are None.
     """
-    ops = K.algebra(custom_vjp=True)
+    ops = rot.algebra(custom_vjp=True)
     tree = lambda x: K.to_tree_layout(skeleton, x, custom_vjp=True)
     length = rotations.shape[1]
     q = tree(rotations)
@@ -181,6 +140,7 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
                                                      custom_vjp=True)
     else:
         positions, world = tree(fk[0]), tree(fk[1])
+    # FK runs on the local frames only; the stencils' neighbour frames arrive as positions.
     time_axis = 3
     positions_pad = pad_with_halos(positions, HALO, axis=time_axis, axis_name=time_axis_name)
     rot_pad = pad_with_halos(q, 1, axis=time_axis, axis_name=time_axis_name)
@@ -192,27 +152,24 @@ def _motion_terms_tree(skeleton, root_position, rotations, fps, time_axis_name, 
 
     # Relative angular velocity in the parent frame -> padded generalized velocity (world frame).
     before, after = rot_pad[..., :-2], rot_pad[..., 2:]
-    local_omega = _quat_log_tree(ops.quat_mul(after, K.quat_conj(before)))
-    parent = ops.quat_mul(world, K.quat_conj(q))
+    local_omega = rot.quat_to_axis_angle_cm(ops.quat_mul(after, rot.quat_conj_cm(before)))
+    parent = ops.quat_mul(world, rot.quat_conj_cm(q))
     joint_velocity = K.world_to_dofs_tree(skeleton, world, ops.quat_rotate(parent, local_omega * (fps / 2)),
                                           custom_vjp=True)
-    root_velocity = velocity[:, 0]
-
-    torques, root_force = K.jacobian_transpose_product_tree(skeleton, positions, world, forces,
-                                                            custom_vjp=True)
+    predicted_velocity, (torques, root_force) = _products(
+        skeleton, jacobian, rotations, root_position, offsets, positions, world, joint_velocity,
+        velocity[:, 0], forces, forces_only)
     generalized = jnp.concatenate([root_force[:, None], torques], axis=1)
     if forces_only:
         return None, generalized, None
-    predicted_velocity = K.jacobian_vector_product_tree(skeleton, positions, world, joint_velocity,
-                                                        root_velocity, custom_vjp=True)
     return predicted_velocity - velocity, generalized, jerk
 
 
-def _num_chunks(batch: int, length: int, chunk_frames: int | None) -> int:
-    """The fewest batch chunks (a divisor of ``batch``) of at most ``chunk_frames`` frames each."""
-    if chunk_frames is None or batch * length <= chunk_frames:
+def _num_passes(batch: int, length: int, frames_per_pass: int | None) -> int:
+    """The fewest passes over ``batch`` (a divisor of it) of at most ``frames_per_pass`` frames each."""
+    if frames_per_pass is None or batch * length <= frames_per_pass:
         return 1
-    fits = (n for n in range(2, batch + 1) if batch % n == 0 and batch // n * length <= chunk_frames)
+    fits = (n for n in range(2, batch + 1) if batch % n == 0 and batch // n * length <= frames_per_pass)
     return next(fits, batch)
 
 
@@ -221,26 +178,20 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
     """``({term: sum of squares over valid frames}, {term: count})`` for one (local) batch; ``valid
     [B, T]`` bool: a frame counts where its whole stencil is valid (and inside the sequence)."""
     inner, outer = stencil_valid(valid, 1, time_axis_name), stencil_valid(valid, HALO, time_axis_name)
-    if jacobian == "blocked":  # the tree layout end to end: components first, frames last
-        terms_of, sq = _motion_terms_tree, lambda x: jnp.sum(x * x, axis=0)  # [J, B, T]
-        total = lambda x, mask: masked_sum(x, mask)
-    else:
-        terms_of = functools.partial(_motion_terms, jacobian=jacobian)
-        sq = lambda x: jnp.sum(x * x, axis=-1)  # [B, T, J]
-        total = lambda x, mask: masked_sum(x, mask[..., None])
-    residual, pred_tau, jerk = terms_of(skeleton, pred_root, pred_rot, fps, time_axis_name=time_axis_name,
-                                        forces_only=False, fk=pred_fk, offsets=offsets)
-    _, target_tau, _ = terms_of(skeleton, target_root, target_rot, fps, time_axis_name=time_axis_name,
-                                forces_only=True, fk=target_fk, offsets=offsets)
-    pairs = {"velocity": total(sq(residual), inner), "force": total(sq(pred_tau - target_tau), inner),
-             "jerk": total(sq(jerk), outer)}
+    sq = lambda x: jnp.sum(x * x, axis=0)  # [3, J, B, T] -> [J, B, T]
+    terms_of = functools.partial(_motion_terms, skeleton, fps=fps, jacobian=jacobian,
+                                 time_axis_name=time_axis_name)
+    residual, pred_tau, jerk = terms_of(pred_root, pred_rot, forces_only=False, fk=pred_fk, offsets=offsets)
+    _, target_tau, _ = terms_of(target_root, target_rot, forces_only=True, fk=target_fk, offsets=offsets)
+    pairs = {"velocity": masked_sum(sq(residual), inner),  # [J, B, T] against a [B, T] mask
+             "force": masked_sum(sq(pred_tau - target_tau), inner), "jerk": masked_sum(sq(jerk), outer)}
     return ({name: pair[0] for name, pair in pairs.items()},
             {name: pair[1].astype(jnp.float32) for name, pair in pairs.items()})
 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
                   weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
-                  pred_fk=None, target_fk=None, chunk_frames: int | None = CHUNK_FRAMES, offsets=None,
+                  pred_fk=None, target_fk=None, frames_per_pass: int | None = PASS_FRAMES, offsets=None,
                   valid=None, batch_axis_name: str | None = None):
     """The weighted joint-dynamics loss.
 
@@ -256,7 +207,7 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
       pred_fk, target_fk: optional ``(positions [B, T, J, 3], world rotations [B, T, J, 4])`` of
         the two motions, when the caller has run :func:`motionjax.core.kinematics.forward_kinematics`
         already (the reconstruction loss has): FK then runs once per motion per step.
-      chunk_frames: above this many (local) frames the batch is processed in chunks of at most
+      frames_per_pass: above this many (local) frames the batch is processed in passes of at most
         this many frames (whole windows; a divisor of ``B``), one after another, each
         recomputed in the backward pass, so the working set stays bounded as ``B·T`` grows.
         None: one pass.
@@ -282,14 +233,14 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
     valid = jnp.ones(pred_rot.shape[:2], bool) if valid is None else jnp.asarray(valid).astype(bool)
     motion = (pred_root, pred_rot, target_root, target_rot, pred_fk, target_fk, offsets, valid)
     batch, length = pred_rot.shape[:2]
-    chunks = _num_chunks(batch, length, chunk_frames)
+    passes = _num_passes(batch, length, frames_per_pass)
     sums = functools.partial(_term_sums, skeleton, fps=fps, jacobian=jacobian, time_axis_name=time_axis_name)
-    if chunks == 1:
+    if passes == 1:
         totals, counts = sums(*motion)
-    else:  # a loop over batch chunks, each recomputed in the backward pass: a bounded working set
-        split = lambda x: x.reshape(chunks, batch // chunks, *x.shape[1:])
-        per_chunk, counts = jax.lax.map(lambda m: jax.checkpoint(sums)(*m), jax.tree.map(split, motion))
-        totals, counts = jax.tree.map(lambda x: jnp.sum(x, axis=0), (per_chunk, counts))
+    else:  # a loop over batch passes, each recomputed in the backward pass: a bounded working set
+        split = lambda x: x.reshape(passes, batch // passes, *x.shape[1:])
+        per_pass, counts = jax.lax.map(lambda m: jax.checkpoint(sums)(*m), jax.tree.map(split, motion))
+        totals, counts = jax.tree.map(lambda x: jnp.sum(x, axis=0), (per_pass, counts))
     axes = tuple(a for a in (batch_axis_name, time_axis_name) if a is not None)
     if axes:
         totals, counts = jax.lax.psum((totals, counts), axes)

@@ -12,14 +12,12 @@ and every vector or quaternion op is elementwise on contiguous arrays, which XLA
 (a trailing ``[..., 3]`` axis does not). The level gathers carry their own VJPs: the transpose of
 "gather each joint's parent" is "sum each joint's children" and vice versa, both gathers, so
 autodiff of any tree scan is again a tree scan, never a scatter-add; for reverse mode the vector
-and quaternion products have theirs too (:func:`algebra`).
+and quaternion products have theirs too (:func:`motionjax.core.rotations.algebra`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -225,126 +223,15 @@ def from_tree_layout(skeleton: Skeleton, x, custom_vjp: bool = False):
     return xp.moveaxis(_take(x, tree_plan(skeleton).rank, 1, custom_vjp), (0, 1), (-1, -2))
 
 
-# Vector and quaternion algebra on component-major ``[3 or 4, ...]`` arrays (the formulas of
-# :mod:`motionjax.core.rotations`, so both layouts give the same numbers).
-
 def _xp_of(*arrays):
     return np if all(_is_numpy(a) for a in arrays) else jnp
-
-
-def cross(a, b):
-    ax, ay, az = a[0], a[1], a[2]
-    bx, by, bz = b[0], b[1], b[2]
-    return _xp_of(a, b).stack([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx])
-
-
-def quat_mul(a, b):
-    aw, ax, ay, az = a[0], a[1], a[2], a[3]
-    bw, bx, by, bz = b[0], b[1], b[2], b[3]
-    return _xp_of(a, b).stack([
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    ])
-
-
-def quat_conj(q):
-    return _xp_of(q).concatenate([q[:1], -q[1:]])
-
-
-def quat_rotate(q, v):
-    t = 2.0 * cross(q[1:], v)
-    return v + q[:1] * t + cross(q[1:], t)
-
-
-# The same three products for reverse mode with their own VJPs. XLA transposes each component read
-# (``a[0]``) into a pad of the cotangent to all components, one full-size buffer per read; the rules
-# below are the same algebra again (stacks of elementwise products), so the backward pass has none:
-#   a × b:       ā = b × g,            b̄ = g × a
-#   a ⊗ b:       ā = g ⊗ b*,           b̄ = a* ⊗ g      (x ↦ x ⊗ b has the transpose x ↦ x ⊗ b*)
-#   rotate(q, v) = v + w·t + u × t, t = 2 u × v:
-#                v̄ = rotate(q*, g),    w̄ = g·t,        ū = 2w (v × g) + t × g + 2 v × (g × u)
-# With the pair tree sums below and the stencil VJP of the dynamics loss, measured in one process,
-# interleaved (J = 24, loss + gradient): 1.20× faster at 1,024 frames, 1.19× at 4,096.
-
-def _varying_axes(x) -> frozenset:
-    """The mesh axes ``x`` varies over inside ``jax.shard_map`` (empty outside)."""
-    aval = jax.typeof(x)
-    manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; earlier: aval.vma
-    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
-
-
-def _unbroadcast(g, like):
-    """The cotangent ``g`` of an operand ``like`` that was broadcast against the other (offsets,
-    hinge axes): summed over the broadcast axes and, inside ``jax.shard_map``, over the mesh axes
-    ``like`` is replicated on (the transpose of a broadcast is a sum)."""
-    shape = like.shape
-    if g.shape != shape:
-        lead = g.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
-                                          if n == 1 and g.shape[lead + i] != 1)
-        g = jnp.sum(g, axis=axes, keepdims=True).reshape(shape)
-    replicated = _varying_axes(g) - _varying_axes(like)
-    return jax.lax.psum(g, tuple(sorted(replicated))) if replicated else g
-
-
-@jax.custom_vjp
-def _cross_reverse(a, b):
-    return cross(a, b)
-
-
-_cross_reverse.defvjp(lambda a, b: (cross(a, b), (a, b)),
-                      lambda ab, g: (_unbroadcast(cross(ab[1], g), ab[0]),
-                                     _unbroadcast(cross(g, ab[0]), ab[1])))
-
-
-@jax.custom_vjp
-def _quat_mul_reverse(a, b):
-    return quat_mul(a, b)
-
-
-_quat_mul_reverse.defvjp(lambda a, b: (quat_mul(a, b), (a, b)),
-                         lambda ab, g: (_unbroadcast(quat_mul(g, quat_conj(ab[1])), ab[0]),
-                                        _unbroadcast(quat_mul(quat_conj(ab[0]), g), ab[1])))
-
-
-def _quat_rotate_vjp(qv, g):
-    q, v = qv
-    w, u = q[:1], q[1:]
-    t = 2.0 * cross(u, v)
-    grad_w = (g[0] * t[0] + g[1] * t[1] + g[2] * t[2])[None]
-    grad_u = 2.0 * w * cross(v, g) + cross(t, g) + 2.0 * cross(v, cross(g, u))
-    return _unbroadcast(jnp.concatenate([grad_w, grad_u]), q), _unbroadcast(quat_rotate(quat_conj(q), g), v)
-
-
-@jax.custom_vjp
-def _quat_rotate_reverse(q, v):
-    return quat_rotate(q, v)
-
-
-_quat_rotate_reverse.defvjp(lambda q, v: (quat_rotate(q, v), (q, v)), _quat_rotate_vjp)
-
-
-class Algebra(NamedTuple):
-    cross: Callable
-    quat_mul: Callable
-    quat_rotate: Callable
-
-
-def algebra(custom_vjp: bool = False) -> Algebra:
-    """``(cross, quat_mul, quat_rotate)`` on component-major arrays; ``custom_vjp``: the versions
-    with their own VJPs (reverse mode only, as in :func:`tree_scan`)."""
-    if custom_vjp:
-        return Algebra(_cross_reverse, _quat_mul_reverse, _quat_rotate_reverse)
-    return Algebra(cross, quat_mul, quat_rotate)
 
 
 def _fk_tree(skeleton: Skeleton, rotations, root_position, offsets, custom_vjp=False):
     """FK in the tree layout: ``rotations [4, J, ...]``, ``root_position [3, ...]``, ``offsets``
     ``[3, J, ...]`` (broadcastable) -> ``(positions [3, J, ...], world rotations [4, J, ...])``."""
     xp = _xp_of(rotations, root_position, offsets)
-    ops = algebra(custom_vjp and xp is jnp)
+    ops = rot.algebra(custom_vjp and xp is jnp)
 
     def step(parent, x):
         q, offset = x
@@ -478,26 +365,26 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint):
             p, parent_rot = root, jnp.zeros_like(q).at[0].set(1.0)
         else:
             parent_pos, parent_rot, _ = parent
-            p = parent_pos + quat_rotate(parent_rot, offset)
-        world, t = quat_mul(parent_rot, q), ex
+            p = parent_pos + rot.quat_rotate_cm(parent_rot, offset)
+        world, t = rot.quat_mul_cm(parent_rot, q), ex
         if swing.any():  # shortest arc from where the hint points the primary bone to where it should
-            u = _normalized(jnp.where(swing > 0, quat_rotate(world, rest[0]), ex))
+            u = _normalized(jnp.where(swing > 0, rot.quat_rotate_cm(world, rest[0]), ex))
             t = _normalized(jnp.where(swing > 0, goal[0] - p, ex))
-            arc = jnp.concatenate([1.0 + _dot(u, t), cross(u, t)])
-            world = quat_mul(_normalized(arc), world)
+            arc = jnp.concatenate([1.0 + _dot(u, t), rot.cross_cm(u, t)])
+            world = rot.quat_mul_cm(_normalized(arc), world)
         fitted = [k for k, w in enumerate(weights) if w.any()]
         if fitted:  # least-squares turn about one axis: max Σ d·(R v)  =>  θ = atan2(Σ a·(v × d), Σ v⊥·d⊥)
             a = t if not axis.any() else jnp.where(np.sum(axis * axis, 0, keepdims=True) > 0,
-                                                    quat_rotate(parent_rot, axis), t)
+                                                    rot.quat_rotate_cm(parent_rot, axis), t)
             sin = cos = 0.0
             for k in fitted:
-                v, d = quat_rotate(world, rest[k]), goal[k] - p
-                sin = sin + weights[k] * _dot(a, cross(v, d))
+                v, d = rot.quat_rotate_cm(world, rest[k]), goal[k] - p
+                sin = sin + weights[k] * _dot(a, rot.cross_cm(v, d))
                 cos = cos + weights[k] * (_dot(v, d) - _dot(v, a) * _dot(d, a))
             fits = sum(weights) > 0
             half = jnp.arctan2(jnp.where(fits, sin, 0.0), jnp.where(fits, cos, 1.0)) / 2
-            world = quat_mul(jnp.concatenate([jnp.cos(half), jnp.sin(half) * a]), world)
-        return p, world, quat_mul(quat_conj(parent_rot), world)
+            world = rot.quat_mul_cm(jnp.concatenate([jnp.cos(half), jnp.sin(half) * a]), world)
+        return p, world, rot.quat_mul_cm(rot.quat_conj_cm(parent_rot), world)
 
     return from_tree_layout(skeleton, tree_scan(skeleton, step, xs)[2])
 
@@ -645,14 +532,14 @@ def _dof_constants_tree(skeleton: Skeleton, dtype, batch_ndim: int):
 def dofs_to_world_tree(skeleton: Skeleton, world_rotations, joint_velocity, custom_vjp: bool = False):
     """:func:`dofs_to_world` in the tree layout (``[4, J, ...]``, ``[3, J, ...]``)."""
     is_ball, hinge_axes = _dof_constants_tree(skeleton, joint_velocity.dtype, joint_velocity.ndim - 2)
-    axes = algebra(custom_vjp).quat_rotate(world_rotations, hinge_axes)
+    axes = rot.algebra(custom_vjp).quat_rotate(world_rotations, hinge_axes)
     return is_ball * joint_velocity + axes * joint_velocity[:1]
 
 
 def world_to_dofs_tree(skeleton: Skeleton, world_rotations, vectors, custom_vjp: bool = False):
     """:func:`world_to_dofs` in the tree layout (``[4, J, ...]``, ``[3, J, ...]``)."""
     is_ball, hinge_axes = _dof_constants_tree(skeleton, vectors.dtype, vectors.ndim - 2)
-    axes = algebra(custom_vjp).quat_rotate(world_rotations, hinge_axes)
+    axes = rot.algebra(custom_vjp).quat_rotate(world_rotations, hinge_axes)
     along_axis = jnp.sum(axes * vectors, axis=0, keepdims=True)
     zero = jnp.zeros_like(along_axis)
     return is_ball * vectors + jnp.concatenate([along_axis, zero, zero])
@@ -663,7 +550,7 @@ def jacobian_vector_product_tree(skeleton: Skeleton, positions, world_rotations,
     """:func:`jacobian_vector_product` in the tree layout: ``positions [3, J, ...]``,
     ``world_rotations [4, J, ...]``, ``joint_velocity [3, J, ...]``, ``root_velocity [3, ...]`` ->
     ``[3, J, ...]``. One prefix sum (down the tree) of ``(ω, ω × p)``."""
-    ops = algebra(custom_vjp)
+    ops = rot.algebra(custom_vjp)
     # Levers are translation invariant; measuring from the root keeps float32 cancellation small.
     local = positions - positions[:, :1]
     omega = dofs_to_world_tree(skeleton, world_rotations, joint_velocity, custom_vjp)
@@ -677,7 +564,7 @@ def jacobian_transpose_product_tree(skeleton: Skeleton, positions, world_rotatio
     """:func:`jacobian_transpose_product` in the tree layout: ``forces [3, J, ...]`` ->
     ``(torques [3, J, ...], root force [3, ...])``. One subtree sum (up the tree) of
     ``(F, p × F)``."""
-    ops = algebra(custom_vjp)
+    ops = rot.algebra(custom_vjp)
     local = positions - positions[:, :1]
     total_force, moment = subtree_sum(skeleton, (forces, ops.cross(local, forces)), custom_vjp)
     torques = world_to_dofs_tree(skeleton, world_rotations, moment - ops.cross(local, total_force),

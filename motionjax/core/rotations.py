@@ -13,6 +13,9 @@ independent ``Rotation`` implementation.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -269,3 +272,131 @@ def quat_nlerp(a, b, t):
 def relative_rotation_vector(q_from, q_to):
     """Rotation vector of ``q_to ⊗ q_from⁻¹`` (the world-frame rotation taking one to the other)."""
     return quat_to_axis_angle(quat_mul(q_to, quat_conj(q_from)))
+
+
+# The component-major layout: ``[3 or 4, ...]`` arrays, components first (the tree layout of
+# :mod:`motionjax.core.kinematics`, where every op is elementwise on contiguous frames). The same
+# formulas as the ``[..., 4]`` functions above, so both layouts give the same numbers; ``*_cm``.
+
+def cross_cm(a, b):
+    ax, ay, az = a[0], a[1], a[2]
+    bx, by, bz = b[0], b[1], b[2]
+    return _xp(a, b).stack([ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx])
+
+
+def quat_mul_cm(a, b):
+    aw, ax, ay, az = a[0], a[1], a[2], a[3]
+    bw, bx, by, bz = b[0], b[1], b[2], b[3]
+    return _xp(a, b).stack([
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    ])
+
+
+def quat_conj_cm(q):
+    return _xp(q).concatenate([q[:1], -q[1:]])
+
+
+def quat_rotate_cm(q, v):
+    t = 2.0 * cross_cm(q[1:], v)
+    return v + q[:1] * t + cross_cm(q[1:], t)
+
+
+def quat_to_axis_angle_cm(q):
+    """:func:`quat_to_axis_angle` on ``[4, ...]`` -> ``[3, ...]``."""
+    q = jnp.where(q[:1] < 0, -q, q)
+    w, u = q[:1], q[1:]
+    sq = jnp.sum(u * u, axis=0, keepdims=True)
+    nonzero = sq > 0
+    s = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+    small = s < _SMALL
+    safe_s = jnp.where(small, 1.0, s)
+    safe_w = jnp.where(small, w, 1.0)
+    k = jnp.where(small, 2.0 / safe_w * (1.0 - s**2 / (3.0 * safe_w**2)), 2.0 * jnp.arctan2(s, w) / safe_s)
+    return k * u
+
+
+
+# The same three products for reverse mode with their own VJPs. XLA transposes each component read
+# (``a[0]``) into a pad of the cotangent to all components, one full-size buffer per read; the rules
+# below are the same algebra again (stacks of elementwise products), so the backward pass has none:
+#   a × b:       ā = b × g,            b̄ = g × a
+#   a ⊗ b:       ā = g ⊗ b*,           b̄ = a* ⊗ g      (x ↦ x ⊗ b has the transpose x ↦ x ⊗ b*)
+#   rotate(q, v) = v + w·t + u × t, t = 2 u × v:
+#                v̄ = rotate(q*, g),    w̄ = g·t,        ū = 2w (v × g) + t × g + 2 v × (g × u)
+# With the pair tree sums of kinematics and the stencil VJP of the dynamics loss, measured in one process,
+# interleaved (J = 24, loss + gradient): 1.20× faster at 1,024 frames, 1.19× at 4,096.
+
+def _varying_axes(x) -> frozenset:
+    """The mesh axes ``x`` varies over inside ``jax.shard_map`` (empty outside)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; earlier: aval.vma
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def _unbroadcast(g, like):
+    """The cotangent ``g`` of an operand ``like`` that was broadcast against the other (offsets,
+    hinge axes): summed over the broadcast axes and, inside ``jax.shard_map``, over the mesh axes
+    ``like`` is replicated on (the transpose of a broadcast is a sum)."""
+    shape = like.shape
+    if g.shape != shape:
+        lead = g.ndim - len(shape)
+        axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                          if n == 1 and g.shape[lead + i] != 1)
+        g = jnp.sum(g, axis=axes, keepdims=True).reshape(shape)
+    replicated = _varying_axes(g) - _varying_axes(like)
+    return jax.lax.psum(g, tuple(sorted(replicated))) if replicated else g
+
+
+@jax.custom_vjp
+def _cross_reverse(a, b):
+    return cross_cm(a, b)
+
+
+_cross_reverse.defvjp(lambda a, b: (cross_cm(a, b), (a, b)),
+                      lambda ab, g: (_unbroadcast(cross_cm(ab[1], g), ab[0]),
+                                     _unbroadcast(cross_cm(g, ab[0]), ab[1])))
+
+
+@jax.custom_vjp
+def _quat_mul_reverse(a, b):
+    return quat_mul_cm(a, b)
+
+
+_quat_mul_reverse.defvjp(lambda a, b: (quat_mul_cm(a, b), (a, b)),
+                         lambda ab, g: (_unbroadcast(quat_mul_cm(g, quat_conj_cm(ab[1])), ab[0]),
+                                        _unbroadcast(quat_mul_cm(quat_conj_cm(ab[0]), g), ab[1])))
+
+
+def _quat_rotate_vjp(qv, g):
+    q, v = qv
+    w, u = q[:1], q[1:]
+    t = 2.0 * cross_cm(u, v)
+    grad_w = (g[0] * t[0] + g[1] * t[1] + g[2] * t[2])[None]
+    grad_u = 2.0 * w * cross_cm(v, g) + cross_cm(t, g) + 2.0 * cross_cm(v, cross_cm(g, u))
+    grad_v = quat_rotate_cm(quat_conj_cm(q), g)
+    return _unbroadcast(jnp.concatenate([grad_w, grad_u]), q), _unbroadcast(grad_v, v)
+
+
+@jax.custom_vjp
+def _quat_rotate_reverse(q, v):
+    return quat_rotate_cm(q, v)
+
+
+_quat_rotate_reverse.defvjp(lambda q, v: (quat_rotate_cm(q, v), (q, v)), _quat_rotate_vjp)
+
+
+class Algebra(NamedTuple):
+    cross: Callable
+    quat_mul: Callable
+    quat_rotate: Callable
+
+
+def algebra(custom_vjp: bool = False) -> Algebra:
+    """``(cross_cm, quat_mul_cm, quat_rotate_cm)``; ``custom_vjp``: the versions
+    with their own VJPs (reverse mode only, as in :func:`tree_scan`)."""
+    if custom_vjp:
+        return Algebra(_cross_reverse, _quat_mul_reverse, _quat_rotate_reverse)
+    return Algebra(cross_cm, quat_mul_cm, quat_rotate_cm)
