@@ -161,12 +161,11 @@ def _growth_claims(gr: dict) -> list:
 
 def _mfu_claims(mf: dict) -> list:
     """Claims of part e: MFU."""
-    claims = []
-    if "mfu" in mf:
-        achieved, peak = mf["rows"]["optimized"]["achieved_flops"], max(mf["peak_flops"].values())
-        claims.append(["MFU of the optimized step",
-                       f"{100 * mf['mfu']:.1f}% ({achieved / 1e9:.1f} of {peak / 1e9:.0f} GFLOP/s)", "", ""])
-    return claims
+    if "mfu" not in mf:
+        return []
+    achieved, peak = mf["rows"]["optimized"]["achieved_flops"], max(mf["peak_flops"].values())
+    return [["MFU of the optimized step",
+             f"{100 * mf['mfu']:.1f}% ({achieved / 1e9:.1f} of {peak / 1e9:.0f} GFLOP/s)", "", ""]]
 
 
 def _train_section(tr: dict) -> list:
