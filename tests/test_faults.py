@@ -504,6 +504,35 @@ def test_an_empty_metrics_file_is_rebuilt_from_the_history(tmp_path, trained, da
 
 # 5, 6. Data preparation on a full disk; data prepared with other settings: one error line each
 
+_WRITE_FULL = """
+import array_record.python.array_record_module as arm
+class Full:
+    def __init__(self, *args):
+        pass
+    def write(self, data):
+        raise RuntimeError("write() failed: No space left on device")
+    def close(self):
+        pass
+arm.ArrayRecordWriter = Full
+"""
+
+
+@pytest.mark.slow  # script subprocesses
+@pytest.mark.parametrize("script", ["prepare_data", "train"])
+def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, script):
+    out = tmp_path / "data"
+    if script == "prepare_data":
+        argv = [str(REPO / "scripts/prepare_data.py"), "--out", str(out), "--workers", "0"]
+        cmd = _patched(_WRITE_FULL, argv)
+    else:
+        cmd = _patched_train(_WRITE_FULL, tmp_path / "run", out, "--config.data.prepare_workers=0")
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == \
+        f"error: No space left on device: {out}.partial/clips-00000.array_record"
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()  # what it wrote is removed
+
 
 # 8. Resuming with another model shape: the config keys (config.json) or, without it, the arrays differ
 
@@ -536,3 +565,132 @@ def test_resuming_another_model_shape_names_what_differs(tmp_path, trained, data
 # 10-14. Data: concurrent preparation, moved sources, an edited index, a bad label sidecar, absurd values
 
 
+def _bvh_dir(tmp_path, clips=(8, 9)) -> Path:
+    """DeepMimic clips as BVH files (kick, punch)."""
+    from motionjax.formats import deepmimic_clip_paths, load, write_bvh
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in clips:
+        m = load(deepmimic_clip_paths()[i])
+        write_bvh(src / f"{m.name}.bvh", m)
+    return src
+
+
+SPLITS = {"train": "rest", "validation": "tail:0.2"}
+
+
+def test_two_preparations_of_one_directory_take_turns(tmp_path, monkeypatch):
+    import threading
+
+    from motionjax.data import prepare
+
+    src, out = _bvh_dir(tmp_path), tmp_path / "out"
+    builds, write = [], prepare.write_converted
+    monkeypatch.setattr(prepare, "write_converted", lambda *a, **k: builds.append(1) or write(*a, **k))
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0))
+        except Exception as e:  # the old code: ENOENT on out.partial for the loser
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 2 and len(builds) == 1  # the second waited and used it
+    assert results[0].names == results[1].names and prepare.verify_shards(out) == []
+
+
+def test_prepared_data_trains_when_its_sources_are_gone(tmp_path, data_dir, caplog):
+    from experiments import base
+    from motionjax.data import info as info_mod
+    from motionjax.data import prepare
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    settings = prepare.Settings.from_config(base.get_config().data)
+    gone = tmp_path / "moved_away"
+    info = prepare.prepare(gone, copy, settings=settings, progress=False)
+    assert info.names == info_mod.load_info(data_dir).names
+    assert "the sources are needed only to rebuild it" in caplog.text
+    # 12. An edited index (valid JSON, other statistics) is caught by its digest
+    index = copy / info_mod.INDEX
+    doc = json.loads(index.read_text())
+    doc["stats"]["mean"][0] += 1.0
+    index.write_text(json.dumps(doc))
+    with pytest.raises(info_mod.DamagedIndexError, match=f"{index}: its contents differ from the digest"):
+        info_mod.load_info(copy)
+    with pytest.raises(prepare.NoSourcesError, match="differ from the digest"):  # nothing to rebuild from
+        prepare.prepare(gone, copy, settings=settings, progress=False)
+    del doc["digest"]  # an index of older code: read as it is
+    index.write_text(json.dumps(doc))
+    assert info_mod.load_info(copy).mean[0] == pytest.approx(doc["stats"]["mean"][0])
+
+
+def test_an_edited_index_is_rebuilt_from_the_sources(tmp_path, caplog):
+    from motionjax.data import info as info_mod
+    from motionjax.data import prepare
+
+    src, out = _bvh_dir(tmp_path, clips=(9,)), tmp_path / "out"
+    before = prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0)
+    doc = json.loads((out / info_mod.INDEX).read_text())
+    doc["stats"]["std"][3] *= 2
+    (out / info_mod.INDEX).write_text(json.dumps(doc))
+    after = prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0)
+    assert "rebuilding" in caplog.text and "differ from the digest" in caplog.text
+    assert after.std[3] == before.std[3]
+
+
+def test_a_malformed_label_sidecar_keeps_the_motion_unless_a_rule_needs_labels(tmp_path, caplog):
+    from motionjax.data import prepare
+
+    src = _bvh_dir(tmp_path, clips=(7, 8, 9))  # the first has no sidecar: it trains in both
+    (src / "humanoid3d_kick.json").write_text('{"content": ')  # torn
+    (src / "humanoid3d_punch.json").write_text('{"content": "punch"}')
+    info = prepare.prepare(src, tmp_path / "a", window=32, splits=SPLITS, progress=False, workers=0)
+    assert {"humanoid3d_kick", "humanoid3d_punch"} <= set(info.names) and not info.skipped
+    assert info.labels[info.names.index("humanoid3d_kick")] == {}
+    assert "humanoid3d_kick.json: labels are not readable JSON" in caplog.text
+    assert "keeping the motion with unknown labels" in caplog.text
+    by_label = {"train": "rest", "test": "label:content=punch"}
+    info = prepare.prepare(src, tmp_path / "b", window=32, splits=by_label, progress=False, workers=0)
+    assert "humanoid3d_kick" not in info.names and "humanoid3d_punch" in info.names
+    (skipped,) = info.skipped
+    assert skipped["path"].endswith("humanoid3d_kick.bvh")
+    assert "the split rule test=label:content=punch needs its labels" in skipped["reason"]
+
+
+def test_an_absurd_rotation_is_a_value_error_and_counts_agree(tmp_path, capsys):
+    import importlib.util
+
+    from motionjax.formats import MotionFormatError, read_bvh
+
+    src = _bvh_dir(tmp_path)
+    bvh = src / "humanoid3d_kick.bvh"
+    lines = bvh.read_text().splitlines()
+    frame = lines.index("MOTION") + 3 + 5  # frame 5
+    values = lines[frame].split()
+    values[4] = "1e30"  # the root's first rotation channel (after its 3 positions)
+    lines[frame] = " ".join(values)
+    bvh.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MotionFormatError, match=r"frame 5 .* is 1e\+30 degrees; expected a rotation of "
+                       r"magnitude <= 1e\+06 degrees") as e:
+        read_bvh(bvh)
+    assert str(bvh) in str(e.value)
+    # 14. Counts: the first line of the summary and the table agree when a duplicate is dropped.
+    shutil.copy(src / "humanoid3d_punch.bvh", src / "punch_copy.bvh")
+    spec = importlib.util.spec_from_file_location("prepare_data", REPO / "scripts/prepare_data.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--source", str(src), "--out", str(tmp_path / "out"), "--workers", "0",
+                 "--split", "train=rest", "--split", "validation=tail:0.2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{tmp_path / 'out'}: 1 clips kept (1 more converted but not kept, below), ")
+    kept = next(line for line in out if line.split()[:1] == ["kept"])
+    assert kept.split()[1] == "1"
+    assert any("humanoid3d_kick.bvh" in line and "is 1e+30 degrees" in line for line in out)
+    assert any("punch_copy" in line and "exact duplicate" in line for line in out)
