@@ -40,7 +40,7 @@ def main(argv):
     from jax.experimental import multihost_utils
 
     from motionjax import train
-    from motionjax.data import pipeline, records
+    from motionjax.data import pipeline, prepare, records
 
     config = _CONFIG.value
     workdir = _WORKDIR.value or f"runs/{experiments.run_name(flags.FLAGS['config'].config_filename)}"
@@ -51,15 +51,17 @@ def main(argv):
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             pipeline.dataset_info(config.data)
         multihost_utils.sync_global_devices("dataset prepared")
-        train.run_experiment(config, workdir)
-    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError,
-            records.DamagedShardError) as e:
+        summary = train.run_experiment(config, workdir)
+    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError, records.DamagedShardError,
+            prepare.PreparedElsewhere, prepare.DamagedIndexError, prepare.NoSourcesError) as e:
         _fail(e, 2)
     except Exception as e:
         error = train.storage_error(e, workdir)
         if error is None:
             raise
         _fail(error, 1)
+    if str(summary.get("status", "")).startswith("non-finite"):
+        _fail(f"the run ended {summary['status']}; see {workdir}/summary.json", 3)
 
 
 def _one_line_library_logs(record) -> bool:

@@ -5,6 +5,7 @@ file or key, keep earlier checkpoints intact, and never hang."""
 import errno
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import pytest
 
 from motionjax import parallel, train
 from motionjax.data import pipeline, records
-from motionjax.train import checkpoints, checks
+from motionjax.train import checkpoints, checks, loop
 from runs import REPO, committed, runlocal_config, train_cmd
 
 
@@ -477,8 +478,70 @@ def test_the_checkpoint_digest_does_not_depend_on_the_sharding():
 # 2. A non-finite metric is never best, across restarts
 
 
+def test_a_nonfinite_metric_is_never_best(tmp_path):
+    cfg = runlocal_config(tmp_path).train
+    cfg.keep_checkpoints = 1
+    for step, metric in ((1, 5.0), (2, 1.0), (3, float("nan")), (4, float("inf")), (5, float("nan"))):
+        mngr = train.make_checkpoint_manager(tmp_path, cfg)  # a restart between every checkpoint
+        train.save_checkpoint(mngr, step, {"w": jnp.arange(4.0)}, None, {}, {cfg.best_metric: metric})
+        mngr.wait_until_finished()
+        mngr.close()
+    mngr = train.make_checkpoint_manager(tmp_path, cfg)
+    assert mngr.all_steps() == [2, 5] and mngr.best_step() == 2  # the old trainer kept [5] and chose it
+    history = {f"eval/{cfg.best_metric}": [(1, 5.0), (2, 1.0), (3, float("nan")), (5, float("nan"))]}
+    assert loop.best_step(history, cfg.best_metric, mngr.all_steps()) == (2, 1.0)
+    only_nan = {f"eval/{cfg.best_metric}": [(5, float("nan"))]}
+    assert loop.best_step(only_nan, cfg.best_metric, [5]) == (None, None)
+    mngr.close()
+
+
 # 2, 3. The held-out metric turns NaN at the last evaluation: the final results are the best checkpoint's;
 # NaN at every evaluation: the run ends non-finite, exit 3
+
+NAN_EVAL = """
+import math
+from motionjax.evaluation import evaluators
+from motionjax.train import loop
+def nan_heldout(run, current):
+    out = evaluators.Metrics.scalars(evaluators.run(run.heldout, lambda x: run.predict(run.state, x)))
+    if current >= {first}:
+        out = dict.fromkeys(out, math.nan)
+    run.log(current, out, "eval")
+    return out
+loop._evaluate_heldout = nan_heldout
+"""
+
+
+@pytest.mark.slow  # a trainer subprocess
+def test_final_results_are_the_best_checkpoints_and_nan_is_not_best(tmp_path, data_dir, env):
+    workdir = tmp_path / "run"
+    cmd = _patched_train(NAN_EVAL.format(first=6), workdir, data_dir, *FAST)
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    history = dict(summary["history"]["eval/validation/mpjpe"])
+    assert math.isnan(history[6]) and math.isfinite(history[3])
+    assert summary["status"] == "done" and summary["best_step"] == 3 == summary["evaluated_step"]
+    assert 3 in committed(workdir)  # kept: the NaN step did not trim it
+    # The final evaluation's validation MPJPE (clean input: what the held-out evaluator measures) is
+    # step 3's, to float precision: the old trainer reported the last model's.
+    assert summary["results"]["validation"]["clean"]["model"]["mpjpe"] == pytest.approx(history[3], rel=1e-5)
+    assert "the last evaluation (step 6) had validation/mpjpe = nan; the results are of the best " \
+           "checkpoint, step 3" in result.stdout
+    assert "model: the checkpoint of step 3 (of 6), chosen by validation/mpjpe = " in result.stdout
+
+
+@pytest.mark.slow  # a trainer subprocess
+def test_a_run_without_a_finite_evaluation_does_not_end_done(tmp_path, data_dir, env):
+    workdir = tmp_path / "run"
+    cmd = _patched_train(NAN_EVAL.format(first=0), workdir, data_dir, *FAST)
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the run ended non-finite: every evaluation of validation/mpjpe was non-finite; see "
+        f"{workdir}/summary.json")
+    assert json.loads((workdir / "summary.json").read_text())["status"].startswith("non-finite: ")
+    assert "Traceback" not in result.stderr
 
 
 # 4. An unreadable metrics file of an older checkpoint: rewritten from the history, the run resumes
@@ -532,6 +595,16 @@ def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, scr
         f"error: No space left on device: {out}.partial/clips-00000.array_record"
     assert "Traceback" not in result.stderr
     assert not out.exists() and not Path(f"{out}.partial").exists()  # what it wrote is removed
+
+
+@pytest.mark.slow  # a trainer subprocess (it fails before compiling)
+def test_data_prepared_elsewhere_is_one_error_line(tmp_path, data_dir, env):
+    result = subprocess.run(train_cmd(tmp_path / "run", data_dir, "--config.data.window=64"), env=env,
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: {data_dir} was prepared with other settings (window: 32 there, 64 asked)")
+    assert "Traceback" not in result.stderr
 
 
 # 8. Resuming with another model shape: the config keys (config.json) or, without it, the arrays differ
