@@ -374,7 +374,17 @@ def test_window_longer_than_every_training_segment(data_dir):
 CLI_BAD = [  # (override, expected stderr line); the old trainer printed library tracebacks
     ("--config.train.steps=abc", "error: config key train.steps='abc': expected an integer"),
     ("--config.data.batch_size=6", "  data.batch_size=6: expected a multiple of the 'data' mesh axis size 8"),
-    ("--config.train.stepz=3", "error: unknown config key 'stepz'; Did you mean \"steps\""),
+    ("--config.train.stepz=3", "error: unknown config key 'train.stepz'; Did you mean \"steps\""),
+    # issue #30, item 7
+    ("--config.nosuchkey=1", "error: unknown config key 'nosuchkey'"),
+    ("--config=experiments/nosuch.py", "error: --config experiments/nosuch.py: no such file"),
+    ("--config=experiments/deepmimic_denoise.py:bogus", "error: --config experiments/deepmimic_denoise.py:"
+     "bogus: ValueError: unknown config variant 'bogus'; expected 'runlocal' or nothing"),
+    ("--config.model.dim=-1", "  model.dim=-1: expected a positive integer"),
+    ("--config.model.dtype=float17",
+     "  model.dtype='float17': expected one of ('float32', 'bfloat16', 'float16')"),
+    ("--config.evals.heldout.splits=('nosuchsplit',)", "  evals.heldout.splits=('nosuchsplit',): unknown "
+     "['nosuchsplit']; expected splits of data.splits: ['test', 'train', 'validation']"),
 ]
 
 
@@ -386,6 +396,7 @@ def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expec
     assert result.returncode == 2, result.stderr[-3000:]
     assert expected in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "\\n" not in result.stderr
+    assert "best_metric" not in result.stderr  # the key at fault is named, not the one depending on it
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
