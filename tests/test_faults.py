@@ -22,7 +22,7 @@ import pytest
 from motionjax import parallel, train
 from motionjax.data import pipeline, records
 from motionjax.train import checkpoints, checks, loop
-from runs import REPO, committed, runlocal_config, train_cmd
+from runs import REPO, committed, runlocal_config, train_cmd, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -644,6 +644,31 @@ def test_resuming_another_model_shape_names_what_differs(tmp_path, trained, data
 
 
 # 9. Ctrl-C: one line saying where the checkpoint is; twice: out at once, no thread dump
+
+
+@pytest.mark.slow  # trainer subprocesses
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_says_where_the_checkpoint_is_and_twice_exits_quietly(tmp_path, data_dir, env, times):
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(workdir, data_dir, *FAST[1:], "--config.train.steps=400"), env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, workdir, after=0)
+    for _ in range(times):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=120)
+    if times == 1:
+        assert proc.returncode == 0, err[-3000:]
+        summary = json.loads((workdir / "summary.json").read_text())
+        where = (workdir / "checkpoints").absolute() / str(summary["steps"])
+        line = f"stopped by SIGINT at step {summary['steps']}; its checkpoint is {where}; the same command " \
+               "resumes from it"
+        assert line in out.splitlines(), out[-3000:]
+    else:
+        assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: a second SIGINT; exiting without a final checkpoint"), err[-3000:]
+        assert "Thread 0x" not in err and "File " not in err, err[-3000:]  # the old trainer: ~55 lines
 
 
 # 10-14. Data: concurrent preparation, moved sources, an edited index, a bad label sidecar, absurd values

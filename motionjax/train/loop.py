@@ -205,6 +205,9 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         run.iterator.close()
     if run.bar:
         run.bar.close()
+    if interrupted and main:
+        print(f"stopped by {interrupted} at step {done}; its checkpoint is {mngr.directory / str(done)}; "
+              "the same command resumes from it", flush=True)
     summary = {
         "workdir": str(run.workdir), "steps": done,
         "status": (f"stopped by {interrupted}" if interrupted else "stopped by on_eval" if stopped_early
