@@ -107,7 +107,8 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
     Returns ``{"reached", "steps", "frames", "wall_s", <SPLIT_KEYS>, "curve", "final", "status"}``:
     the numbers at the stopping evaluation (to target if ``reached``, else at the end of the
     budget), ``curve`` every evaluation (step, frames, wall_s, value), ``final`` the root-relative
-    MPJPE of the stopped model on every final split (``test`` included, evaluated once).
+    MPJPE on every final split (``test`` included, evaluated once) of the checkpoint validation chose:
+    the stopping one when the target was reached (every earlier evaluation was above it).
     """
     split = metric.split("/")[0]
     c = copy.deepcopy(config)

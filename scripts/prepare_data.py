@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 import experiments
 from motionjax.data import corpus, prepare, synthetic
@@ -78,8 +79,15 @@ def main(argv=None):
                                    records_per_shard=args.records_per_shard, force=args.force)
     except (prepare.PreparedElsewhere, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
-    print(f"{info.data_dir}: {len(info.names)} clips written, {sum(info.frames)} frames at {info.fps:g} fps, "
-          f"{len(info.shards)} shard(s), skeleton {info.skeleton}, feature dim {info.feature_dim}")
+    except OSError as e:  # a failed write: a full disk, a lost mount
+        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        raise SystemExit(1) from None
+    kept = prepare.kept_clips(info)
+    dropped = len(info.names) - len(kept)
+    print(f"{info.data_dir}: {len(kept)} clips kept" + (f" ({dropped} more converted but not kept, below)"
+                                                         if dropped else "")
+          + f", {sum(info.frames[c] for c in kept)} frames at {info.fps:g} fps, {len(info.shards)} shard(s), "
+          f"skeleton {info.skeleton}, feature dim {info.feature_dim}")
     print(prepare.summary_table(info))
     for s in info.skipped:
         print(f"  not kept {s['path']}: {s['reason']}")

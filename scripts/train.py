@@ -7,12 +7,14 @@ config does not have is an error. The dataset is prepared first when ``config.da
 Re-running with the same ``--workdir`` resumes from its last checkpoint; SIGTERM/SIGINT save a
 checkpoint and exit 0 (or, blocked for ``train.stop_timeout_s``, exit 128 + the signal number).
 
-A user error (a bad config value or override, a workdir in use by another trainer, a damaged
-shard or checkpoint) prints one ``error: ...`` line and exits 2; a failed write (``No space left
-on device: PATH``) exits 1. No tracebacks for either.
+A user error (a missing config file or variant, a bad config value or override, a workdir in use
+by another trainer or made by another config, data prepared with other settings, a damaged shard,
+index or checkpoint) prints one ``error: ...`` line and exits 2; a failed write (``No space left on
+device: PATH``) exits 1; a run that ends non-finite (no held-out evaluation with a finite
+``train.best_metric``, or non-finite final results) exits 3. No tracebacks for any. Ctrl-C (or
+SIGTERM) says where the checkpoint it saved is; a second Ctrl-C exits at once.
 """
 import ast
-import contextlib
 import os
 import re
 import sys
@@ -40,7 +42,7 @@ def main(argv):
     from jax.experimental import multihost_utils
 
     from motionjax import train
-    from motionjax.data import pipeline, records
+    from motionjax.data import pipeline, prepare, records
 
     config = _CONFIG.value
     workdir = _WORKDIR.value or f"runs/{experiments.run_name(flags.FLAGS['config'].config_filename)}"
@@ -51,15 +53,17 @@ def main(argv):
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             pipeline.dataset_info(config.data)
         multihost_utils.sync_global_devices("dataset prepared")
-        train.run_experiment(config, workdir)
-    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError,
-            records.DamagedShardError) as e:
+        summary = train.run_experiment(config, workdir)
+    except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError, records.DamagedShardError,
+            prepare.PreparedElsewhere, prepare.DamagedIndexError, prepare.NoSourcesError) as e:
         _fail(e, 2)
     except Exception as e:
         error = train.storage_error(e, workdir)
         if error is None:
             raise
         _fail(error, 1)
+    if str(summary.get("status", "")).startswith("non-finite"):
+        _fail(f"the run ended {summary['status']}; see {workdir}/summary.json", 3)
 
 
 def _one_line_library_logs(record) -> bool:
@@ -86,28 +90,51 @@ def _fail(error: Exception | str, code: int):
 def parse_flags(argv):
     """absl parsing, with one ``error: ...`` line (exit 2) for an override of a key the config lacks
     or a value of the wrong type."""
+    config_file = _config_file(argv)
+    if config_file and not os.path.isfile(config_file.split(":")[0]):
+        _fail(f"--config {config_file}: no such file", 2)
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
         # KeyError's str() is the repr of its message ("'stepz'\nDid you mean ..."): use the message.
         message = str(e.args[0]) if e.args else str(e)
-        with contextlib.suppress(ValueError, SyntaxError):  # absl re-wraps it: str(KeyError) again
-            message = ast.literal_eval(message) if message.startswith("'") else message
-        message = message.replace("\n", "; ")
-        key = re.match(r"'([^']+)'", message)
-        hits = [a.split("=")[0] for a in argv[1:] if key and a.startswith("--config.")
-                and key.group(1) in a.split("=")[0].split(".")]
-        _fail(f"unknown config key {message}" + (f" in {', '.join(hits)}" if hits else ""), 2)
+        while message[:1] in ("'", '"'):  # absl re-wraps it, str(KeyError) again: unquote each layer
+            try:
+                message = ast.literal_eval(message.split("\n")[0]) + message[len(message.split("\n")[0]):]
+            except (ValueError, SyntaxError):
+                break
+        leaf, _, rest = message.partition("\n")
+        hits = [a.split("=")[0].removeprefix("--config.") for a in argv[1:] if a.startswith("--config.")
+                and leaf in a.split("=")[0].split(".")]
+        name = hits[0] if len(hits) == 1 else leaf  # the whole dotted key the user typed
+        _fail(f"unknown config key {name!r}" + (f"; {rest.strip()}" if rest.strip() else ""), 2)
     except flags.IllegalFlagValueError as e:
-        bad = re.match(r"flag --config\.([\w.]+)=(.*?): (.*)", str(e), re.S)
+        text = str(e)
+        if "Error whilst parsing config file" in text:  # get_config raised: its exception's last line
+            last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+            _fail(f"--config {config_file}: {last}", 2)
+        bad = re.match(r"flag --config\.([\w.]+)=(.*?): (.*)", text, re.S)
         if not bad:
-            _fail(str(e).replace("\n", "; "), 2)
+            _fail(text.replace("\n", "; "), 2)
         key, value, why = bad.groups()
         expected = {"int": "an integer", "float": "a number", "bool": "true or false"}
         kind = next((v for k, v in expected.items() if re.search(rf"\b{k}\b", why)), "another type")
         _fail(f"config key {key}={value!r}: expected {kind} ({why.strip()})", 2)
     except flags.Error as e:
         _fail(str(e).replace("\n", "; "), 2)
+    except OSError as e:  # config_flags: the file did not load
+        _fail(f"--config {config_file}: {str(e).splitlines()[0]}", 2)
+
+
+def _config_file(argv) -> str | None:
+    """The ``--config`` value of ``argv`` (``path.py[:variant]``; the last one given wins)."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--config="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ file or key, keep earlier checkpoints intact, and never hang."""
 import errno
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -20,8 +21,8 @@ import pytest
 
 from motionjax import parallel, train
 from motionjax.data import pipeline, records
-from motionjax.train import checks
-from runs import REPO, committed, runlocal_config, train_cmd
+from motionjax.train import checkpoints, checks, loop
+from runs import REPO, committed, runlocal_config, train_cmd, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,11 @@ FAST = ("--config.train.steps=6", "--config.train.checkpoint_every=2", "--config
 
 def _patched_train(patch: str, workdir, data, *overrides) -> list[str]:
     """scripts/train.py in a fresh interpreter after running ``patch`` (a fault injector)."""
-    argv = train_cmd(workdir, data, *overrides)[1:]
+    return _patched(patch, train_cmd(workdir, data, *overrides)[1:])
+
+
+def _patched(patch: str, argv: list[str]) -> list[str]:
+    """The script ``argv[0]`` with arguments ``argv[1:]`` in a fresh interpreter after ``patch``."""
     code = (f"import sys, runpy\nsys.argv = {argv!r}\n{patch}\n"
             f"runpy.run_path({argv[0]!r}, run_name='__main__')\n")
     return [sys.executable, "-c", code]
@@ -369,7 +374,17 @@ def test_window_longer_than_every_training_segment(data_dir):
 CLI_BAD = [  # (override, expected stderr line); the old trainer printed library tracebacks
     ("--config.train.steps=abc", "error: config key train.steps='abc': expected an integer"),
     ("--config.data.batch_size=6", "  data.batch_size=6: expected a multiple of the 'data' mesh axis size 8"),
-    ("--config.train.stepz=3", "error: unknown config key 'stepz'; Did you mean \"steps\""),
+    ("--config.train.stepz=3", "error: unknown config key 'train.stepz'; Did you mean \"steps\""),
+    # issue #30, item 7
+    ("--config.nosuchkey=1", "error: unknown config key 'nosuchkey'"),
+    ("--config=experiments/nosuch.py", "error: --config experiments/nosuch.py: no such file"),
+    ("--config=experiments/deepmimic_denoise.py:bogus", "error: --config experiments/deepmimic_denoise.py:"
+     "bogus: ValueError: unknown config variant 'bogus'; expected 'runlocal' or nothing"),
+    ("--config.model.dim=-1", "  model.dim=-1: expected a positive integer"),
+    ("--config.model.dtype=float17",
+     "  model.dtype='float17': expected one of ('float32', 'bfloat16', 'float16')"),
+    ("--config.evals.heldout.splits=('nosuchsplit',)", "  evals.heldout.splits=('nosuchsplit',): unknown "
+     "['nosuchsplit']; expected splits of data.splits: ['test', 'train', 'validation']"),
 ]
 
 
@@ -381,6 +396,7 @@ def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expec
     assert result.returncode == 2, result.stderr[-3000:]
     assert expected in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "\\n" not in result.stderr
+    assert "best_metric" not in result.stderr  # the key at fault is named, not the one depending on it
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -402,3 +418,388 @@ def test_a_renamed_config_key_is_named_not_ignored(old, value, new):
     config[section][name] = value  # an older config's spelling
     with pytest.raises(checks.ConfigError, match=rf"{old}: renamed {new}"):
         checks.check_config(config, num_devices=8)
+
+
+# =============================================================================================
+# Issue #30: the faults a probe of main still got through (docs/reliability.md lists them all)
+
+
+def _flip(path: Path, n: int = 64) -> None:
+    """``n`` bytes in the middle of ``path`` inverted, the size unchanged (a bad sector, a bad copy)."""
+    raw = bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + n] = bytes(b ^ 0xFF for b in raw[mid:mid + n])
+    path.write_bytes(bytes(raw))
+
+
+def _largest_array_file(step_dir: Path) -> Path:
+    return max((step_dir / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+
+
+# 1. A bit flip inside a checkpoint's array data: caught by the digest saved with it
+
+
+def test_a_bit_flip_in_a_checkpoint_is_caught_and_the_guard_restores_older(tmp_path, capsys):
+    cfg = runlocal_config(tmp_path).train
+    cfg.keep_checkpoints = 10
+    mngr = train.make_checkpoint_manager(tmp_path, cfg)
+    # Random values (incompressible): the largest data file holds the array itself.
+    states = {s: {"w": jax.random.normal(jax.random.key(s), (64, 64)), "nonfinite_total": jnp.int32(0)}
+              for s in (2, 4, 6)}
+    same = lambda a, b: bool(jnp.array_equal(a["w"], b["w"]))
+    for s, state in states.items():
+        train.save_checkpoint(mngr, s, state, None, {})
+    mngr.wait_until_finished()
+    _flip(_largest_array_file(tmp_path / "checkpoints" / "6"))
+    with pytest.raises(checkpoints.CorruptCheckpointError, match=r"\['w'\] differ from the digest"):
+        train.restore_checkpoint(mngr, 6, states[2])
+    step, state, _ = train.restore_latest(mngr, tmp_path, states[2])
+    assert step == 4 and same(state, states[4])
+    assert "checkpoint step 6 does not read completely (CorruptCheckpointError: " in capsys.readouterr().out
+    assert mngr.all_steps() == [2, 4]  # 6 moved aside
+
+    # The non-finite guard: steps 5..7 non-finite; the checkpoint of step 6 was saved during them (the
+    # state that produced them) and is never restored; step 4 is corrupt: moved aside, step 2 restored.
+    train.save_checkpoint(mngr, 6, states[6], None, {})
+    mngr.wait_until_finished()
+    _flip(_largest_array_file(tmp_path / "checkpoints" / "4"))
+    guard = checkpoints.NonfiniteGuard(mngr, limit=3, start=0)
+    restored = guard(7, {"nonfinite_run": 3, "nonfinite_total": 3}, states[6], dispatched=8)
+    assert same(restored, states[2]) and int(restored["nonfinite_total"]) == 3
+    out = capsys.readouterr().out
+    assert "checkpoint step 4 does not read completely (CorruptCheckpointError" in out
+    assert "step 7: 3 non-finite steps in a row; restored the model and optimizer of step 2" in out
+    assert mngr.all_steps() == [2, 6]
+    mngr.close()
+
+
+def test_the_checkpoint_digest_does_not_depend_on_the_sharding():
+    """The digest is a modular sum: the same array split over 8 devices has the same digest."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    x = jnp.arange(8 * 24, dtype=jnp.float32).reshape(8, 24) * 0.37
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("d")))
+    assert checkpoints.state_digest({"x": x}) == checkpoints.state_digest({"x": sharded})
+    flipped = x.at[3, 5].set(jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(x[3, 5], jnp.uint32) ^ jnp.uint32(1), jnp.float32))  # one bit
+    assert checkpoints.state_digest({"x": flipped}) != checkpoints.state_digest({"x": x})
+
+
+# 2. A non-finite metric is never best, across restarts
+
+
+def test_a_nonfinite_metric_is_never_best(tmp_path):
+    cfg = runlocal_config(tmp_path).train
+    cfg.keep_checkpoints = 1
+    for step, metric in ((1, 5.0), (2, 1.0), (3, float("nan")), (4, float("inf")), (5, float("nan"))):
+        mngr = train.make_checkpoint_manager(tmp_path, cfg)  # a restart between every checkpoint
+        train.save_checkpoint(mngr, step, {"w": jnp.arange(4.0)}, None, {}, {cfg.best_metric: metric})
+        mngr.wait_until_finished()
+        mngr.close()
+    mngr = train.make_checkpoint_manager(tmp_path, cfg)
+    assert mngr.all_steps() == [2, 5] and mngr.best_step() == 2  # the old trainer kept [5] and chose it
+    history = {f"eval/{cfg.best_metric}": [(1, 5.0), (2, 1.0), (3, float("nan")), (5, float("nan"))]}
+    assert loop.best_step(history, cfg.best_metric, mngr.all_steps()) == (2, 1.0)
+    only_nan = {f"eval/{cfg.best_metric}": [(5, float("nan"))]}
+    assert loop.best_step(only_nan, cfg.best_metric, [5]) == (None, None)
+    mngr.close()
+
+
+# 2, 3. The held-out metric turns NaN at the last evaluation: the final results are the best checkpoint's;
+# NaN at every evaluation: the run ends non-finite, exit 3
+
+NAN_EVAL = """
+import math
+from motionjax.evaluation import evaluators
+from motionjax.train import loop
+def nan_heldout(run, current):
+    out = evaluators.Metrics.scalars(evaluators.run(run.heldout, lambda x: run.predict(run.state, x)))
+    if current >= {first}:
+        out = dict.fromkeys(out, math.nan)
+    run.log(current, out, "eval")
+    return out
+loop._evaluate_heldout = nan_heldout
+"""
+
+
+@pytest.mark.slow  # a trainer subprocess
+def test_final_results_are_the_best_checkpoints_and_nan_is_not_best(tmp_path, data_dir, env):
+    workdir = tmp_path / "run"
+    cmd = _patched_train(NAN_EVAL.format(first=6), workdir, data_dir, *FAST)
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    history = dict(summary["history"]["eval/validation/mpjpe"])
+    assert math.isnan(history[6]) and math.isfinite(history[3])
+    assert summary["status"] == "done" and summary["best_step"] == 3 == summary["evaluated_step"]
+    assert 3 in committed(workdir)  # kept: the NaN step did not trim it
+    # The final evaluation's validation MPJPE (clean input: what the held-out evaluator measures) is
+    # step 3's, to float precision: the old trainer reported the last model's.
+    assert summary["results"]["validation"]["clean"]["model"]["mpjpe"] == pytest.approx(history[3], rel=1e-5)
+    assert "the last evaluation (step 6) had validation/mpjpe = nan; the results are of the best " \
+           "checkpoint, step 3" in result.stdout
+    assert "model: the checkpoint of step 3 (of 6), chosen by validation/mpjpe = " in result.stdout
+
+
+@pytest.mark.slow  # a trainer subprocess
+def test_a_run_without_a_finite_evaluation_does_not_end_done(tmp_path, data_dir, env):
+    workdir = tmp_path / "run"
+    cmd = _patched_train(NAN_EVAL.format(first=0), workdir, data_dir, *FAST)
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the run ended non-finite: every evaluation of validation/mpjpe was non-finite; see "
+        f"{workdir}/summary.json")
+    assert json.loads((workdir / "summary.json").read_text())["status"].startswith("non-finite: ")
+    assert "Traceback" not in result.stderr
+
+
+# 4. An unreadable metrics file of an older checkpoint: rewritten from the history, the run resumes
+
+
+@pytest.mark.slow  # the trained fixture: a trainer subprocess
+def test_an_empty_metrics_file_is_rebuilt_from_the_history(tmp_path, trained, data_dir, capsys):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    summary = json.loads((workdir / "summary.json").read_text())
+    older = [s for s in committed(workdir) if (workdir / "checkpoints" / str(s) / "metrics").exists()][0]
+    metrics = workdir / "checkpoints" / str(older) / "metrics" / "metrics"
+    before = json.loads(metrics.read_text())
+    metrics.write_text("")  # the old trainer: a raw orbax JSONDecodeError traceback
+    config = runlocal_config(data_dir)
+    mngr = train.make_checkpoint_manager(workdir, config.train)
+    assert json.loads(metrics.read_text()) == pytest.approx(before)
+    assert f"checkpoint step {older}: its metrics file {metrics} does not read; rewrote it from the run's " \
+           "history" in capsys.readouterr().out
+    assert mngr.best_step() == summary["best_step"]
+    mngr.close()
+
+
+# 5, 6. Data preparation on a full disk; data prepared with other settings: one error line each
+
+_WRITE_FULL = """
+import array_record.python.array_record_module as arm
+class Full:
+    def __init__(self, *args):
+        pass
+    def write(self, data):
+        raise RuntimeError("write() failed: No space left on device")
+    def close(self):
+        pass
+arm.ArrayRecordWriter = Full
+"""
+
+
+@pytest.mark.slow  # script subprocesses
+@pytest.mark.parametrize("script", ["prepare_data", "train"])
+def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, script):
+    out = tmp_path / "data"
+    if script == "prepare_data":
+        argv = [str(REPO / "scripts/prepare_data.py"), "--out", str(out), "--workers", "0"]
+        cmd = _patched(_WRITE_FULL, argv)
+    else:
+        cmd = _patched_train(_WRITE_FULL, tmp_path / "run", out, "--config.data.prepare_workers=0")
+    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == \
+        f"error: No space left on device: {out}.partial/clips-00000.array_record"
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()  # what it wrote is removed
+
+
+@pytest.mark.slow  # a trainer subprocess (it fails before compiling)
+def test_data_prepared_elsewhere_is_one_error_line(tmp_path, data_dir, env):
+    result = subprocess.run(train_cmd(tmp_path / "run", data_dir, "--config.data.window=64"), env=env,
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: {data_dir} was prepared with other settings (window: 32 there, 64 asked)")
+    assert "Traceback" not in result.stderr
+
+
+# 8. Resuming with another model shape: the config keys (config.json) or, without it, the arrays differ
+
+
+@pytest.mark.slow  # the trained fixture: a trainer subprocess
+def test_resuming_another_model_shape_names_what_differs(tmp_path, trained, data_dir, capsys):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    config = runlocal_config(data_dir)
+    config.model.dim = 32
+    with pytest.raises(checks.ResumeError, match="model.dim: 16 there, 32 here"):
+        checks.check_resume(config, workdir)
+    (workdir / "config.json").unlink()  # a run killed before writing it, or of older code
+    checks.check_resume(config, workdir)
+    info = pipeline.dataset_info(config.data)
+    _, _, template, _ = train.init_state(config, info, parallel.make_mesh(config.mesh))
+    mngr = train.make_checkpoint_manager(workdir, config.train)
+    newest = max(committed(workdir))
+    with pytest.raises(checks.ResumeError, match=rf"holds a run of another config \(checkpoint step {newest} "
+                       r"array \['opt_state'\].* \(\d+, 16\) float32 there, \(\d+, 32\) float32 here"):
+        train.restore_latest(mngr, workdir, template)
+    assert committed(workdir) == committed(trained)  # nothing moved aside: not damage
+    assert "does not read completely" not in capsys.readouterr().out
+    mngr.close()
+
+
+# 9. Ctrl-C: one line saying where the checkpoint is; twice: out at once, no thread dump
+
+
+@pytest.mark.slow  # trainer subprocesses
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_says_where_the_checkpoint_is_and_twice_exits_quietly(tmp_path, data_dir, env, times):
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(workdir, data_dir, *FAST[1:], "--config.train.steps=400"), env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(proc, workdir, after=0)
+    for _ in range(times):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=120)
+    if times == 1:
+        assert proc.returncode == 0, err[-3000:]
+        summary = json.loads((workdir / "summary.json").read_text())
+        where = (workdir / "checkpoints").absolute() / str(summary["steps"])
+        line = f"stopped by SIGINT at step {summary['steps']}; its checkpoint is {where}; the same command " \
+               "resumes from it"
+        assert line in out.splitlines(), out[-3000:]
+    else:
+        assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: a second SIGINT; exiting without a final checkpoint"), err[-3000:]
+        assert "Thread 0x" not in err and "File " not in err, err[-3000:]  # the old trainer: ~55 lines
+
+
+# 10-14. Data: concurrent preparation, moved sources, an edited index, a bad label sidecar, absurd values
+
+
+def _bvh_dir(tmp_path, clips=(8, 9)) -> Path:
+    """DeepMimic clips as BVH files (kick, punch)."""
+    from motionjax.formats import deepmimic_clip_paths, load, write_bvh
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in clips:
+        m = load(deepmimic_clip_paths()[i])
+        write_bvh(src / f"{m.name}.bvh", m)
+    return src
+
+
+SPLITS = {"train": "rest", "validation": "tail:0.2"}
+
+
+def test_two_preparations_of_one_directory_take_turns(tmp_path, monkeypatch):
+    import threading
+
+    from motionjax.data import prepare
+
+    src, out = _bvh_dir(tmp_path), tmp_path / "out"
+    builds, write = [], prepare.write_converted
+    monkeypatch.setattr(prepare, "write_converted", lambda *a, **k: builds.append(1) or write(*a, **k))
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0))
+        except Exception as e:  # the old code: ENOENT on out.partial for the loser
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 2 and len(builds) == 1  # the second waited and used it
+    assert results[0].names == results[1].names and prepare.verify_shards(out) == []
+
+
+def test_prepared_data_trains_when_its_sources_are_gone(tmp_path, data_dir, caplog):
+    from experiments import base
+    from motionjax.data import info as info_mod
+    from motionjax.data import prepare
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    settings = prepare.Settings.from_config(base.get_config().data)
+    gone = tmp_path / "moved_away"
+    info = prepare.prepare(gone, copy, settings=settings, progress=False)
+    assert info.names == info_mod.load_info(data_dir).names
+    assert "the sources are needed only to rebuild it" in caplog.text
+    # 12. An edited index (valid JSON, other statistics) is caught by its digest
+    index = copy / info_mod.INDEX
+    doc = json.loads(index.read_text())
+    doc["stats"]["mean"][0] += 1.0
+    index.write_text(json.dumps(doc))
+    with pytest.raises(info_mod.DamagedIndexError, match=f"{index}: its contents differ from the digest"):
+        info_mod.load_info(copy)
+    with pytest.raises(prepare.NoSourcesError, match="differ from the digest"):  # nothing to rebuild from
+        prepare.prepare(gone, copy, settings=settings, progress=False)
+    del doc["digest"]  # an index of older code: read as it is
+    index.write_text(json.dumps(doc))
+    assert info_mod.load_info(copy).mean[0] == pytest.approx(doc["stats"]["mean"][0])
+
+
+def test_an_edited_index_is_rebuilt_from_the_sources(tmp_path, caplog):
+    from motionjax.data import info as info_mod
+    from motionjax.data import prepare
+
+    src, out = _bvh_dir(tmp_path, clips=(9,)), tmp_path / "out"
+    before = prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0)
+    doc = json.loads((out / info_mod.INDEX).read_text())
+    doc["stats"]["std"][3] *= 2
+    (out / info_mod.INDEX).write_text(json.dumps(doc))
+    after = prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0)
+    assert "rebuilding" in caplog.text and "differ from the digest" in caplog.text
+    assert after.std[3] == before.std[3]
+
+
+def test_a_malformed_label_sidecar_keeps_the_motion_unless_a_rule_needs_labels(tmp_path, caplog):
+    from motionjax.data import prepare
+
+    src = _bvh_dir(tmp_path, clips=(7, 8, 9))  # the first has no sidecar: it trains in both
+    (src / "humanoid3d_kick.json").write_text('{"content": ')  # torn
+    (src / "humanoid3d_punch.json").write_text('{"content": "punch"}')
+    info = prepare.prepare(src, tmp_path / "a", window=32, splits=SPLITS, progress=False, workers=0)
+    assert {"humanoid3d_kick", "humanoid3d_punch"} <= set(info.names) and not info.skipped
+    assert info.labels[info.names.index("humanoid3d_kick")] == {}
+    assert "humanoid3d_kick.json: labels are not readable JSON" in caplog.text
+    assert "keeping the motion with unknown labels" in caplog.text
+    by_label = {"train": "rest", "test": "label:content=punch"}
+    info = prepare.prepare(src, tmp_path / "b", window=32, splits=by_label, progress=False, workers=0)
+    assert "humanoid3d_kick" not in info.names and "humanoid3d_punch" in info.names
+    (skipped,) = info.skipped
+    assert skipped["path"].endswith("humanoid3d_kick.bvh")
+    assert "the split rule test=label:content=punch needs its labels" in skipped["reason"]
+
+
+def test_an_absurd_rotation_is_a_value_error_and_counts_agree(tmp_path, capsys):
+    import importlib.util
+
+    from motionjax.formats import MotionFormatError, read_bvh
+
+    src = _bvh_dir(tmp_path)
+    bvh = src / "humanoid3d_kick.bvh"
+    lines = bvh.read_text().splitlines()
+    frame = lines.index("MOTION") + 3 + 5  # frame 5
+    values = lines[frame].split()
+    values[4] = "1e30"  # the root's first rotation channel (after its 3 positions)
+    lines[frame] = " ".join(values)
+    bvh.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MotionFormatError, match=r"frame 5 .* is 1e\+30 degrees; expected a rotation of "
+                       r"magnitude <= 1e\+06 degrees") as e:
+        read_bvh(bvh)
+    assert str(bvh) in str(e.value)
+    # 14. Counts: the first line of the summary and the table agree when a duplicate is dropped.
+    shutil.copy(src / "humanoid3d_punch.bvh", src / "punch_copy.bvh")
+    spec = importlib.util.spec_from_file_location("prepare_data", REPO / "scripts/prepare_data.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--source", str(src), "--out", str(tmp_path / "out"), "--workers", "0",
+                 "--split", "train=rest", "--split", "validation=tail:0.2"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{tmp_path / 'out'}: 1 clips kept (1 more converted but not kept, below), ")
+    kept = next(line for line in out if line.split()[:1] == ["kept"])
+    assert kept.split()[1] == "1"
+    assert any("humanoid3d_kick.bvh" in line and "is 1e+30 degrees" in line for line in out)
+    assert any("punch_copy" in line and "exact duplicate" in line for line in out)

@@ -8,6 +8,7 @@ and format version, the skeleton's JSON form, and :func:`load_info`. The synthet
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import types
@@ -20,6 +21,30 @@ from motionjax.core.skeleton import Skeleton
 
 INDEX = "index.json"
 FORMAT_VERSION = 3
+
+
+class DamagedIndexError(ValueError):
+    """An ``index.json`` whose contents differ from the digest written with it (an edited or damaged
+    file: its statistics or splits are no longer the ones prepared)."""
+
+
+def index_digest(doc: dict) -> str:
+    """sha256 of ``doc`` (an index without its ``"digest"``), canonical JSON: written as its
+    ``"digest"`` and checked on every read."""
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+
+
+def read_index(data_dir) -> dict:
+    """``index.json`` of a prepared directory, checked against its digest (:class:`DamagedIndexError`;
+    an index of older code has none)."""
+    path = Path(data_dir) / INDEX
+    doc = json.loads(path.read_text())
+    if "digest" in doc and doc["digest"] != index_digest(doc):
+        raise DamagedIndexError(f"{path}: its contents differ from the digest written with it (edited or "
+                                f"damaged); rebuild it: python scripts/prepare_data.py --out {data_dir} "
+                                "--force, with the settings it was prepared with")
+    return doc
 
 
 def skeleton_to_dict(skeleton: Skeleton) -> dict:
@@ -87,7 +112,7 @@ def load_info(data_dir) -> DatasetInfo:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no prepared dataset here; run "
                                 f"scripts/prepare_data.py --out {data_dir}")
-    doc = json.loads(path.read_text())
+    doc = read_index(data_dir)
     if doc.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format version {doc.get('version')}, expected {FORMAT_VERSION}; "
                          f"prepare it again into a new directory (or delete {data_dir})")

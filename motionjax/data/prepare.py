@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import glob
 import hashlib
 import json
@@ -48,7 +51,16 @@ from motionjax.core import features
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
 from motionjax.data import corpus, records, transforms
-from motionjax.data.info import FORMAT_VERSION, INDEX, DatasetInfo, load_info, skeleton_to_dict
+from motionjax.data.info import (
+    FORMAT_VERSION,
+    INDEX,
+    DamagedIndexError,
+    DatasetInfo,
+    index_digest,
+    load_info,
+    read_index,
+    skeleton_to_dict,
+)
 from motionjax.data.stats import Moments, window_features
 from motionjax.formats import Motion, MotionFormatError, deepmimic_clip_paths, load
 
@@ -152,10 +164,15 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
 
 
 def _convert_file(task) -> dict:
-    """Worker entry: ``(path, settings)`` -> :func:`convert`'s dict, or ``{"path", "error"}``."""
+    """Worker entry: ``(path, settings)`` -> :func:`convert`'s dict, or ``{"path", "error"}``. A label
+    sidecar that does not read leaves the motion with unknown labels (``"label_error"``)."""
     path, settings = task
     try:
-        return dict(convert(load(path), settings, corpus.read_labels(path)), path=str(path))
+        try:
+            labels, label_error = corpus.read_labels(path), None
+        except ValueError as e:
+            labels, label_error = {}, str(e)
+        return dict(convert(load(path), settings, labels), path=str(path), label_error=label_error)
     except (MotionFormatError, OSError, ValueError) as e:  # BadRecordError is a ValueError
         return {"path": str(path), "error": str(e)}
 
@@ -226,8 +243,9 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | No
             except (MotionFormatError, ValueError) as e:
                 yield {"path": m.name, "error": str(e)}
 
-    return write_converted(converted(), out_dir, settings=settings, strict=strict,
-                           records_per_shard=records_per_shard, progress=progress, total=total)
+    with _build_lock(Path(out_dir)):
+        return write_converted(converted(), out_dir, settings=settings, strict=strict,
+                               records_per_shard=records_per_shard, progress=progress, total=total)
 
 
 def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, strict: bool = False,
@@ -235,11 +253,9 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
                     progress: bool = True, total: int | None = None) -> DatasetInfo:
     """Write converted clips (:func:`convert`; dicts with ``"error"`` are skipped and listed) into
     ``out_dir`` via a ``.partial`` sibling; dedup, split, merge the training stats, write the index.
-    Returns the new directory's :class:`DatasetInfo`."""
-    from array_record.python.array_record_module import ArrayRecordWriter
+    Returns the new directory's :class:`DatasetInfo`. A failed write (a full disk) raises ``OSError``
+    naming the file, after removing the partial directory."""
     from tqdm import tqdm
-
-    from motionjax.data import dedup
 
     rules = corpus.parse_rules(dict(settings.splits))
     out = Path(out_dir)
@@ -249,30 +265,75 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     skipped = [] if skipped is None else skipped
     kept: list[dict] = []  # per written record: summaries (the record bytes are on disk)
     shard_files, writer, seen = [], None, set()
-    for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress):
-        if "error" in clip or clip["name"] in seen:
-            reason = clip.get("error") or f"duplicate clip name {clip['name']!r}"
-            if strict:
-                raise ValueError(f"{clip.get('path', clip.get('name'))}: {reason}")
-            logging.warning("skipping %s: %s", clip.get("path", clip.get("name")), reason)
-            skipped.append({"path": clip.get("path", clip.get("name")), "reason": reason})
-            continue
-        for note in clip["notes"]:
-            if "vary" in note:
-                logging.warning("%s: %s", clip.get("path", clip["name"]), note)
-        if writer is None or len(kept) % records_per_shard == 0:
-            if writer is not None:
-                writer.close()
-            shard_files.append(f"clips-{len(shard_files):05d}.array_record")
-            writer = ArrayRecordWriter(str(partial / shard_files[-1]), RECORD_OPTIONS)
-        writer.write(clip.pop("record"))
-        seen.add(clip["name"])
-        kept.append(clip)
-    if writer is not None:
-        writer.close()
+    # Clips whose label sidecar did not read: kept with unknown labels unless a rule splits by labels.
+    by_label = [f"{k}={v}" for k, v in dict(settings.splits).items()
+                if rules[k].kind in ("label", "stratified")]
+    try:
+        for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress):
+            if clip.get("label_error") and by_label and "error" not in clip:
+                clip = {"path": clip["path"], "error": f"{clip['label_error']}; the split rule "
+                        f"{by_label[0]} needs its labels"}
+            elif clip.get("label_error"):
+                logging.warning("%s: %s; keeping the motion with unknown labels", clip["path"],
+                                clip["label_error"])
+                clip["notes"] = [*clip["notes"], f"labels unknown: {clip['label_error']}"]
+            writer = _write_clip(clip, partial, writer, shard_files, kept, seen, skipped, strict,
+                                 records_per_shard)
+        if writer is not None:
+            writer.close()
+    except (RuntimeError, OSError) as e:  # ArrayRecord reports a failed write as RuntimeError
+        shutil.rmtree(partial, ignore_errors=True)  # frees what it took; out is untouched
+        failed = _os_error(e, partial / shard_files[-1] if shard_files else partial)
+        if failed is None:
+            raise
+        raise failed from e
     if not kept:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(f"{out}: no clip converted; skipped: {skipped}")
+    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources_digest, strict)
+
+
+def _os_error(e: BaseException, path) -> OSError | None:
+    """``e`` as an ``OSError`` naming ``path`` when it is a file-system failure: an ``OSError`` with an
+    errno, or a library's text of one (ArrayRecord: ``write() failed: No space left on device``)."""
+    if isinstance(e, OSError) and e.errno:
+        return e if e.filename else OSError(e.errno, e.strerror, str(path))
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES):
+        if os.strerror(code) in str(e):
+            return OSError(code, os.strerror(code), str(path))
+    return None
+
+
+def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, strict, records_per_shard):
+    """Append one converted clip (or list why it is skipped); returns the open shard writer."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    if "error" in clip or clip["name"] in seen:
+        reason = clip.get("error") or f"duplicate clip name {clip['name']!r}"
+        if strict:
+            raise ValueError(f"{clip.get('path', clip.get('name'))}: {reason}")
+        logging.warning("skipping %s: %s", clip.get("path", clip.get("name")), reason)
+        skipped.append({"path": clip.get("path", clip.get("name")), "reason": reason})
+        return writer
+    for note in clip["notes"]:
+        if "vary" in note:
+            logging.warning("%s: %s", clip.get("path", clip["name"]), note)
+    if writer is None or len(kept) % records_per_shard == 0:
+        if writer is not None:
+            writer.close()
+        shard_files.append(f"clips-{len(shard_files):05d}.array_record")
+        writer = ArrayRecordWriter(str(partial / shard_files[-1]), RECORD_OPTIONS)
+    writer.write(clip.pop("record"))
+    seen.add(clip["name"])
+    kept.append(clip)
+    return writer
+
+
+def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
+                    sources_digest: str, strict: bool) -> DatasetInfo:
+    """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
+    ``partial`` then replaces ``out``."""
+    from motionjax.data import dedup
 
     # One tree: the one most clips share (ties: the first seen), never the first file's by order.
     groups = collections.OrderedDict()
@@ -363,6 +424,7 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
         logging.warning("%s: the bodies look tallest along %s, but the files' skeleton says %s is up; set "
                         "config.data.up_axis if that is wrong", out, "xyz"[up_votes.most_common(1)[0][0]],
                         "xyz"[skeleton.up_axis])
+    doc["digest"] = index_digest(json.loads(json.dumps(doc)))  # as a reader will see it
     (partial / INDEX).write_text(json.dumps(doc, indent=1))
     _replace_dir(partial, out)
     return load_info(out)
@@ -388,49 +450,98 @@ class PreparedElsewhere(ValueError):
     """A complete prepared directory made with other settings (never overwritten implicitly)."""
 
 
+class NoSourcesError(FileNotFoundError):
+    """No motion file at the source, and no intact prepared directory to use instead."""
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path):
+    """Hold ``<out>.lock`` (an ``flock``: released when its process ends, kill -9 included) while
+    checking and building ``out``: a second preparation of the same directory waits, then finds it
+    complete and uses it, instead of racing on ``<out>.partial``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out.with_name(out.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.warning("%s: another process is preparing it; waiting for it to finish", out)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _intact(out_dir, settings: Settings, digest: str | None) -> tuple[dict | None, list[str]]:
+    """``(index, problems)`` of a complete directory: raises :class:`PreparedElsewhere` for other
+    settings; ``problems`` lists why it must be rebuilt (other sources, unless ``digest`` is None; a
+    damaged index or shard); ``(None, [...])`` when there is none."""
+    index = Path(out_dir) / INDEX
+    if not index.exists():
+        return None, [f"{index}: missing"]
+    try:
+        doc = read_index(out_dir)
+    except (DamagedIndexError, ValueError) as e:  # edited, or torn JSON
+        return None, [str(e).split("; rebuild it")[0]]
+    if doc.get("version") != FORMAT_VERSION:
+        return None, [f"{index}: format version {doc.get('version')}, expected {FORMAT_VERSION}"]
+    if doc.get("settings") != settings.to_json():
+        diff = {k: (doc["settings"].get(k), v) for k, v in settings.to_json().items()
+                if doc["settings"].get(k) != v}
+        raise PreparedElsewhere(
+            f"{out_dir} was prepared with other settings ("
+            + ", ".join(f"{k}: {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
+            + "); it is left untouched. Point config.data.dir (--out) at a new directory, or rebuild "
+            "it with scripts/prepare_data.py --force")
+    if digest is not None and doc.get("sources") != digest:
+        return doc, ["sources changed"]
+    return doc, verify_shards(out_dir)
+
+
 def prepare(source=None, out_dir="data_cache/deepmimic", *, settings: Settings | None = None,
             strict: bool = False, records_per_shard: int = 4096, workers: int | None = None,
             progress: bool = True, force: bool = False, **fields) -> DatasetInfo:
     """Convert motion files (see :func:`resolve_sources`) into a prepared directory.
 
     Idempotent: a complete directory with the same settings and unchanged sources (paths, sizes,
-    mtimes, label sidecars) and intact shards is returned as is. Changed sources or damaged shards
-    rebuild it (the old one stays until the new one is complete); other settings raise
-    :class:`PreparedElsewhere` unless ``force``. Unreadable files are skipped and listed
-    (``strict`` raises on the first one). ``workers``: processes (default: the CPU count);
-    ``fields`` override :class:`Settings` fields (``window=64``).
+    mtimes, label sidecars), an intact index (its digest) and intact shards is returned as is.
+    Changed sources or damage rebuild it (the old one stays until the new one is complete); other
+    settings raise :class:`PreparedElsewhere` unless ``force``. Sources that are gone (moved,
+    unmounted) are needed only to rebuild: an intact directory is used as is, with a warning; else
+    :class:`NoSourcesError`. Concurrent preparations of one directory take turns (:func:`_build_lock`).
+    Unreadable files are skipped and listed (``strict`` raises on the first one). ``workers``:
+    processes (default: the CPU count); ``fields`` override :class:`Settings` fields (``window=64``).
     """
     settings = dataclasses.replace(settings or Settings(), **fields)
     corpus.parse_rules(dict(settings.splits))  # a bad rule fails before any work
     paths = resolve_sources(source)
-    if not paths:
-        raise FileNotFoundError(f"no motion files found for source {source!r}")
-    digest = _sources_digest(paths)
-    index = Path(out_dir) / INDEX
-    if index.exists() and not force:
-        doc = json.loads(index.read_text())
-        if doc.get("version") == FORMAT_VERSION and doc.get("settings") != settings.to_json():
-            diff = {k: (doc["settings"].get(k), v) for k, v in settings.to_json().items()
-                    if doc["settings"].get(k) != v}
-            raise PreparedElsewhere(
-                f"{out_dir} was prepared with other settings ("
-                + ", ".join(f"{k}: {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
-                + "); it is left untouched. Point config.data.dir (--out) at a new directory, or rebuild "
-                "it with scripts/prepare_data.py --force")
-        if doc.get("version") == FORMAT_VERSION and doc.get("sources") == digest:
-            problems = verify_shards(out_dir)
-            if not problems:
+    out = Path(out_dir)
+    with _build_lock(out):
+        if not paths:
+            doc, problems = _intact(out, settings, None) if not force else (None, ["--force"])
+            if doc is not None and not problems:
+                logging.warning("no motion files found for source %r; using the prepared data in %s as is "
+                                "(the sources are needed only to rebuild it)", source, out_dir)
+                return load_info(out_dir)
+            raise NoSourcesError(f"no motion files found for source {source!r}, and {out_dir} cannot be used "
+                                 f"instead ({'; '.join(problems)})")
+        digest = _sources_digest(paths)
+        if not force:
+            doc, problems = _intact(out, settings, digest)
+            if doc is not None and not problems:
                 logging.info("%s is up to date", out_dir)
                 return load_info(out_dir)
-            logging.warning("%s: rebuilding: %s", out_dir, "; ".join(problems))
-        else:
-            logging.info("%s: sources changed; rebuilding", out_dir)
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    skipped: list = []
-    return write_converted(_converted(paths, settings, workers), out_dir, settings=settings,
-                           strict=strict,
-                         records_per_shard=records_per_shard, skipped=skipped, sources_digest=digest,
-                         progress=progress, total=len(paths))
+            if (out / INDEX).exists():
+                logging.warning("%s: rebuilding: %s", out_dir, "; ".join(problems))
+        workers = (os.cpu_count() or 1) if workers is None else workers
+        return write_converted(_converted(paths, settings, workers), out_dir, settings=settings,
+                               strict=strict, records_per_shard=records_per_shard, skipped=[],
+                               sources_digest=digest, progress=progress, total=len(paths))
+
+
+def kept_clips(info: DatasetInfo) -> list[int]:
+    """The clips in some split (the others were dropped: duplicates, another skeleton tree)."""
+    return sorted({c for segs in info.splits.values() for c, _, _ in segs})
 
 
 def summary_table(info: DatasetInfo) -> str:
@@ -439,7 +550,7 @@ def summary_table(info: DatasetInfo) -> str:
         return f"  {name:<28} {clips:>7} {frames:>10} {frames / info.fps / 3600:>8.2f}"
 
     lines = [f"  {'':<28} {'clips':>7} {'frames':>10} {'hours':>8}"]
-    kept = sorted({c for segs in info.splits.values() for c, _, _ in segs})
+    kept = kept_clips(info)
     lines.append(row("kept", len(kept), sum(info.frames[c] for c in kept)))
     for split, segs in info.splits.items():
         lines.append(row(f"split {split}", len({c for c, _, _ in segs}), info.split_frames(split)))

@@ -251,6 +251,27 @@ def _read_frames(path, lines, first: int, num_frames: int, num_channels: int) ->
     return data
 
 
+# Values no capture produces: finite, yet a sine of 1e30 degrees is noise, and a position that far
+# away is a corrupt file, not a motion. Rotations in degrees (unwrapped angles of a long spinning clip
+# stay far below), positions in the file's unit (1e9 mm is 1,000 km).
+MAX_ROTATION_DEG, MAX_POSITION = 1e6, 1e9
+
+
+def _check_magnitudes(path, lines, first: int, data: np.ndarray, channels: list) -> None:
+    """:class:`MotionFormatError` naming the frame, joint and channel of the first absurd value."""
+    bound = np.array([MAX_POSITION if c in _POSITION else MAX_ROTATION_DEG for _, c in channels])
+    bad = np.abs(data) > bound
+    if not bad.any():
+        return
+    t, c = np.argwhere(bad)[0]
+    (joint, channel), kind = channels[c], "position" if channels[c][1] in _POSITION else "rotation"
+    unit = "" if kind == "position" else " degrees"
+    line = [n + 1 for n in range(first, len(lines)) if lines[n].split()][t]
+    raise MotionFormatError(path, f"frame {t} {joint} {channel} is {data[t, c]:g}{unit}; expected a {kind} "
+                            f"of magnitude <= {bound[c]:g}{unit} (no capture produces this: a corrupt file)",
+                            line=line)
+
+
 def _euler_to_quat(angles_deg: np.ndarray, order: str) -> np.ndarray:
     """``[..., k]`` angles (degrees) for the first ``k <= 3`` axes of ``order`` -> ``[..., 4]``."""
     full = order + "".join(a for a in "XYZ" if a not in order)  # missing axes rotate by 0
@@ -277,6 +298,7 @@ def read_bvh(path, scale: float = 1.0) -> Motion:
                                 motion_line + 3)
     num_channels = sum(len(j.channels) for j in joints)
     data = _read_frames(path, lines, motion_line + 3, num_frames, num_channels)
+    _check_magnitudes(path, lines, motion_line + 3, data, [(j.name, c) for j in joints for c in j.channels])
 
     # Every joint's per-frame translation starts at its OFFSET; position channels replace components.
     offsets = np.broadcast_to(skeleton.offsets, (num_frames, *skeleton.offsets.shape)).copy()

@@ -16,6 +16,8 @@ import numbers
 from collections.abc import Sequence
 from pathlib import Path
 
+import ml_collections
+
 from motionjax import parallel
 from motionjax.data import transforms
 from motionjax.evaluation import evaluators, metrics
@@ -94,6 +96,13 @@ _RENAMED = {"data.dynamics_weight": ("data.dynamics_sampling",
             "train.eval_noise_level": ("evals.final.noise_level", "and evals.clip.noise_level")}
 
 
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_float_dtype(v) -> bool:
+    return isinstance(v, str) and v in FLOAT_DTYPES
+
+
 def _split_names(v) -> bool:
     return (isinstance(v, Sequence) and not isinstance(v, str) and len(v) > 0
             and all(isinstance(s, str) for s in v))
@@ -121,6 +130,16 @@ _RULES = {
     "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "model.name": (lambda v: v in ("transformer", "tconv"), "'transformer' or 'tconv'"),
     "model.stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.dim": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.depth": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.heads": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.mlp_ratio": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    "model.latent_dim": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.halo": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "model.kernel": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.dropout": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "model.dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
+    "model.param_dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
     "train.steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.learning_rate": (lambda v: _is_number(v) and v > 0, "a positive number"),
     "train.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
@@ -191,6 +210,10 @@ def _check_evals(config) -> list[str]:
     """``config.evals``: known kinds and settings, non-empty split tuples, and ``train.best_metric`` a
     ``SPLIT/METRIC`` that a ``during`` evaluator measures."""
     problems, during_splits, named = [], [], True
+    # Prepared data has the splits its rules name (the synthetic corpus has its own): check them here,
+    # before the data is prepared, so a misspelt split is blamed on the evaluator that names it.
+    rules = config.data.get("splits") if config.data.get("source") != "synthetic" else None
+    known = set(dict(rules)) if isinstance(rules, (dict, ml_collections.ConfigDict)) else None
     if "evals" not in config or not config.evals:
         return ["evals: missing; expected at least one evaluator (experiments/base.py declares them)"]
     for name, spec in config.evals.items():
@@ -206,6 +229,12 @@ def _check_evals(config) -> list[str]:
         splits = spec.get("splits", (spec.get("split"),) if "split" in spec else ())
         if "splits" in spec and not _split_names(splits):
             problems.append(f"evals.{name}.splits={splits!r}: expected a non-empty tuple of split names")
+            named = named and not spec.get("during")
+        elif known is not None and any(s not in known for s in splits):
+            key = f"evals.{name}.splits" if "splits" in spec else f"evals.{name}.split"
+            value = tuple(splits) if "splits" in spec else splits[0]
+            problems.append(f"{key}={value!r}: unknown {[s for s in splits if s not in known]}; expected "
+                            f"splits of data.splits: {sorted(known)}")
             named = named and not spec.get("during")
         if spec.get("during"):
             during_splits += list(splits)

@@ -104,11 +104,14 @@ def _lock_holder(path: Path) -> str:
     return f"pid {h['pid']} on {h['host']}, started {h['started']}" if isinstance(h, dict) else ""
 
 
-def exit_now(message: str, code: int) -> None:
-    """Last resort of a run that cannot stop: every thread's stack, the reason, ``os._exit``."""
+def exit_now(message: str, code: int, stacks: bool = True) -> None:
+    """Last resort of a run that cannot stop: every thread's stack (where it blocks; not for a user's
+    second Ctrl-C), the reason, ``os._exit``."""
     with contextlib.suppress(Exception):
-        faulthandler.dump_traceback(all_threads=True)
-        print(f"error: {message}; exiting without a final checkpoint (the previous ones are intact)",
+        if stacks:
+            faulthandler.dump_traceback(all_threads=True)
+        # From a newline: a progress bar may hold the line.
+        print(f"\nerror: {message}; exiting without a final checkpoint (the previous ones are intact)",
               file=sys.stderr, flush=True)
     os._exit(code)
 
@@ -140,7 +143,7 @@ def stop_on_signals(timeout_s: float):
             message = f"{name}: the run did not stop within train.stop_timeout_s={timeout_s:g} s"
             stop["watchdog"] = watchdog(timeout_s, message, 128 + signum)
         elif signum == signal.SIGINT:
-            exit_now("a second SIGINT", 128 + signum)
+            exit_now("a second SIGINT", 128 + signum, stacks=False)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

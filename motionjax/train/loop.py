@@ -12,6 +12,8 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
+import numbers
 from pathlib import Path
 
 import jax
@@ -192,7 +194,8 @@ def _evaluate_heldout(run: _Run, current: int) -> dict:
 
 
 def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) -> dict:
-    """The final checkpoint and evaluation (every declared evaluator, once), ``summary.json``."""
+    """The final checkpoint and evaluation (every declared evaluator, once, on the best checkpoint by
+    ``train.best_metric``), ``summary.json``."""
     main, mngr = parallel.is_main_process(), run.mngr
     timing = run.chrono.summary()
     if interrupted and mngr.latest_step() != done:
@@ -202,6 +205,9 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         run.iterator.close()
     if run.bar:
         run.bar.close()
+    if interrupted and main:
+        print(f"stopped by {interrupted} at step {done}; its checkpoint is {mngr.directory / str(done)}; "
+              "the same command resumes from it", flush=True)
     summary = {
         "workdir": str(run.workdir), "steps": done,
         "status": (f"stopped by {interrupted}" if interrupted else "stopped by on_eval" if stopped_early
@@ -212,14 +218,7 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         "params": int(sum(x.size for x in jax.tree.leaves(run.state["params"]))),
     }
     if not interrupted:
-        # Every evaluator once at the end, the test split included (it chose nothing).
-        final = evaluators.build(run.config, run.info)
-        predict = lambda x: run.predict(run.state, x)
-        summary["results"] = evaluators.run(final, predict, run.workdir if main else None)
-        summary["results"]["pca_latent_per_frame"] = evaluators.latent_per_frame(run.config)
-        # A residual model also sees its input through the skip path: PCA then matches its bottleneck only.
-        summary["results"]["model_residual"] = bool(run.config.model.residual)
-        summary["best_step"] = mngr.best_step()  # by train.best_metric among the checkpoints on disk (kept)
+        summary.update(_evaluate_best(run, done))
     summary["history"] = run.history
     mngr.close()
     if main:
@@ -229,6 +228,61 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         run.writer.close()
     return summary
+
+
+def best_step(history: dict, metric: str, on_disk) -> tuple[int | None, float | None]:
+    """``(step, value)`` of the lowest finite ``metric`` (``"SPLIT/METRIC"``) in the run's ``history``
+    among the checkpoint steps ``on_disk``; ``(None, None)`` when none is finite."""
+    on_disk = set(on_disk)
+    finite = [(v, s) for s, v in history.get(f"eval/{metric}", []) if s in on_disk and math.isfinite(v)]
+    if not finite:
+        return None, None
+    value, step = min(finite)
+    return int(step), float(value)
+
+
+def _evaluate_best(run: _Run, done: int) -> dict:
+    """Every evaluator once, the test split included (it chose nothing), on the checkpoint the
+    validation metric chose (``evaluated_step``); status ``non-finite: ...`` when no evaluation had a
+    finite metric or the final results hold a non-finite one (a diverged model is not "done")."""
+    metric, out = run.config.train.best_metric, {}
+    best, value = best_step(run.history, metric, run.mngr.all_steps())
+    state = run.state
+    if best is not None and best != done:
+        abstract = checkpoints.abstract(run.state)
+        run.state = state = None  # one copy of the state in memory: the last one is on disk
+        try:
+            state, _ = checkpoints.restore_checkpoint(run.mngr, best, abstract)
+        except Exception as e:  # noqa: BLE001 - a damaged best checkpoint, whatever orbax raises
+            raise checkpoints.CheckpointError(f"the best checkpoint (step {best} by {metric}) does not read "
+                                              f"for the final evaluation: {checkpoints.first_line(e)}") from e
+        run.state = state
+    final = evaluators.build(run.config, run.info)
+    predict = lambda x: run.predict(state, x)
+    out["results"] = evaluators.run(final, predict, run.workdir if parallel.is_main_process() else None)
+    out["results"]["pca_latent_per_frame"] = evaluators.latent_per_frame(run.config)
+    # A residual model also sees its input through the skip path: PCA then matches its bottleneck only.
+    out["results"]["model_residual"] = bool(run.config.model.residual)
+    out["best_step"], out["best_value"] = best, value  # by train.best_metric, among the checkpoints kept
+    out["evaluated_step"] = best if best is not None else done
+    last = run.history.get(f"eval/{metric}", [])[-1:]
+    bad = _nonfinite(out["results"])
+    if best is None or bad:
+        why = (f"every evaluation of {metric} was non-finite" if best is None else
+               f"the final results of step {out['evaluated_step']} are non-finite ({', '.join(bad[:3])})")
+        out["status"] = f"non-finite: {why}"
+    elif last and not math.isfinite(last[0][1]) and parallel.is_main_process():
+        print(f"the last evaluation (step {last[0][0]}) had {metric} = {last[0][1]}; the results are of the "
+              f"best checkpoint, step {best} ({metric} = {value:g})", flush=True)
+    return out
+
+
+def _nonfinite(results: dict) -> list[str]:
+    """``SPLIT/CONDITION/METRIC`` of the model's non-finite results."""
+    return [f"{split}/{condition}/{k}" for split, rows in results.items() if isinstance(rows, dict)
+            for condition, row in rows.items() if isinstance(row, dict)
+            for k, v in row.get("model", {}).items()
+            if isinstance(v, numbers.Real) and not math.isfinite(v)]
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
@@ -249,6 +303,9 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
                 for condition, row in rows.items():
                     summary["results"][split][condition]["no_dynamics"] = row["model"]
     table = evaluators.results_table(summary["results"])
+    if summary.get("best_value") is not None:
+        table.append(f"model: the checkpoint of step {summary['evaluated_step']} (of {summary['steps']}), "
+                     f"chosen by {config.train.best_metric} = {summary['best_value']:.4g}")
     table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the model's "
                  "bottleneck" + (" (the model also has a residual skip from its input)"
                                  if summary["results"]["model_residual"] else ""))
