@@ -132,7 +132,9 @@ def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple
     ``units``: ``"auto"`` (:func:`detect_units`) or a key of :data:`UNITS`; ``up_axis``:
     ``"auto"`` (keep the skeleton's, which the readers set to y for BVH and DeepMimic) or
     ``"x" | "y" | "z"``. Returns ``(motion, decisions)`` with the detected ``units`` and
-    ``notes`` (strings for the prepare report).
+    ``notes`` (strings for the prepare report) and ``stretch``: ``[T]`` the largest deviation (m)
+    of any joint's position channels from their median that frame (bones that stretch), or
+    ``None`` when the file has no per-joint position channels.
     """
     notes = []
     motion, note = fold_static_root(motion)
@@ -146,13 +148,17 @@ def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple
     sk = motion.skeleton.replace(offsets=motion.skeleton.offsets * s)
     motion = dataclasses.replace(motion, skeleton=sk, root_position=motion.root_position * s,
                                  offsets=None if motion.offsets is None else motion.offsets * s)
+    stretch = None
+    if motion.offsets is not None and motion.skeleton.num_joints > 1:
+        off = motion.offsets[:, 1:]  # joint 0's channels are the translation
+        stretch = np.linalg.norm(off - np.median(off, axis=0), axis=-1).max(-1).astype(np.float32)
     motion, more = bake_offsets(motion, tol=1e-5)
     notes += more
     if up_axis != "auto":
         if up_axis not in AXES:
             raise ValueError(f"up_axis={up_axis!r}; expected 'auto', 'x', 'y' or 'z'")
         motion = dataclasses.replace(motion, skeleton=motion.skeleton.replace(up_axis=AXES[up_axis]))
-    return motion, {"units": units, "notes": notes}
+    return motion, {"units": units, "notes": notes, "stretch": stretch}
 
 
 def reorder(motion: Motion, names) -> Motion:

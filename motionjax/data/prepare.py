@@ -47,6 +47,7 @@ import numpy as np
 from motionjax.core import features
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
+from motionjax.data import clean as clean_mod
 from motionjax.data import corpus, records, transforms
 from motionjax.data.info import FORMAT_VERSION, INDEX, DatasetInfo, load_info, skeleton_to_dict
 from motionjax.data.stats import Moments, window_features
@@ -59,6 +60,7 @@ DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
 # One record per chunk (random access per clip). zstd level 1 compresses motion as well as the default
 # level (to 78%) at a third of the write time, which is the writer process's largest cost.
 RECORD_OPTIONS = "group_size:1,zstd:1"
+CLEANING = "cleaning.json"  # the per-clip cleaning report: file, frames, kind, measure, action
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,16 +78,32 @@ class Settings:
     splits: tuple = tuple(DEEPMIMIC_SPLITS.items())  # ((split, rule), ...): corpus split rules
     dedup: bool = True         # drop exact duplicates; group near-duplicates into one split
     near_threshold: float = 0.02  # m: RMS joint distance under which windows count as near-duplicates
+    clean: str = "repair"      # corrupted frames (motionjax.data.clean): "off" | "report" | "repair"
+    clean_limits: tuple = tuple(dataclasses.asdict(clean_mod.Thresholds()).items())  # ((key, value), ...)
 
     def to_json(self) -> dict:
-        return dict(dataclasses.asdict(self), splits=dict(self.splits))
+        d = dict(dataclasses.asdict(self), splits=dict(self.splits), clean_limits=dict(self.clean_limits))
+        if self.clean == "off":  # as directories prepared before cleaning existed recorded it
+            del d["clean"], d["clean_limits"]
+        return d
+
+    @property
+    def thresholds(self) -> clean_mod.Thresholds:
+        return clean_mod.Thresholds(**dict(self.clean_limits))
 
     @classmethod
     def from_config(cls, cfg) -> Settings:
-        """From ``config.data``."""
+        """From ``config.data``. A config without ``clean`` predates cleaning (a run's saved
+        config.json): its data were prepared without it, so it reads as ``"off"``."""
+        mode = cfg.get("clean", "off")
+        if mode not in clean_mod.MODES:
+            raise ValueError(f"config.data.clean={mode!r}: expected one of {clean_mod.MODES}")
+        limits = (dict(cfg.clean_limits) if "clean_limits" in cfg
+                  else dataclasses.asdict(clean_mod.Thresholds()))
         return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
                    splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
-                   near_threshold=float(cfg.near_threshold))
+                   near_threshold=float(cfg.near_threshold), clean=mode,
+                   clean_limits=tuple(clean_mod.Thresholds(**limits).__dict__.items()))
 
 
 def resolve_sources(source=None) -> list[Path]:
@@ -126,7 +144,15 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
         raise records.BadRecordError(f"clip {motion.name!r}: zero frames")
     root, rots = transforms.resample(motion.root_position, motion.rotations, motion.fps, settings.fps)
     root, rots = root.astype(np.float32), rots.astype(np.float32)
-    positions, _ = forward_kinematics(sk, rots, root)  # once per clip: score, stats floor, dedup
+    cleaning, spans = None, [(0, root.shape[0])]
+    if settings.clean == "off":
+        positions, _ = forward_kinematics(sk, rots, root)  # once per clip: score, stats floor, dedup
+    else:
+        root, rots, positions, cleaning = clean_mod.clean_clip(
+            root, rots, lambda r, q: np.asarray(forward_kinematics(sk, q, r)[0]), fps=settings.fps,
+            up_axis=sk.up_axis, th=settings.thresholds, mode=settings.clean, window=settings.window,
+            stretch=_at_rate(decided["stretch"], root.shape[0]), names=sk.names)
+        spans = [tuple(s) for s in cleaning["spans"]]
     score = transforms.dynamics_score(sk, root, rots, settings.fps, positions)
     clip = {"name": motion.name, "root_position": root, "rotations": rots, "score": score}
     records.check_clip(clip, sk)
@@ -138,17 +164,30 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
     stride = max(settings.window // 4, 1)
     feats = window_features(sk, root, rots, settings.window, stride, positions).reshape(
         -1, settings.window, features.feature_dim(sk))
+    starts = np.arange(feats.shape[0]) * stride
+    inside = np.zeros(starts.shape, bool)  # windows inside a kept span (cleaning cuts the others)
+    for b, e in spans:
+        inside |= (starts >= b) & (starts + settings.window <= e)
     stats = {}
     for name, end in (("whole", root.shape[0]), ("cut", cut)):
         m = Moments(features.feature_dim(sk))
-        m.update(feats[:len(range(0, end - settings.window + 1, stride))])
-        scores = transforms.segment_windows(score[:end], settings.window)
-        stats[name] = {"moments": (m.count, m.mean, m.m2), "windows": (int(scores.size), float(scores.sum()))}
+        m.update(feats[inside & (starts + settings.window <= end)])
+        stats[name] = {"moments": (m.count, m.mean, m.m2)}
     return {"name": motion.name, "record": records.encode_record(motion.name, root, rots, score, sk.offsets),
             "frames": int(root.shape[0]), "source_fps": float(motion.fps), "skeleton": sk,
             "units": decided["units"], "notes": decided["notes"], "labels": dict(labels or {}),
             "stats": stats, "up_axis": corpus.detect_up_axis(positions[:: max(1, len(positions) // 64)]),
-            "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor}
+            "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor, "score": score,
+            "spans": spans, "cleaning": cleaning}
+
+
+def _at_rate(per_frame, frames: int):
+    """A per-frame measure of the source clip (``[T0]`` or ``None``) at the ``frames`` of the
+    resampled clip (linear in time over the same duration)."""
+    if per_frame is None:
+        return None
+    src = np.linspace(0, len(per_frame) - 1, frames) if frames > 1 else np.zeros(1)
+    return np.interp(src, np.arange(len(per_frame)), per_frame)
 
 
 def _convert_file(task) -> dict:
@@ -298,6 +337,13 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     skeleton = main.replace(offsets=corpus.canonical_offsets(
         [kept[i]["skeleton"].offsets for i in groups[main_key]]))
 
+    cleaning = []  # per clip with anything found: its report
+    for i, c in enumerate(kept):
+        report = c.pop("cleaning")
+        if report and (report["defects"] or report["sign_flips"]):
+            cleaning.append({"file": c.get("path", c["name"]), "clip": c["name"], **report})
+        if report and report["dropped"] and status[i] == "kept":
+            status[i] = report["dropped"]
     names = [c["name"] for c in kept]
     labels = [c["labels"] for c in kept]
     live = [i for i, s in enumerate(status) if s == "kept"]
@@ -323,16 +369,19 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
             skipped.append({"path": kept[i].get("path", names[i]), "reason": s})
     frames = [c["frames"] for c in kept]
     all_segments = corpus.segments(rules, clip_splits, frames)
-    splits = {k: [seg for seg in v if status[seg[0]] == "kept"] for k, v in all_segments.items()}
+    splits = {k: [seg for seg in _in_spans(v, kept, settings.window) if status[seg[0]] == "kept"]
+              for k, v in all_segments.items()}
     train = corpus.rest_split(rules)
     tail = corpus.tail_fraction(rules)
     moments, train_windows = Moments(features.feature_dim(skeleton)), []
-    for clip_id, _, end in splits[train]:
-        part = kept[clip_id]["stats"]["cut" if tail and end < frames[clip_id] else "whole"]
+    for clip_id in dict.fromkeys(c for c, _, _ in splits[train]):  # each clip's moments once
+        cut = tail and corpus.train_cut(frames[clip_id], tail) < frames[clip_id]
         m = Moments(moments.mean.size)
-        m.count, m.mean, m.m2 = part["moments"]
+        m.count, m.mean, m.m2 = kept[clip_id]["stats"]["cut" if cut else "whole"]["moments"]
         moments.merge(m)
-        train_windows.append(list(part["windows"]))
+    for clip_id, begin, end in splits[train]:
+        scores = transforms.segment_windows(kept[clip_id]["score"][begin:end], settings.window)
+        train_windows.append([int(scores.size), float(scores.sum())])
     if moments.count == 0:
         shutil.rmtree(partial, ignore_errors=True)
         longest = max((e - b for _, b, e in splits[train]), default=0)
@@ -359,6 +408,9 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
            "stats": {"window": settings.window, "frames": moments.count, "mean": moments.mean.tolist(),
                      "std": moments.std().tolist()},
            "skipped": skipped}
+    if settings.clean != "off":
+        doc["cleaning"] = _cleaning_summary(cleaning, settings, status, kept)
+        (partial / CLEANING).write_text(json.dumps({"summary": doc["cleaning"], "clips": cleaning}, indent=1))
     if up_votes and up_votes.most_common(1)[0][0] != skeleton.up_axis and settings.up_axis == "auto":
         logging.warning("%s: the bodies look tallest along %s, but the files' skeleton says %s is up; set "
                         "config.data.up_axis if that is wrong", out, "xyz"[up_votes.most_common(1)[0][0]],
@@ -366,6 +418,31 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     (partial / INDEX).write_text(json.dumps(doc, indent=1))
     _replace_dir(partial, out)
     return load_info(out)
+
+
+def _in_spans(segments, kept, window: int) -> list:
+    """``segments [(clip, begin, end)]`` cut to their clip's kept spans (cleaning), pieces of at
+    least ``window`` frames."""
+    out = []
+    for clip_id, begin, end in segments:
+        for b, e in kept[clip_id]["spans"]:
+            lo, hi = max(begin, b), min(end, e)
+            if hi - lo >= window or (hi > lo and (lo, hi) == (begin, end)):
+                out.append((clip_id, lo, hi))
+    return out
+
+
+def _cleaning_summary(reports: list, settings: Settings, status: list, kept: list) -> dict:
+    """Counts for the index (and :func:`summary_table`): per kind ranges and frames; frames
+    repaired and cut; clips dropped by cleaning."""
+    dropped = [r["clip"] for r in reports if r["dropped"]]
+    return {"mode": settings.clean, "limits": dict(settings.clean_limits),
+            "clips_flagged": sum(1 for r in reports if r["defects"]),
+            "frames": int(sum(c["frames"] for c, s in zip(kept, status, strict=True)
+                              if s == "kept" or s.startswith("cleaning"))),
+            "kinds": clean_mod.summarize(reports), "sign_flips": int(sum(r["sign_flips"] for r in reports)),
+            "repaired": int(sum(r["repaired"] for r in reports)), "cut": int(sum(r["cut"] for r in reports)),
+            "clips_dropped": dropped, "report": CLEANING}
 
 
 def _replace_dir(new: Path, out: Path) -> None:
@@ -453,6 +530,19 @@ def summary_table(info: DatasetInfo) -> str:
             frames[v] += info.frames[c]
         for v in sorted(values):
             lines.append(row(f"{key} {v}", values[v], frames[v]))
+    if info.cleaning:
+        lines.append(cleaning_line(info.cleaning))
     reasons = collections.Counter(s["reason"].split(" of ")[0].split(":")[0][:40] for s in info.skipped)
     lines.append(f"  not kept: {len(info.skipped)}" + "".join(f"; {n} × {r}" for r, n in reasons.items()))
     return "\n".join(lines)
+
+
+def cleaning_line(summary: dict) -> str:
+    """One line: what cleaning found per kind, and what it repaired, cut and dropped."""
+    kinds = ", ".join(f"{k} {v['ranges']} ({v['frames']} fr)" for k, v in summary["kinds"].items())
+    share = 100 * (summary["repaired"] + summary["cut"]) / max(summary["frames"], 1)
+    return (f"  cleaning ({summary['mode']}): {summary['clips_flagged']} clips flagged: "
+            f"{kinds or 'nothing'}; "
+            f"{summary['repaired']} frames repaired, {summary['cut']} cut ({share:.2f}% of "
+            f"{summary['frames']}), {len(summary['clips_dropped'])} clips dropped; "
+            f"{summary['sign_flips']} quaternion sign flips made continuous; details: {summary['report']}")
