@@ -35,8 +35,13 @@ def get_config() -> ml_collections.ConfigDict:
     # Corpus conventions (motionjax.data.corpus); a change needs a new data.dir (prepared data is immutable).
     c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"
     c.data.up_axis = "auto"            # "auto" (the files': y for BVH/DeepMimic) | "x" | "y" | "z"
-    c.data.dedup = True                # drop exact duplicate clips; near-duplicates stay in one split
-    c.data.near_threshold = 0.02       # m: RMS joint distance of near-duplicate windows (data.dedup)
+    c.data.dedup = True                # drop copies of a take; near-identical clips stay in one split
+    # Copies: clips whose moving windows (idle ones are no evidence) lie within this RMS joint distance (m)
+    # of another clip's, over 80% of them (motionjax.data.dedup.COPY_M: calibrated on Bandai-1, where
+    # different files' moving windows are >= 3.3 cm apart and a copy with 3 mm noise is <= 1.03 cm off).
+    c.data.copy_threshold = 0.012
+    c.data.dedup_policy = "copies"     # "copies": drop copies only | "prune": also similar takes (opt-in)
+    c.data.near_threshold = 0.02       # m: RMS window distance of similar takes (dedup_policy="prune")
     c.data.prepare_workers = 2         # processes converting files at prepare time
     # Corrupted frames in well-formed clips (motionjax.data.clean): "repair" interpolates defects of at most
     # clean_limits.repair_frames frames and cuts longer ones (a clip becomes its good spans); "report" only

@@ -38,6 +38,8 @@ def main(argv=None):
                    help="a split rule (repeat; see motionjax.data.corpus): train=rest, validation=tail:0.2, "
                         "test=clips:a,b, test=stratified:content:0.1, ... (default: DeepMimic's)")
     p.add_argument("--no-dedup", action="store_true", help="keep duplicate clips")
+    p.add_argument("--dedup-policy", choices=["copies", "prune"], default=None,
+                   help="drop copies of a take only (default), or also similar takes (redundancy pruning)")
     p.add_argument("--clean", choices=["off", "report", "repair"], default=None,
                    help="corrupted frames (motionjax.data.clean): repair short defects and cut long ones "
                         "(default), only report them, or skip the detectors")
@@ -69,6 +71,8 @@ def main(argv=None):
         changes["dedup"] = False
     if args.clean:
         changes["clean"] = args.clean
+    if args.dedup_policy:
+        changes["dedup_policy"] = args.dedup_policy
     settings = prepare.Settings(**{**settings.__dict__, **changes})
     source, out = args.source or source, args.out or out
     try:

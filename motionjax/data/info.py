@@ -54,6 +54,8 @@ class DatasetInfo:
       train_split: the split the model trains on (the ``rest`` rule).
       cleaning: what :mod:`motionjax.data.clean` found and did (counts; the per-clip report is
         ``cleaning.json`` beside the index), or None when prepared without cleaning.
+      dedup: what :mod:`motionjax.data.dedup` dropped and grouped (counts; pairs and groups are in
+        the index), or None without dedup.
     """
 
     data_dir: str
@@ -72,6 +74,7 @@ class DatasetInfo:
     labels: tuple = ()
     train_split: str = "train"
     cleaning: dict | None = None
+    dedup: dict | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -103,7 +106,7 @@ def load_info(data_dir) -> DatasetInfo:
         train_windows=tuple(tuple(w) for w in doc["train_windows"]),
         shards=tuple(s["file"] for s in doc["shards"]), skipped=tuple(doc["skipped"]),
         labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"],
-        cleaning=doc.get("cleaning"))
+        cleaning=doc.get("cleaning"), dedup=doc.get("dedup"))
 
 
 def stand_in(skeleton: Skeleton, fps: float = 30.0) -> types.SimpleNamespace:

@@ -17,9 +17,13 @@ summaries), in ``workers`` processes:
    keeps its own offsets and the dataset skeleton gets the per-joint median (the training body).
    A clip on another tree is skipped with a reason saying what differs; the kept tree is the one
    most clips share (never the first file's), and the summary lists every group.
-3. Duplicates (:mod:`motionjax.data.dedup`): exact copies are dropped; near-duplicate clips are
-   grouped, and a group spread over several splits (leakage) is moved into one split and reported.
-4. Splits come from the config's rules (:mod:`motionjax.data.corpus`, ``config.data.splits``);
+3. Corrupted frames (:mod:`motionjax.data.clean`, in the workers): short defects are repaired,
+   long ones cut (a clip becomes its good spans), clips with little left dropped; every range is
+   in ``cleaning.json``.
+4. Duplicates (:mod:`motionjax.data.dedup`): copies of a take (exact, re-exported, resampled,
+   mirrored, slightly noised) are dropped; near-identical clips are grouped, and each group is one
+   unit when the splits are drawn (repeated takes are data: only ``dedup_policy="prune"`` drops them).
+5. Splits come from the config's rules (:mod:`motionjax.data.corpus`, ``config.data.splits``);
    the feature statistics merge per-clip moments of the training split (Chan et al. 1979).
 
 Prepared data is never destroyed: a rebuild writes a sibling ``<out>.partial`` directory and only
@@ -76,8 +80,10 @@ class Settings:
     units: str = "auto"        # "auto" | "m" | "cm" | "mm" | "inch"
     up_axis: str = "auto"      # "auto" (the reader's: y for BVH and DeepMimic) | "x" | "y" | "z"
     splits: tuple = tuple(DEEPMIMIC_SPLITS.items())  # ((split, rule), ...): corpus split rules
-    dedup: bool = True         # drop exact duplicates; group near-duplicates into one split
-    near_threshold: float = 0.02  # m: RMS joint distance under which windows count as near-duplicates
+    dedup: bool = True         # drop copies of a take; near-identical clips share one split
+    near_threshold: float = 0.02  # m: RMS window distance of similar takes (dedup_policy="prune" only)
+    copy_threshold: float = 0.012  # m: RMS window distance of copies (motionjax.data.dedup.COPY_M)
+    dedup_policy: str = "copies"  # "copies": drop copies only | "prune": also similar takes (opt-in)
     clean: str = "repair"      # corrupted frames (motionjax.data.clean): "off" | "report" | "repair"
     clean_limits: tuple = tuple(dataclasses.asdict(clean_mod.Thresholds()).items())  # ((key, value), ...)
 
@@ -85,6 +91,8 @@ class Settings:
         d = dict(dataclasses.asdict(self), splits=dict(self.splits), clean_limits=dict(self.clean_limits))
         if self.clean == "off":  # as directories prepared before cleaning existed recorded it
             del d["clean"], d["clean_limits"]
+        if (self.copy_threshold, self.dedup_policy) == (Settings.copy_threshold, Settings.dedup_policy):
+            del d["copy_threshold"], d["dedup_policy"]  # likewise: the defaults are not recorded
         return d
 
     @property
@@ -103,6 +111,8 @@ class Settings:
         return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
                    splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
                    near_threshold=float(cfg.near_threshold), clean=mode,
+                   copy_threshold=float(cfg.get("copy_threshold", cls.copy_threshold)),
+                   dedup_policy=cfg.get("dedup_policy", cls.dedup_policy),
                    clean_limits=tuple(clean_mod.Thresholds(**limits).__dict__.items()))
 
 
@@ -347,23 +357,24 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     names = [c["name"] for c in kept]
     labels = [c["labels"] for c in kept]
     live = [i for i, s in enumerate(status) if s == "kept"]
-    leakage, near_groups, pairs = [], [], []
+    leakage, near_groups, pairs, dedup_stats = [], [], [], {}
+    index_of = {n: i for i, n in enumerate(names)}
     if settings.dedup:
         report = dedup.find_duplicates({names[i]: kept[i]["descriptor"] for i in live},
                                        {names[i]: kept[i]["hash"] for i in live},
-                                       body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold)
-        index_of = {n: i for i, n in enumerate(names)}
+                                       body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold,
+                                       copy_m=settings.copy_threshold, policy=settings.dedup_policy)
         for name, reason in report.drop.items():
             status[index_of[name]] = reason
         near_groups = [g for g in report.groups if len(g) > 1]
-        pairs = report.pairs
-    clip_splits = corpus.assign_clips(rules, names, labels)
-    if settings.dedup and near_groups:
+        pairs, dedup_stats = report.pairs, report.stats
+    # Near-identical clips are one unit when splits are drawn (no group straddles two splits).
+    clip_splits = corpus.assign_clips(rules, names, labels,
+                                      [[index_of[n] for n in g] for g in near_groups])
+    if settings.dedup and near_groups:  # a check: assignment kept every group whole
         split_of = {n: s for n, s in zip(names, clip_splits, strict=True)}
         split_of, leakage = dedup.resolve_leakage(near_groups, split_of)
         clip_splits = [split_of[n] for n in names]
-        for item in leakage:
-            logging.warning("leakage: %s", item)
     for i, s in enumerate(status):
         if s != "kept":
             skipped.append({"path": kept[i].get("path", names[i]), "reason": s})
@@ -403,6 +414,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
            "shards": shards, "splits": {k: [list(s) for s in v] for k, v in splits.items()},
            "train_windows": train_windows, "duplicate_groups": near_groups, "duplicate_pairs": pairs,
            "leakage": leakage,
+           "dedup": _dedup_summary(settings, status, near_groups, leakage, dedup_stats, index_of,
+                                   clip_splits),
            "detected": {"units": dict(units), "up_axis_votes": {"xyz"[k]: v for k, v in up_votes.items()},
                         "skeleton_trees": len(groups)},
            "stats": {"window": settings.window, "frames": moments.count, "mean": moments.mean.tolist(),
@@ -430,6 +443,21 @@ def _in_spans(segments, kept, window: int) -> list:
             if hi - lo >= window or (hi > lo and (lo, hi) == (begin, end)):
                 out.append((clip_id, lo, hi))
     return out
+
+
+def _dedup_summary(settings, status, groups, leakage, stats, index_of, clip_splits) -> dict | None:
+    """Counts for the index and :func:`summary_table` (the pairs and groups are in the index)."""
+    if not settings.dedup:
+        return None
+    kinds = ("exact duplicate", "copy", "mirrored copy", "similar take")
+    reasons = collections.Counter(s.split(" of ")[0].split(" to ")[0] for s in status if s.startswith(kinds))
+    live = [[n for n in g if status[index_of[n]] == "kept"] for g in groups]
+    return {"policy": settings.dedup_policy, "copy_m": settings.copy_threshold,
+            "dropped": dict(reasons), "groups": len(groups), "grouped_clips": sum(len(g) for g in groups),
+            "groups_kept_whole": sum(1 for g in live if len({clip_splits[index_of[n]] for n in g}) <= 1),
+            "moved": sum(len(x["moved"]) for x in leakage), "pairs": dict(stats.get("kinds", {})),
+            "idle_windows": stats.get("idle_index_windows", 0),
+            "index_windows": stats.get("index_windows", 0)}
 
 
 def _cleaning_summary(reports: list, settings: Settings, status: list, kept: list) -> dict:
@@ -532,6 +560,13 @@ def summary_table(info: DatasetInfo) -> str:
             lines.append(row(f"{key} {v}", values[v], frames[v]))
     if info.cleaning:
         lines.append(cleaning_line(info.cleaning))
+    if info.dedup:
+        d = info.dedup
+        dropped = ", ".join(f"{n} {k}" for k, n in d["dropped"].items()) or "none"
+        lines.append(f"  dedup ({d['policy']}, copies within {100 * d['copy_m']:.1f} cm RMS of moving "
+                     f"windows): dropped {dropped}; {d['groups']} groups of near-identical clips ({d['grouped_clips']} "
+                     f"clips) each in one split; {d['moved']} clips moved after assignment; "
+                     f"{d['idle_windows']} idle windows of {d['idle_windows'] + d['index_windows']} ignored")
     reasons = collections.Counter(s["reason"].split(" of ")[0].split(":")[0][:40] for s in info.skipped)
     lines.append(f"  not kept: {len(info.skipped)}" + "".join(f"; {n} × {r}" for r, n in reasons.items()))
     return "\n".join(lines)
