@@ -565,7 +565,8 @@ def summary_table(info: DatasetInfo) -> str:
         dropped = ", ".join(f"{n} {k}" for k, n in d["dropped"].items()) or "none"
         lines.append(f"  dedup ({d['policy']}, copies within {100 * d['copy_m']:.1f} cm RMS of moving "
                      f"windows): dropped {dropped}; {d['groups']} groups of near-identical clips "
-                     f"({d['grouped_clips']} clips) each in one split; {d['moved']} clips moved after assignment; "
+                     f"({d['grouped_clips']} clips) each in one split; {d['moved']} clips moved after "
+                     "assignment; "
                      f"{d['idle_windows']} idle windows of {d['idle_windows'] + d['index_windows']} ignored")
     reasons = collections.Counter(s["reason"].split(" of ")[0].split(":")[0][:40] for s in info.skipped)
     lines.append(f"  not kept: {len(info.skipped)}" + "".join(f"; {n} × {r}" for r, n in reasons.items()))
