@@ -35,9 +35,31 @@ def get_config() -> ml_collections.ConfigDict:
     # Corpus conventions (motionjax.data.corpus); a change needs a new data.dir (prepared data is immutable).
     c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"
     c.data.up_axis = "auto"            # "auto" (the files': y for BVH/DeepMimic) | "x" | "y" | "z"
-    c.data.dedup = True                # drop exact duplicate clips; near-duplicates stay in one split
-    c.data.near_threshold = 0.02       # m: RMS joint distance of near-duplicate windows (data.dedup)
+    c.data.dedup = True                # drop copies of a take; near-identical clips stay in one split
+    # Copies: clips whose moving windows (idle ones are no evidence) lie within this RMS joint distance (m)
+    # of another clip's, over 80% of them (motionjax.data.dedup.COPY_M: calibrated on Bandai-1, where
+    # different files' moving windows are >= 3.3 cm apart and a copy with 3 mm noise is <= 1.03 cm off).
+    c.data.copy_threshold = 0.012
+    c.data.dedup_policy = "copies"     # "copies": drop copies only | "prune": also similar takes (opt-in)
+    c.data.near_threshold = 0.02       # m: RMS window distance of similar takes (dedup_policy="prune")
     c.data.prepare_workers = 2         # processes converting files at prepare time
+    # Corrupted frames in well-formed clips (motionjax.data.clean): "repair" interpolates defects of at most
+    # clean_limits.repair_frames frames and cuts longer ones (a clip becomes its good spans); "report" only
+    # lists them (cleaning.json beside index.json); "off" skips the detectors. Defaults from Bandai-1's 174
+    # clips (docs/data.md "Cleaning": each bound is the corpus's largest value times a stated margin).
+    c.data.clean = "repair"
+    c.data.clean_limits = ml_collections.ConfigDict()
+    c.data.clean_limits.pop_m = 0.35           # m: a joint this far from its 7-frame median is a pop
+    c.data.clean_limits.twist_rad = 1.5        # rad: a joint rotating this much in one frame (a flip/twist)
+    c.data.clean_limits.twist_frames = 60      # frames: a twist or root jump undone within this is one range
+    c.data.clean_limits.teleport_m = 0.12      # m: a root step this far from its 7-frame median (a jump)
+    c.data.clean_limits.frozen_frames = 8      # frames: this many identical frames in a row are a freeze
+    c.data.clean_limits.stretch_m = 0.01       # m: position channels this far from their median (stretch)
+    c.data.clean_limits.penetration_m = 0.14   # m: lowest joint this far below the clip's floor
+    c.data.clean_limits.float_m = 0.25         # m: lowest joint this far above the floor ...
+    c.data.clean_limits.float_s = 1.0          # s: ... for longer than this is floating
+    c.data.clean_limits.repair_frames = 5      # defects up to this many frames are interpolated, longer cut
+    c.data.clean_limits.min_kept = 0.5         # a clip keeping less than this share of its frames is dropped
     # Split rules (motionjax.data.corpus): "rest" (train), "clips:a,b", "pattern:GLOB", "label:K=V",
     # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on
     # (each has a sibling motion in training) are the test split; the last 20% of the others validate.
@@ -149,7 +171,9 @@ def use_bandai(c: ml_collections.ConfigDict, window: int | None = None) -> ml_co
     if window is not None:
         c.data.window = window
     c.data.source = BANDAI_SOURCE
-    c.data.dir = f"data_cache/bandai1_w{c.data.window}"
+    # Cleaning changes what is kept: a cleaned directory is named apart from the uncleaned ones that runs
+    # trained before cleaning existed restore their data from (their config.json names those).
+    c.data.dir = f"data_cache/bandai1_w{c.data.window}" + ("_clean" if c.data.clean == "repair" else "")
     c.data.splits = ml_collections.ConfigDict({"train": "rest", "validation": "stratified:content:0.1",
                                                "test": "stratified:content:0.1"})
     return c

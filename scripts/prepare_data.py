@@ -39,6 +39,11 @@ def main(argv=None):
                    help="a split rule (repeat; see motionjax.data.corpus): train=rest, validation=tail:0.2, "
                         "test=clips:a,b, test=stratified:content:0.1, ... (default: DeepMimic's)")
     p.add_argument("--no-dedup", action="store_true", help="keep duplicate clips")
+    p.add_argument("--dedup-policy", choices=["copies", "prune"], default=None,
+                   help="drop copies of a take only (default), or also similar takes (redundancy pruning)")
+    p.add_argument("--clean", choices=["off", "report", "repair"], default=None,
+                   help="corrupted frames (motionjax.data.clean): repair short defects and cut long ones "
+                        "(default), only report them, or skip the detectors")
     p.add_argument("--workers", type=int, default=None, help="conversion processes (default: CPU count)")
     p.add_argument("--strict", action="store_true", help="abort on the first bad file")
     p.add_argument("--force", action="store_true", help="rebuild even if the directory is complete")
@@ -65,6 +70,10 @@ def main(argv=None):
         changes["splits"] = tuple(rules.items())
     if args.no_dedup:
         changes["dedup"] = False
+    if args.clean:
+        changes["clean"] = args.clean
+    if args.dedup_policy:
+        changes["dedup_policy"] = args.dedup_policy
     settings = prepare.Settings(**{**settings.__dict__, **changes})
     source, out = args.source or source, args.out or out
     try:

@@ -208,12 +208,17 @@ def test_duplicates_are_dropped_and_cross_split_ones_reported(tmp_path):
     info = prepare.prepare(src, tmp_path / "out", window=32, splits=splits, progress=False, workers=0)
     reasons = {Path(s["path"]).stem: s["reason"] for s in info.skipped}
     assert reasons["punch_copy"].startswith("exact duplicate of")
-    assert reasons["zz_punch_noisy"].startswith("near duplicate of")
+    assert reasons["zz_punch_noisy"].startswith("copy of humanoid3d_punch")
     doc = json.loads((tmp_path / "out" / INDEX).read_text())
-    (leak,) = doc["leakage"]
-    assert "zz_punch_noisy" in leak["group"] and leak["moved_to"] == "train"
-    kept = {info.names[c] for segs in info.splits.values() for c, _, _ in segs}
-    assert kept == {"humanoid3d_kick", "humanoid3d_punch"}
+    # The rule that names a copy takes its whole group: the kept punch goes to test with it, at
+    # assignment time, so nothing leaks and nothing moves afterwards.
+    assert doc["leakage"] == [] and doc["dedup"]["moved"] == 0
+    (group,) = doc["duplicate_groups"]
+    assert set(group) == {"humanoid3d_punch", "punch_copy", "zz_punch_noisy"}
+    split_of = {info.names[c]: k for k, segs in info.splits.items() for c, _, _ in segs}
+    assert split_of == {"humanoid3d_kick": "train", "humanoid3d_punch": "test"}
+    assert doc["dedup"]["dropped"] == {"exact duplicate": 1, "copy": 1}
+    assert "dedup (copies" in prepare.summary_table(info)
 
 
 def test_prepared_data_is_never_destroyed(tmp_path):
@@ -282,3 +287,24 @@ def test_workers_that_die_at_start_up_raise_instead_of_hanging(tmp_path):
                           cwd=tmp_path)
     assert proc.returncode != 0
     assert "if __name__ == '__main__':" in proc.stderr and "RuntimeError" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_groups_share_a_split_and_splits_keep_their_fractions():
+    rng = np.random.default_rng(0)
+    n = 300
+    names = [f"c{i:03d}" for i in range(n)]
+    labels = [{"content": f"a{int(rng.integers(6))}"} for _ in range(n)]
+    order = rng.permutation(n)
+    groups, at = [], 0
+    while at < 0.5 * n:  # half of the clips in groups of 2-8 (mostly of one content, some mixed)
+        size = int(rng.integers(2, 9))
+        groups.append(sorted(int(i) for i in order[at:at + size]))
+        at += size
+    rules = corpus.parse_rules({"train": "rest", "validation": "stratified:content:0.1",
+                                "test": "stratified:content:0.1"})
+    out = corpus.assign_clips(rules, names, labels, groups)
+    for g in groups:
+        assert len({out[i] for i in g}) == 1, g
+    for split, fraction in (("validation", 0.1), ("test", 0.1), ("train", 0.8)):
+        assert abs(out.count(split) / n - fraction) <= 0.02, (split, out.count(split))
+    assert corpus.assign_clips(rules, names, labels) == corpus.assign_clips(rules, names, labels, [])

@@ -96,10 +96,11 @@ def test_near_copy_is_caught(kind):
     clips = {"dance_a": pos["dance_a"], "dance_b": src, "copy": copy, "kick": pos["kick"]}
     report = _report(clips, body)
     assert list(report.drop) == ["copy"]
-    assert report.drop["copy"].startswith("near duplicate of dance_b (RMS ")
+    assert report.drop["copy"].startswith("copy of dance_b (RMS ")
     assert report.groups == [["dance_b", "copy"]]
     (pair,) = report.pairs
-    assert pair["kind"] == "near" and pair["fraction"] >= dedup.MIN_FRACTION and pair["rms_cm"] < 2
+    assert pair["kind"] == "copy" and pair["fraction"] >= dedup.COPY_FRACTION and pair["rms_cm"] < 1.2
+    assert "copy" in pair["alike"]
 
 
 def test_threshold_and_fraction_control_matching():
@@ -107,11 +108,15 @@ def test_threshold_and_fraction_control_matching():
     src = pos["dance_b"]
     copy = src + np.random.default_rng(2).normal(0, 3e-3, src.shape)
     clips = {"dance_b": src, "copy": copy}
-    assert _report(clips, body, threshold_m=0.001).drop == {}  # noise RMS (~5 mm) above 1 mm
+    assert _report(clips, body, copy_m=0.001).drop == {}  # noise RMS (~5 mm) above 1 mm
     half = np.concatenate([src[:70], pos["jump"][:70]])  # shorter; shares its first half with dance_b
-    report = _report({"dance_b": src, "half": half}, body, min_fraction=0.3)
+    report = _report({"dance_b": src, "half": half}, body, copy_fraction=0.3)
     assert list(report.drop) == ["half"]
-    assert _report({"dance_b": src, "half": half}, body, min_fraction=0.9).drop == {}
+    # Half of it is in dance_b: not alike as a whole (kept), but near-identical (one group, one split).
+    report = _report({"dance_b": src, "half": half}, body, min_fraction=0.3)
+    assert report.drop == {} and report.groups == [["dance_b", "half"]]
+    assert report.pairs[0]["kind"] == "overlap"
+    assert _report({"dance_b": src, "half": half}, body, min_fraction=0.9).groups == []
 
 
 def test_cross_split_duplicate_is_reported_and_moved():
@@ -162,4 +167,78 @@ def test_bandai_styles_of_one_content_are_not_duplicates():
     pos = {s: m.positions() for s, m in motions.items()}
     pos["copy"] = rot.quat_rotate(_yaw(0.7), pos["active"][3:]) + np.array([1.0, 0.0, 2.0])
     report = _report(pos, body)
-    assert list(report.drop) == ["copy"] and report.drop["copy"].startswith("near duplicate of active")
+    assert list(report.drop) == ["copy"] and report.drop["copy"].startswith("copy of active")
+
+
+@functools.cache
+def _takes(copies: int = 0):
+    """4 actions x 5 takes (150 frames: 60 standing, the action, 50 standing; every take its own
+    variation, every clip the same idle pose) and ``copies`` planted copies of each kind; descriptors
+    of each clip as prepare makes them (resampled to 30 fps, FK)."""
+    from motionjax.core.kinematics import forward_kinematics
+    from motionjax.core.skeleton import deepmimic_humanoid
+    from motionjax.data import synthetic, transforms
+
+    sk = deepmimic_humanoid()
+    body = dedup.body_frame(sk)
+    descs = {}
+    for m in synthetic.repeated_takes(4, 5, frames=150, idle=60, idle_end=50, variation=0.05, copies=copies):
+        root, rots = transforms.resample(m.root_position, m.rotations, m.fps, 30.0)
+        descs[m.name] = dedup.clip_descriptor(np.asarray(forward_kinematics(sk, rots, root)[0]), body)
+    return descs, body
+
+
+def _find(descs, body, **kwargs):
+    hashes = {k: dedup.exact_hash(d, body) for k, d in descs.items()}
+    return dedup.find_duplicates(descs, hashes, body=body, **kwargs)
+
+
+def test_repeated_takes_are_kept_and_idle_is_no_evidence():
+    descs, body = _takes()
+    report = _find(descs, body)
+    assert report.drop == {} and report.groups == [] and report.pairs == []
+    # Counting the standing-still windows (as the old rule did) links every clip, across actions.
+    counted = _find(descs, body, idle_m=0.0, copy_m=0.02, copy_fraction=0.5)
+    assert len(counted.drop) == 19 and len(counted.groups) == 1
+    assert {k[:9] for k in counted.drop} == {"action000", "action001", "action002", "action003"}
+
+
+def test_planted_copies_are_dropped_exactly():
+    descs, body = _takes(copies=2)
+    report = _find(descs, body)
+    planted = {k for k in descs if k.endswith("_copy")}
+    assert len(planted) == 10 and set(report.drop) == planted
+    for name, reason in report.drop.items():
+        original = name.rsplit("_", 2)[0]
+        kind = name.rsplit("_", 2)[1]
+        assert reason.split(" (")[0] in (f"exact duplicate of {original}", f"copy of {original}",
+                                         f"mirrored copy of {original}"), (name, reason)
+        assert kind != "mirrored" or reason.startswith("mirrored copy of")
+    # Every group is one take and its copies.
+    assert all(len({g.rsplit("_", 2)[0] if g.endswith("_copy") else g for g in grp}) == 1
+               for grp in report.groups)
+
+
+def test_mirrored_windows_are_the_mirror_images():
+    from motionjax.core.skeleton import deepmimic_humanoid
+    from motionjax.data import synthetic, transforms
+
+    sk = deepmimic_humanoid()
+    body = dedup.body_frame(sk)
+    root, rots = synthetic.synthetic_clip(sk, 1, frames=64)
+    m_root, m_rots = transforms.mirror(sk, root, rots, transforms.mirror_frames(sk))
+    from motionjax.core.kinematics import forward_kinematics
+    a = dedup.clip_descriptor(np.asarray(forward_kinematics(sk, rots, root)[0]), body)
+    b = dedup.clip_descriptor(np.asarray(forward_kinematics(sk, m_rots, m_root)[0]), body)
+    starts = dedup.window_starts(64)
+    wa, wb = dedup.windows(a, body, starts), dedup.windows(b, body, starts)
+    np.testing.assert_allclose(dedup.mirror_windows(wa, body), wb, atol=1e-5)
+    assert np.linalg.norm(wa - wb, axis=1).min() > 0.02  # the mirror image itself is another motion
+
+
+def test_pruning_similar_takes_is_an_opt_in():
+    descs, body = _takes()
+    pruned = _find(descs, body, policy="prune", threshold_m=0.2)  # a radius above take-to-take variation
+    assert pruned.drop and all(r.startswith("similar take to") for r in pruned.drop.values())
+    with pytest.raises(ValueError, match="dedup policy"):
+        _find(descs, body, policy="all")

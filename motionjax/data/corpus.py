@@ -132,7 +132,9 @@ def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple
     ``units``: ``"auto"`` (:func:`detect_units`) or a key of :data:`UNITS`; ``up_axis``:
     ``"auto"`` (keep the skeleton's, which the readers set to y for BVH and DeepMimic) or
     ``"x" | "y" | "z"``. Returns ``(motion, decisions)`` with the detected ``units`` and
-    ``notes`` (strings for the prepare report).
+    ``notes`` (strings for the prepare report) and ``stretch``: ``[T]`` the largest deviation (m)
+    of any joint's position channels from their median that frame (bones that stretch), or
+    ``None`` when the file has no per-joint position channels.
     """
     notes = []
     motion, note = fold_static_root(motion)
@@ -146,13 +148,17 @@ def conform(motion: Motion, units: str = "auto", up_axis: str = "auto") -> tuple
     sk = motion.skeleton.replace(offsets=motion.skeleton.offsets * s)
     motion = dataclasses.replace(motion, skeleton=sk, root_position=motion.root_position * s,
                                  offsets=None if motion.offsets is None else motion.offsets * s)
+    stretch = None
+    if motion.offsets is not None and motion.skeleton.num_joints > 1:
+        off = motion.offsets[:, 1:]  # joint 0's channels are the translation
+        stretch = np.linalg.norm(off - np.median(off, axis=0), axis=-1).max(-1).astype(np.float32)
     motion, more = bake_offsets(motion, tol=1e-5)
     notes += more
     if up_axis != "auto":
         if up_axis not in AXES:
             raise ValueError(f"up_axis={up_axis!r}; expected 'auto', 'x', 'y' or 'z'")
         motion = dataclasses.replace(motion, skeleton=motion.skeleton.replace(up_axis=AXES[up_axis]))
-    return motion, {"units": units, "notes": notes}
+    return motion, {"units": units, "notes": notes, "stretch": stretch}
 
 
 def reorder(motion: Motion, names) -> Motion:
@@ -353,12 +359,27 @@ def tail_fraction(rules: dict[str, Rule]) -> float:
     return next((r.args[0] for r in rules.values() if r.kind == "tail"), 0.0)
 
 
-def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict]) -> list[str]:
+def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
+                 groups: list[list[int]] | None = None) -> list[str]:
     """The split of every clip (whole-clip rules in order; the rest to the ``rest`` split).
 
+    ``groups``: lists of clip indices that must share a split (near-identical clips,
+    :mod:`motionjax.data.dedup`). A rule that takes one member takes its whole group; a stratified
+    rule counts every member toward its label's quota and takes a group only when that brings the
+    count closer to the quota, so each split stays near its declared fraction.
     A ``tail`` split is not a clip assignment: :func:`segments` cuts it from the rest clips.
     """
     out: list[str | None] = [None] * len(names)
+    unit = list(range(len(names)))  # clip -> its group's members (itself when in no group)
+    members_of: dict[int, list[int]] = {i: [i] for i in range(len(names))}
+    for g in groups or ():
+        for i in g:
+            unit[i] = g[0]
+        members_of[g[0]] = list(g)
+
+    def whole(i):
+        return [k for k in members_of[unit[i]] if out[k] is None]
+
     for split, rule in rules.items():
         free = [i for i, s in enumerate(out) if s is None]
         if rule.kind == "clips":
@@ -374,19 +395,52 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict]) -
             take = [i for i in free if labels[i].get(key) == value]
         elif rule.kind == "stratified":
             key, fraction, seed = rule.args
-            take = []
-            groups: dict[str, list[int]] = {}
+            by_value: dict[str, list[int]] = {}
             for i, lab in enumerate(labels):
-                groups.setdefault(lab.get(key, ""), []).append(i)
-            for value in sorted(groups):
-                members = groups[value]
-                want = int(round(fraction * len(members)))
+                by_value.setdefault(lab.get(key, ""), []).append(i)
+            wants = {v: int(round(fraction * len(m))) for v, m in by_value.items()}
+            total_want, total, taken = sum(wants.values()), 0, []
+            for value in sorted(by_value):
+                members, want = by_value[value], wants[value]
+                have = sum(out[i] == split for i in members)  # pulled in with groups of other values
                 order = np.random.default_rng([seed, len(value), *value.encode()]).permutation(members)
-                take += [int(i) for i in order if out[i] is None][:want]
+                for i in order:
+                    if have >= want:
+                        break
+                    if out[i] is not None:
+                        continue
+                    block = whole(int(i))
+                    n = sum(labels[k].get(key, "") == value for k in block)
+                    # Closer to this value's quota and to the split's.
+                    closer = have + n <= want or abs(have + n - want) < abs(have - want)
+                    if closer and abs(total + len(block) - total_want) <= abs(total - total_want):
+                        for k in block:
+                            out[k] = split
+                        have += n
+                        total += len(block)
+                        taken.append(block)
+            # Groups make the count lumpy: give back taken groups, or take free ones, while that
+            # brings the split closer to its total (largest first; each value's quota was met above).
+            for block in sorted(taken, key=len, reverse=True):
+                if abs(total - len(block) - total_want) < abs(total - total_want):
+                    for k in block:
+                        out[k] = None
+                    total -= len(block)
+            rng = np.random.default_rng([seed, 1])
+            for i in rng.permutation(len(names)):
+                if total >= total_want:
+                    break
+                block = whole(int(i)) if out[i] is None else []
+                if block and abs(total + len(block) - total_want) < abs(total - total_want):
+                    for k in block:
+                        out[k] = split
+                    total += len(block)
+            continue
         else:
             continue
         for i in take:
-            out[i] = split
+            for k in whole(i):
+                out[k] = split
     rest = rest_split(rules)
     return [s if s is not None else rest for s in out]
 

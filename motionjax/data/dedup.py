@@ -63,8 +63,15 @@ from motionjax.core.skeleton import Skeleton
 WINDOW = 32  # frames per descriptor window (~1 s at 30 fps)
 STRIDE = 8  # frames between window starts: a copy shifted in time is at most 4 frames off
 SUBSAMPLE = 4  # keep every 4th frame of a window (8 poses): poses 4 frames apart are redundant
-THRESHOLD_M = 0.02  # RMS per-joint distance (m) under which two windows are the same motion
-MIN_FRACTION = 0.5  # fraction of a clip's windows that must match for a near-duplicate
+THRESHOLD_M = 0.02  # m RMS: windows of "similar takes" (redundancy pruning, an opt-in: policy="prune")
+# m RMS: windows of copies. Calibrated on Bandai-1: the moving windows of different files are never
+# closer than 3.3 cm (0.1st percentile of nearest-neighbour distances; 1st: 4.4 cm), a copy with 3 mm
+# of noise per coordinate stays within 1.03 cm. 1.2 cm sits above the copies, far below distinct takes.
+COPY_M = 0.012
+COPY_FRACTION = 0.8  # a clip is a copy when this share of its moving windows matches one other clip
+MIN_FRACTION = 0.5  # share of either clip's moving windows that makes two clips near-identical (grouped)
+IDLE_M = 0.03  # m: a window whose poses stay this close (RMS) to their mean pose is idle: no evidence
+POLICIES = ("copies", "prune")  # drop copies only (default) | also drop similar takes (opt-in)
 EXACT_TOL_M = 1e-4  # 0.1 mm: quantization of the exact hash; RMS tolerance of "exact"
 PCA_DIM = 10  # KD-tree dims: 8 is ~5% faster, but lets 3.5x the candidates through on Bandai-1
 
@@ -88,6 +95,7 @@ class BodyFrame:
     left: int
     right: int
     up_axis: int = 1
+    mirror: tuple[int, ...] | None = None  # position in ``joints`` of each body joint's left/right twin
 
 
 def _mirrored(a, b) -> bool:
@@ -134,7 +142,14 @@ def body_frame(skeleton: Skeleton) -> BodyFrame:
     for j in range(parent + 1, skeleton.num_joints):  # parents precede children
         in_body[j] |= in_body[skeleton.parents[j]]
     joints = tuple(int(j) for j in np.flatnonzero(in_body))
-    return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis)
+    twin = skeleton.symmetry  # by joint names: mirrored copies are searched when every twin is in the body
+    mirror = None
+    if all(int(twin[j]) in joints for j in joints) and {int(twin[joints.index(left)]),
+                                                         int(twin[joints.index(right)])} == {left, right}:
+        mirror = tuple(joints.index(int(twin[j])) for j in joints)
+        if mirror == tuple(range(len(joints))):
+            mirror = None
+    return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis, mirror)
 
 
 def clip_descriptor(positions, body: BodyFrame):
@@ -193,6 +208,25 @@ def windows(desc, body: BodyFrame, starts, *, window: int = WINDOW, subsample: i
     w[..., h2] = -s * x1 + c * x2
     n, f, j, _ = w.shape
     return (w.reshape(n, -1) / np.sqrt(f * j)).astype(np.float32)
+
+
+def window_motion(w, body: BodyFrame, *, window: int = WINDOW, subsample: int = SUBSAMPLE):
+    """``[n]`` how much each canonical window ``w [n, D]`` (:func:`windows`) moves: the RMS distance
+    (m) of its poses from their mean pose. Below :data:`IDLE_M` a window is idle (standing still):
+    idle poses look alike across any two clips, so they are no evidence of duplication."""
+    f = -(-window // subsample)
+    r = np.asarray(w).reshape(len(w), f, -1)
+    return np.sqrt(((r - r.mean(1, keepdims=True)) ** 2).sum((1, 2)))
+
+
+def mirror_windows(w, body: BodyFrame, *, window: int = WINDOW, subsample: int = SUBSAMPLE):
+    """Canonical windows ``w [n, D]`` of a clip -> those of its mirror image (left and right
+    swapped): the lateral coordinate negated and each joint replaced by its twin. Needs
+    ``body.mirror``."""
+    f = -(-window // subsample)
+    r = np.asarray(w).reshape(len(w), f, len(body.joints), 3)[:, :, list(body.mirror)].copy()
+    r[..., (body.up_axis + 2) % 3] *= -1  # the hip axis lies along this one after canonicalization
+    return r.reshape(len(w), -1)
 
 
 def exact_hash(desc, body: BodyFrame, *, tol: float = EXACT_TOL_M) -> str:
@@ -259,22 +293,34 @@ class _UnionFind:
 
 
 def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int, stride: int,
-                    subsample: int, pca_dim: int, seed: int, stats: dict, batch: int = 4096):
-    """For clip descriptors ``descs`` (one skeleton width): every (sparse window ``i``, clip
-    ``b``) such that a window of clip ``b`` at *any* start frame lies within ``threshold`` of
-    window ``i`` (of another clip), with the smallest such distance.
+                    subsample: int, pca_dim: int, seed: int, stats: dict, idle_m: float,
+                    batch: int = 4096):
+    """For clip descriptors ``descs`` (one skeleton width): every (moving index window ``i``,
+    clip ``b``, mirrored) such that a moving window of clip ``b`` at *any* start frame (mirrored
+    or not) lies within ``threshold`` of window ``i`` (of another clip), with the smallest such
+    distance. Idle windows (:func:`window_motion` below ``idle_m``) are neither indexed nor queried.
 
     Index: each clip's windows every ``stride`` frames (full descriptors for the check, their
-    PCA projection in a KD-tree). Queries: each clip's windows at every start frame, streamed
-    clip by clip, so a copy trimmed by any number of frames still lines up with the index.
-    Returns ``(window_owner [N], window [M], clip [M], dist [M])``.
+    PCA projection in a KD-tree). Queries: each clip's windows at every start frame, and their
+    mirror images when ``body.mirror`` is known, streamed clip by clip, so a copy trimmed by any
+    number of frames still lines up with the index.
+    Returns ``(window_owner [N], window [M], clip [M], mirrored [M], dist [M])`` (``N`` moving
+    index windows).
     """
     from scipy.spatial import cKDTree
 
     starts = [window_starts(len(d), window, stride) for d in descs]
-    x = np.concatenate([windows(d, body, st, window=window, subsample=subsample)
-                        for d, st in zip(descs, starts, strict=True)])
-    owner = np.repeat(np.arange(len(descs)), [len(st) for st in starts])
+    parts = [windows(d, body, st, window=window, subsample=subsample)
+             for d, st in zip(descs, starts, strict=True)]
+    owner = np.repeat(np.arange(len(descs)), [len(p) for p in parts])
+    x = np.concatenate(parts)
+    moving = window_motion(x, body, window=window, subsample=subsample) >= idle_m
+    x, owner = x[moving], owner[moving]
+    stats["index_windows"] = int(x.shape[0])
+    stats["idle_index_windows"] = int((~moving).sum())
+    if x.shape[0] == 0:
+        empty = np.zeros(0, np.int64)
+        return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
     n, d = x.shape
     if d > pca_dim and n > pca_dim:
         # PCA by an eigendecomposition of the covariance of <= 5000 windows ([D, D], D ~ 650):
@@ -291,12 +337,11 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         def project(a):
             return a
     stats["pca_dim"] = min(pca_dim, d) if n > pca_dim else d
-    stats["index_windows"] = n
     tree = cKDTree(project(x))
     # The projection only shrinks distances; the slack covers float32 rounding in it.
     radius = threshold * (1 + 1e-3) + 1e-6
 
-    def run(queries, q_clip):
+    def run(queries, q_clip, q_mirror):
         zq = project(queries)
         hits = tree.query_ball_point(zq, r=radius, return_sorted=False)
         lens = np.fromiter((len(h) for h in hits), np.int64, len(hits))
@@ -309,8 +354,8 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         for a in range(0, q.size, 65536):  # full-dimension distances, in bounded memory
             dist[a:a + 65536] = np.linalg.norm(queries[q[a:a + 65536]] - x[i[a:a + 65536]], axis=1)
         keep = dist <= threshold
-        i, b, dist = i[keep], q_clip[q[keep]], dist[keep]
-        return candidates, int(i.size), _min_per_key(i, b, dist, len(descs))
+        i, b, mir, dist = i[keep], q_clip[q[keep]], q_mirror[q[keep]], dist[keep]
+        return candidates, int(i.size), _min_per_key(i, b, mir, dist, len(descs))
 
     # Query batches run on threads (the KD-tree search and numpy release the GIL), a few in flight
     # at a time so memory stays bounded; results are collected in submission order.
@@ -325,67 +370,85 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         stats["verified_pairs"] += verified
         out.append(found)
 
-    pending, pending_clip, size = [], [], 0
+    pending, size = [], 0
     for k, desc in enumerate(descs):
         t = max(len(desc), window)
         q = windows(desc, body, np.arange(t - window + 1), window=window, subsample=subsample)
-        pending.append(q)
-        pending_clip.append(np.full(len(q), k))
-        size += len(q)
+        q = q[window_motion(q, body, window=window, subsample=subsample) >= idle_m]
         stats["query_windows"] += len(q)
+        pending.append((q, np.full(len(q), k), np.zeros(len(q), bool)))
+        size += len(q)
+        if body.mirror is not None and len(q):
+            pending.append((mirror_windows(q, body, window=window, subsample=subsample).astype(np.float32),
+                            np.full(len(q), k), np.ones(len(q), bool)))
+            size += len(q)
         if size >= batch or k == len(descs) - 1:
-            jobs.append(pool.submit(run, np.concatenate(pending), np.concatenate(pending_clip)))
-            pending, pending_clip, size = [], [], 0
+            if size:
+                jobs.append(pool.submit(run, *(np.concatenate(a) for a in zip(*pending, strict=True))))
+            pending, size = [], 0
             if len(jobs) > 2 * threads:
                 collect(jobs.popleft())
     with pool:
         while jobs:
             collect(jobs.popleft())
-    i, b, dist = (np.concatenate(parts) for parts in zip(*out, strict=True))
-    return owner, i, b, dist  # each clip's queries ran in one batch: (i, b) pairs are unique
+    if not out:
+        empty = np.zeros(0, np.int64)
+        return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
+    i, b, mir, dist = (np.concatenate(parts) for parts in zip(*out, strict=True))
+    return owner, i, b, mir, dist  # each clip's queries ran in one batch: (i, b, mirrored) are unique
 
 
-def _min_per_key(i, b, dist, num_clips: int):
-    """Keep the smallest ``dist`` per ``(i, b)`` pair."""
-    key = i * num_clips + b
+def _min_per_key(i, b, mirrored, dist, num_clips: int):
+    """Keep the smallest ``dist`` per ``(i, b, mirrored)``."""
+    key = (i * num_clips + b) * 2 + mirrored
     order = np.lexsort((dist, key))
     first = np.ones(order.size, bool)
     first[1:] = key[order][1:] != key[order][:-1]
     sel = order[first]
-    return i[sel], b[sel], dist[sel]
+    return i[sel], b[sel], mirrored[sel], dist[sel]
 
 
 def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: BodyFrame,
-                    threshold_m: float = THRESHOLD_M, min_fraction: float = MIN_FRACTION,
-                    window: int = WINDOW, stride: int = STRIDE, subsample: int = SUBSAMPLE,
-                    exact_tol_m: float = EXACT_TOL_M, pca_dim: int = PCA_DIM, seed: int = 0) -> DedupReport:
-    """Exact and near-duplicate clips of a corpus.
+                    threshold_m: float = THRESHOLD_M, copy_m: float = COPY_M,
+                    copy_fraction: float = COPY_FRACTION, min_fraction: float = MIN_FRACTION,
+                    idle_m: float = IDLE_M, policy: str = "copies", window: int = WINDOW,
+                    stride: int = STRIDE, subsample: int = SUBSAMPLE, exact_tol_m: float = EXACT_TOL_M,
+                    pca_dim: int = PCA_DIM, seed: int = 0) -> DedupReport:
+    """Copies and near-identical clips of a corpus.
 
     Args:
       descriptors: clip name -> :func:`clip_descriptor` ``[T, Jb, 3]``, in corpus order. All on
         skeletons with the same :class:`BodyFrame` ``body`` (bone lengths may differ); call once
         per skeleton group.
       hashes: clip name -> :func:`exact_hash`; ``None`` skips hash matching.
-      threshold_m: two windows match when their RMS joint distance is at most this (m). The
-        default, 2 cm, is twice the worst window distance of a copy with 3 mm of noise per
-        coordinate (mean 0.57 cm, max 1.03 cm over Bandai-1's clips) and below the distance of
-        different takes: on Bandai-1 (no repeats) no clip pair matches more than 22% of windows
-        at 2 cm (shared idle poses at the ends of the "sad" clips); at 3 cm a near-still clip
-        (byebye_not-confident) matches another, at 4 cm two styles of one walk do.
-      min_fraction: two clips are near-duplicates when at least this fraction of the windows of
-        either one has a match in the other (0.5: half of the shorter clip, e.g. a trimmed copy).
+      copy_m: two moving windows match when their RMS joint distance is at most this (m); see
+        :data:`COPY_M` for how the default is calibrated.
+      copy_fraction: a clip whose moving windows match one other clip at this share or more is
+        alike with it as a whole: a copy (exact, re-exported, resampled, mirrored, trimmed or
+        slightly noised) and dropped.
+      min_fraction: two clips of which either has this share of its moving windows matched in
+        the other are near-identical (one contains much of the other): kept, grouped into one
+        split.
+      idle_m: windows moving less (:func:`window_motion`) are left out of the index, the queries
+        and the shares: standing still is no evidence. A clip with no moving window is matched
+        by its hash only.
+      policy: ``"copies"`` (default) drops copies only; ``"prune"`` also drops *similar takes*,
+        clips with ``min_fraction`` of their moving windows within ``threshold_m`` of another clip
+        (redundancy pruning of repeated takes: an explicit opt-in).
       window, stride, subsample: windows of ``window`` frames every ``stride`` frames in the
-        index (the fractions count these), every ``subsample``-th pose kept; queries use every
-        start frame.
-      exact_tol_m: near-duplicates of equal length whose windows all match within this RMS
-        are reported as exact (re-encoded copies that the hash misses).
+        index (the shares count these), every ``subsample``-th pose kept; queries use every
+        start frame, and each query's mirror image when ``body.mirror`` is known.
+      exact_tol_m: copies of equal length whose windows all match within this RMS are reported
+        as exact (re-encoded copies that the hash misses).
       pca_dim: components of the projection the KD-tree searches in.
 
-    Keep rule: clips go in order longest first (ties: corpus order); a clip is dropped when it
-    is a duplicate of a clip already kept, and its reason names that clip. A clip linked only
-    to dropped clips is kept (a chain is not collapsed), but stays in their group, so
-    :func:`resolve_leakage` still keeps the group in one split.
+    Keep rule: clips go in order longest first (ties: corpus order); a clip is dropped when it is
+    a copy (or, with ``"prune"``, a similar take) of a clip already kept, and its reason names that
+    clip. A clip linked only to dropped clips is kept (a chain is not collapsed), but stays in
+    their group, so the splits keep the group together.
     """
+    if policy not in POLICIES:
+        raise ValueError(f"dedup policy {policy!r}: expected one of {POLICIES}")
     names = list(descriptors)
     descs = [np.asarray(descriptors[k], np.float32) for k in names]
     width = {d.shape[1:] for d in descs}
@@ -395,8 +458,9 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     frames = [len(d) for d in descs]
     rank = sorted(range(len(names)), key=lambda i: (-frames[i], i))
     stats = {"clips": len(names), "frames": int(sum(frames)), "index_windows": 0, "query_windows": 0,
-             "candidate_pairs": 0, "verified_pairs": 0, "threshold_m": threshold_m,
-             "min_fraction": min_fraction}
+             "candidate_pairs": 0, "verified_pairs": 0, "copy_m": copy_m, "threshold_m": threshold_m,
+             "copy_fraction": copy_fraction, "min_fraction": min_fraction, "idle_m": idle_m,
+             "policy": policy}
     edges: dict[tuple[int, int], dict] = {}  # (i, j) with i < j -> pair record
 
     if hashes is not None:
@@ -408,37 +472,20 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
             by_hash.setdefault(hashes[name], []).append(i)
         for members in by_hash.values():
             for i, j in itertools.combinations(members, 2):
-                edges[(i, j)] = {"kind": "exact", "rms_cm": 0.0, "fraction": 1.0}
+                edges[(i, j)] = {"kind": "exact", "rms_cm": 0.0, "fraction": 1.0, "alike": [i, j],
+                                 "mirrored": False}
 
     if len(names) > 1:
+        radius = max(copy_m, threshold_m) if policy == "prune" else copy_m
         # One BLAS thread: the matrices are small, and on shared cores OpenBLAS threads spinning
         # against other processes made the [D, D] eigh 60x slower (6.5 s instead of 0.1 s).
         with threadpoolctl.threadpool_limits(1, user_api="blas"):
-            owner, row, clip, dist = _window_matches(descs, body, threshold_m, window, stride, subsample,
-                                                     pca_dim, seed, stats)
-        nwin = np.bincount(owner, minlength=len(names))
-        m = len(names)
-        a = owner[row]
-        # Per directed pair (a -> b): a's windows with a match in b, mean and worst distance.
-        code, inv = np.unique(a * m + clip, return_inverse=True)
-        count = np.bincount(inv, minlength=code.size)
-        mean = np.bincount(inv, dist, minlength=code.size) / np.maximum(count, 1)
-        worst = np.zeros(code.size)
-        np.maximum.at(worst, inv, dist)
-        directed = {(int(c // m), int(c % m)): (count[k] / nwin[c // m], mean[k], worst[k])
-                    for k, c in enumerate(code)}
-        for (i, j) in directed:
-            key = (min(i, j), max(i, j))
-            if key in edges or (i > j and (j, i) in directed):
-                continue
-            f_ij, d_ij, w_ij = directed[(i, j)]
-            f_ji, d_ji, w_ji = directed.get((j, i), (0.0, 0.0, 0.0))
-            if max(f_ij, f_ji) < min_fraction:
-                continue
-            exact = f_ij == 1 and f_ji == 1 and frames[i] == frames[j] and max(w_ij, w_ji) <= exact_tol_m
-            frac, rms = (f_ij, d_ij) if f_ij >= f_ji else (f_ji, d_ji)
-            edges[key] = {"kind": "exact" if exact else "near", "rms_cm": round(100 * float(rms), 3),
-                          "fraction": round(float(frac), 3)}
+            owner, row, clip, mirrored, dist = _window_matches(descs, body, radius, window, stride,
+                                                               subsample, pca_dim, seed, stats, idle_m)
+        for key, e in _pair_edges(owner, row, clip, mirrored, dist, frames, len(names), copy_m=copy_m,
+                                  threshold_m=threshold_m, copy_fraction=copy_fraction,
+                                  min_fraction=min_fraction, exact_tol_m=exact_tol_m, policy=policy).items():
+            edges.setdefault(key, e)
 
     uf = _UnionFind(len(names))
     linked: dict[int, list[int]] = collections.defaultdict(list)
@@ -450,23 +497,82 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     place = {i: n for n, i in enumerate(rank)}
     drop: dict[str, str] = {}
     for i in rank:
-        # Ties go to the partner kept first (rank order), as the reason names one clip.
+        # Partners kept already, of which i is a copy (or a similar take when pruning).
         partners = [(k, edges[(min(i, k), max(i, k))]) for k in sorted(linked[i], key=place.__getitem__)
                     if k in kept]
+        partners = [(k, e) for k, e in partners if i in e["alike"]]
         if not partners:
             kept.add(i)
             continue
-        k, e = max(partners, key=lambda p: (p[1]["kind"] == "exact", p[1]["fraction"], -p[1]["rms_cm"]))
-        drop[names[i]] = (f"exact duplicate of {names[k]}" if e["kind"] == "exact" else
-                          f"near duplicate of {names[k]} (RMS {e['rms_cm']:.2f} cm over "
-                          f"{100 * e['fraction']:.0f}% of windows)")
+        order = {"exact": 0, "copy": 1, "similar": 2}
+        k, e = min(partners, key=lambda p: (order[p[1]["kind"]], -p[1]["fraction"], p[1]["rms_cm"]))
+        how = f"RMS {e['rms_cm']:.2f} cm over {100 * e['fraction']:.0f}% of moving windows"
+        drop[names[i]] = ("exact duplicate of " + names[k] if e["kind"] == "exact" else
+                          f"{'mirrored ' if e['mirrored'] else ''}copy of {names[k]} ({how})"
+                          if e["kind"] == "copy" else f"similar take to {names[k]} ({how})")
     components: dict[int, list[int]] = {}
     for i in rank:
         components.setdefault(uf.find(i), []).append(i)
     groups = sorted(([names[i] for i in g] for g in components.values() if len(g) > 1),
                     key=lambda g: names.index(g[0]))
-    pairs = [{"a": names[i], "b": names[j], **e} for (i, j), e in sorted(edges.items())]
+    pairs = [{"a": names[i], "b": names[j], **e, "alike": [names[k] for k in e["alike"]]}
+             for (i, j), e in sorted(edges.items())]
+    stats["kinds"] = dict(collections.Counter(e["kind"] for e in edges.values()))
     return DedupReport(drop, groups, pairs, stats)
+
+
+def _pair_edges(owner, row, clip, mirrored, dist, frames, m: int, *, copy_m, threshold_m, copy_fraction,
+                min_fraction, exact_tol_m, policy) -> dict:
+    """Window matches -> pair records ``{(i, j): {"kind": "exact"|"copy"|"overlap"|"similar",
+    "rms_cm", "fraction", "alike": the clips alike with the other as a whole (may be dropped; none
+    for an overlap), "mirrored"}}``; shares over each clip's moving index windows."""
+    nwin = np.bincount(owner, minlength=m)
+    a = owner[row]
+    directed: dict = {}  # (a, b) -> best over direct / mirrored of (share at copy_m, mean, worst, share
+    for mir in (False, True):  # at threshold_m, mean at threshold_m)
+        sel = mirrored == mir
+        if not sel.any():
+            continue
+        aa, bb, dd = a[sel], clip[sel], dist[sel]
+        code, inv = np.unique(aa * m + bb, return_inverse=True)
+        close = dd <= copy_m
+        count = np.bincount(inv, close, minlength=code.size)
+        mean = np.bincount(inv, np.where(close, dd, 0), minlength=code.size) / np.maximum(count, 1)
+        worst = np.zeros(code.size)
+        np.maximum.at(worst, inv, np.where(close, dd, 0))
+        loose = dd <= threshold_m
+        count2 = np.bincount(inv, loose, minlength=code.size)
+        mean2 = np.bincount(inv, np.where(loose, dd, 0), minlength=code.size) / np.maximum(count2, 1)
+        for k, c in enumerate(code):
+            i, j = int(c // m), int(c % m)
+            rec = (count[k] / nwin[i], mean[k], worst[k], count2[k] / nwin[i], mean2[k], mir)
+            if (i, j) not in directed or rec[:1] > directed[(i, j)][:1]:
+                directed[(i, j)] = rec
+    edges = {}
+    for (i, j) in directed:
+        key = (min(i, j), max(i, j))
+        if key in edges:
+            continue
+        f_ij = directed.get((i, j), (0.0,) * 5 + (False,))
+        f_ji = directed.get((j, i), (0.0,) * 5 + (False,))
+        best = f_ij if f_ij[0] >= f_ji[0] else f_ji
+        alike = [x for x, f in ((i, f_ij), (j, f_ji)) if f[0] >= copy_fraction]
+        if alike:
+            exact = (f_ij[0] == 1 and f_ji[0] == 1 and frames[i] == frames[j]
+                     and max(f_ij[2], f_ji[2]) <= exact_tol_m and not best[5])
+            edges[key] = {"kind": "exact" if exact else "copy", "rms_cm": round(100 * float(best[1]), 3),
+                          "fraction": round(float(best[0]), 3), "alike": alike, "mirrored": bool(best[5])}
+        elif best[0] >= min_fraction:
+            edges[key] = {"kind": "overlap", "rms_cm": round(100 * float(best[1]), 3),
+                          "fraction": round(float(best[0]), 3), "alike": [], "mirrored": bool(best[5])}
+        elif policy == "prune":
+            loose = f_ij if f_ij[3] >= f_ji[3] else f_ji
+            alike = [x for x, f in ((i, f_ij), (j, f_ji)) if f[3] >= min_fraction]
+            if alike:
+                edges[key] = {"kind": "similar", "rms_cm": round(100 * float(loose[4]), 3),
+                              "fraction": round(float(loose[3]), 3), "alike": alike,
+                              "mirrored": bool(loose[5])}
+    return edges
 
 
 def resolve_leakage(groups, split_of: dict, *, into: str | None = None):

@@ -77,6 +77,10 @@ class DatasetInfo:
       synthetic: ``{"num_clips", "frames", "seed"}`` for the generated corpus, else None.
       labels: per record, a dict of label names (``{"content": "walk", "style": "happy"}``).
       train_split: the split the model trains on (the ``rest`` rule).
+      cleaning: what :mod:`motionjax.data.clean` found and did (counts; the per-clip report is
+        ``cleaning.json`` beside the index), or None when prepared without cleaning.
+      dedup: what :mod:`motionjax.data.dedup` dropped and grouped (counts; pairs and groups are in
+        the index), or None without dedup.
     """
 
     data_dir: str
@@ -94,6 +98,8 @@ class DatasetInfo:
     synthetic: dict | None = None
     labels: tuple = ()
     train_split: str = "train"
+    cleaning: dict | None = None
+    dedup: dict | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -124,7 +130,8 @@ def load_info(data_dir) -> DatasetInfo:
         splits={k: [tuple(s) for s in v] for k, v in doc["splits"].items()}, window=doc["stats"]["window"],
         train_windows=tuple(tuple(w) for w in doc["train_windows"]),
         shards=tuple(s["file"] for s in doc["shards"]), skipped=tuple(doc["skipped"]),
-        labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"])
+        labels=tuple(c.get("labels", {}) for c in clips), train_split=doc["train_split"],
+        cleaning=doc.get("cleaning"), dedup=doc.get("dedup"))
 
 
 def stand_in(skeleton: Skeleton, fps: float = 30.0) -> types.SimpleNamespace:

@@ -17,9 +17,13 @@ summaries), in ``workers`` processes:
    keeps its own offsets and the dataset skeleton gets the per-joint median (the training body).
    A clip on another tree is skipped with a reason saying what differs; the kept tree is the one
    most clips share (never the first file's), and the summary lists every group.
-3. Duplicates (:mod:`motionjax.data.dedup`): exact copies are dropped; near-duplicate clips are
-   grouped, and a group spread over several splits (leakage) is moved into one split and reported.
-4. Splits come from the config's rules (:mod:`motionjax.data.corpus`, ``config.data.splits``);
+3. Corrupted frames (:mod:`motionjax.data.clean`, in the workers): short defects are repaired,
+   long ones cut (a clip becomes its good spans), clips with little left dropped; every range is
+   in ``cleaning.json``.
+4. Duplicates (:mod:`motionjax.data.dedup`): copies of a take (exact, re-exported, resampled,
+   mirrored, slightly noised) are dropped; near-identical clips are grouped, and each group is one
+   unit when the splits are drawn (repeated takes are data: only ``dedup_policy="prune"`` drops them).
+5. Splits come from the config's rules (:mod:`motionjax.data.corpus`, ``config.data.splits``);
    the feature statistics merge per-clip moments of the training split (Chan et al. 1979).
 
 Prepared data is never destroyed: a rebuild writes a sibling ``<out>.partial`` directory and only
@@ -50,6 +54,7 @@ import numpy as np
 from motionjax.core import features
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
+from motionjax.data import clean as clean_mod
 from motionjax.data import corpus, records, transforms
 from motionjax.data.info import (
     FORMAT_VERSION,
@@ -71,6 +76,7 @@ DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
 # One record per chunk (random access per clip). zstd level 1 compresses motion as well as the default
 # level (to 78%) at a third of the write time, which is the writer process's largest cost.
 RECORD_OPTIONS = "group_size:1,zstd:1"
+CLEANING = "cleaning.json"  # the per-clip cleaning report: file, frames, kind, measure, action
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,18 +92,40 @@ class Settings:
     units: str = "auto"        # "auto" | "m" | "cm" | "mm" | "inch"
     up_axis: str = "auto"      # "auto" (the reader's: y for BVH and DeepMimic) | "x" | "y" | "z"
     splits: tuple = tuple(DEEPMIMIC_SPLITS.items())  # ((split, rule), ...): corpus split rules
-    dedup: bool = True         # drop exact duplicates; group near-duplicates into one split
-    near_threshold: float = 0.02  # m: RMS joint distance under which windows count as near-duplicates
+    dedup: bool = True         # drop copies of a take; near-identical clips share one split
+    near_threshold: float = 0.02  # m: RMS window distance of similar takes (dedup_policy="prune" only)
+    copy_threshold: float = 0.012  # m: RMS window distance of copies (motionjax.data.dedup.COPY_M)
+    dedup_policy: str = "copies"  # "copies": drop copies only | "prune": also similar takes (opt-in)
+    clean: str = "repair"      # corrupted frames (motionjax.data.clean): "off" | "report" | "repair"
+    clean_limits: tuple = tuple(dataclasses.asdict(clean_mod.Thresholds()).items())  # ((key, value), ...)
 
     def to_json(self) -> dict:
-        return dict(dataclasses.asdict(self), splits=dict(self.splits))
+        d = dict(dataclasses.asdict(self), splits=dict(self.splits), clean_limits=dict(self.clean_limits))
+        if self.clean == "off":  # as directories prepared before cleaning existed recorded it
+            del d["clean"], d["clean_limits"]
+        if (self.copy_threshold, self.dedup_policy) == (Settings.copy_threshold, Settings.dedup_policy):
+            del d["copy_threshold"], d["dedup_policy"]  # likewise: the defaults are not recorded
+        return d
+
+    @property
+    def thresholds(self) -> clean_mod.Thresholds:
+        return clean_mod.Thresholds(**dict(self.clean_limits))
 
     @classmethod
     def from_config(cls, cfg) -> Settings:
-        """From ``config.data``."""
+        """From ``config.data``. A config without ``clean`` predates cleaning (a run's saved
+        config.json): its data were prepared without it, so it reads as ``"off"``."""
+        mode = cfg.get("clean", "off")
+        if mode not in clean_mod.MODES:
+            raise ValueError(f"config.data.clean={mode!r}: expected one of {clean_mod.MODES}")
+        limits = (dict(cfg.clean_limits) if "clean_limits" in cfg
+                  else dataclasses.asdict(clean_mod.Thresholds()))
         return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
                    splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
-                   near_threshold=float(cfg.near_threshold))
+                   near_threshold=float(cfg.near_threshold), clean=mode,
+                   copy_threshold=float(cfg.get("copy_threshold", cls.copy_threshold)),
+                   dedup_policy=cfg.get("dedup_policy", cls.dedup_policy),
+                   clean_limits=tuple(clean_mod.Thresholds(**limits).__dict__.items()))
 
 
 def resolve_sources(source=None) -> list[Path]:
@@ -138,7 +166,15 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
         raise records.BadRecordError(f"clip {motion.name!r}: zero frames")
     root, rots = transforms.resample(motion.root_position, motion.rotations, motion.fps, settings.fps)
     root, rots = root.astype(np.float32), rots.astype(np.float32)
-    positions, _ = forward_kinematics(sk, rots, root)  # once per clip: score, stats floor, dedup
+    cleaning, spans = None, [(0, root.shape[0])]
+    if settings.clean == "off":
+        positions, _ = forward_kinematics(sk, rots, root)  # once per clip: score, stats floor, dedup
+    else:
+        root, rots, positions, cleaning = clean_mod.clean_clip(
+            root, rots, lambda r, q: np.asarray(forward_kinematics(sk, q, r)[0]), fps=settings.fps,
+            up_axis=sk.up_axis, th=settings.thresholds, mode=settings.clean, window=settings.window,
+            stretch=_at_rate(decided["stretch"], root.shape[0]), names=sk.names)
+        spans = [tuple(s) for s in cleaning["spans"]]
     score = transforms.dynamics_score(sk, root, rots, settings.fps, positions)
     clip = {"name": motion.name, "root_position": root, "rotations": rots, "score": score}
     records.check_clip(clip, sk)
@@ -150,17 +186,30 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
     stride = max(settings.window // 4, 1)
     feats = window_features(sk, root, rots, settings.window, stride, positions).reshape(
         -1, settings.window, features.feature_dim(sk))
+    starts = np.arange(feats.shape[0]) * stride
+    inside = np.zeros(starts.shape, bool)  # windows inside a kept span (cleaning cuts the others)
+    for b, e in spans:
+        inside |= (starts >= b) & (starts + settings.window <= e)
     stats = {}
     for name, end in (("whole", root.shape[0]), ("cut", cut)):
         m = Moments(features.feature_dim(sk))
-        m.update(feats[:len(range(0, end - settings.window + 1, stride))])
-        scores = transforms.segment_windows(score[:end], settings.window)
-        stats[name] = {"moments": (m.count, m.mean, m.m2), "windows": (int(scores.size), float(scores.sum()))}
+        m.update(feats[inside & (starts + settings.window <= end)])
+        stats[name] = {"moments": (m.count, m.mean, m.m2)}
     return {"name": motion.name, "record": records.encode_record(motion.name, root, rots, score, sk.offsets),
             "frames": int(root.shape[0]), "source_fps": float(motion.fps), "skeleton": sk,
             "units": decided["units"], "notes": decided["notes"], "labels": dict(labels or {}),
             "stats": stats, "up_axis": corpus.detect_up_axis(positions[:: max(1, len(positions) // 64)]),
-            "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor}
+            "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor, "score": score,
+            "spans": spans, "cleaning": cleaning}
+
+
+def _at_rate(per_frame, frames: int):
+    """A per-frame measure of the source clip (``[T0]`` or ``None``) at the ``frames`` of the
+    resampled clip (linear in time over the same duration)."""
+    if per_frame is None:
+        return None
+    src = np.linspace(0, len(per_frame) - 1, frames) if frames > 1 else np.zeros(1)
+    return np.interp(src, np.arange(len(per_frame)), per_frame)
 
 
 def _convert_file(task) -> dict:
@@ -359,41 +408,52 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
     skeleton = main.replace(offsets=corpus.canonical_offsets(
         [kept[i]["skeleton"].offsets for i in groups[main_key]]))
 
+    cleaning = []  # per clip with anything found: its report
+    for i, c in enumerate(kept):
+        report = c.pop("cleaning")
+        if report and (report["defects"] or report["sign_flips"]):
+            cleaning.append({"file": c.get("path", c["name"]), "clip": c["name"], **report})
+        if report and report["dropped"] and status[i] == "kept":
+            status[i] = report["dropped"]
     names = [c["name"] for c in kept]
     labels = [c["labels"] for c in kept]
     live = [i for i, s in enumerate(status) if s == "kept"]
-    leakage, near_groups, pairs = [], [], []
+    leakage, near_groups, pairs, dedup_stats = [], [], [], {}
+    index_of = {n: i for i, n in enumerate(names)}
     if settings.dedup:
         report = dedup.find_duplicates({names[i]: kept[i]["descriptor"] for i in live},
                                        {names[i]: kept[i]["hash"] for i in live},
-                                       body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold)
-        index_of = {n: i for i, n in enumerate(names)}
+                                       body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold,
+                                       copy_m=settings.copy_threshold, policy=settings.dedup_policy)
         for name, reason in report.drop.items():
             status[index_of[name]] = reason
         near_groups = [g for g in report.groups if len(g) > 1]
-        pairs = report.pairs
-    clip_splits = corpus.assign_clips(rules, names, labels)
-    if settings.dedup and near_groups:
+        pairs, dedup_stats = report.pairs, report.stats
+    # Near-identical clips are one unit when splits are drawn (no group straddles two splits).
+    clip_splits = corpus.assign_clips(rules, names, labels,
+                                      [[index_of[n] for n in g] for g in near_groups])
+    if settings.dedup and near_groups:  # a check: assignment kept every group whole
         split_of = {n: s for n, s in zip(names, clip_splits, strict=True)}
         split_of, leakage = dedup.resolve_leakage(near_groups, split_of)
         clip_splits = [split_of[n] for n in names]
-        for item in leakage:
-            logging.warning("leakage: %s", item)
     for i, s in enumerate(status):
         if s != "kept":
             skipped.append({"path": kept[i].get("path", names[i]), "reason": s})
     frames = [c["frames"] for c in kept]
     all_segments = corpus.segments(rules, clip_splits, frames)
-    splits = {k: [seg for seg in v if status[seg[0]] == "kept"] for k, v in all_segments.items()}
+    splits = {k: [seg for seg in _in_spans(v, kept, settings.window) if status[seg[0]] == "kept"]
+              for k, v in all_segments.items()}
     train = corpus.rest_split(rules)
     tail = corpus.tail_fraction(rules)
     moments, train_windows = Moments(features.feature_dim(skeleton)), []
-    for clip_id, _, end in splits[train]:
-        part = kept[clip_id]["stats"]["cut" if tail and end < frames[clip_id] else "whole"]
+    for clip_id in dict.fromkeys(c for c, _, _ in splits[train]):  # each clip's moments once
+        cut = tail and corpus.train_cut(frames[clip_id], tail) < frames[clip_id]
         m = Moments(moments.mean.size)
-        m.count, m.mean, m.m2 = part["moments"]
+        m.count, m.mean, m.m2 = kept[clip_id]["stats"]["cut" if cut else "whole"]["moments"]
         moments.merge(m)
-        train_windows.append(list(part["windows"]))
+    for clip_id, begin, end in splits[train]:
+        scores = transforms.segment_windows(kept[clip_id]["score"][begin:end], settings.window)
+        train_windows.append([int(scores.size), float(scores.sum())])
     if moments.count == 0:
         shutil.rmtree(partial, ignore_errors=True)
         longest = max((e - b for _, b, e in splits[train]), default=0)
@@ -415,11 +475,16 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
            "shards": shards, "splits": {k: [list(s) for s in v] for k, v in splits.items()},
            "train_windows": train_windows, "duplicate_groups": near_groups, "duplicate_pairs": pairs,
            "leakage": leakage,
+           "dedup": _dedup_summary(settings, status, near_groups, leakage, dedup_stats, index_of,
+                                   clip_splits),
            "detected": {"units": dict(units), "up_axis_votes": {"xyz"[k]: v for k, v in up_votes.items()},
                         "skeleton_trees": len(groups)},
            "stats": {"window": settings.window, "frames": moments.count, "mean": moments.mean.tolist(),
                      "std": moments.std().tolist()},
            "skipped": skipped}
+    if settings.clean != "off":
+        doc["cleaning"] = _cleaning_summary(cleaning, settings, status, kept)
+        (partial / CLEANING).write_text(json.dumps({"summary": doc["cleaning"], "clips": cleaning}, indent=1))
     if up_votes and up_votes.most_common(1)[0][0] != skeleton.up_axis and settings.up_axis == "auto":
         logging.warning("%s: the bodies look tallest along %s, but the files' skeleton says %s is up; set "
                         "config.data.up_axis if that is wrong", out, "xyz"[up_votes.most_common(1)[0][0]],
@@ -428,6 +493,46 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
     (partial / INDEX).write_text(json.dumps(doc, indent=1))
     _replace_dir(partial, out)
     return load_info(out)
+
+
+def _in_spans(segments, kept, window: int) -> list:
+    """``segments [(clip, begin, end)]`` cut to their clip's kept spans (cleaning), pieces of at
+    least ``window`` frames."""
+    out = []
+    for clip_id, begin, end in segments:
+        for b, e in kept[clip_id]["spans"]:
+            lo, hi = max(begin, b), min(end, e)
+            if hi - lo >= window or (hi > lo and (lo, hi) == (begin, end)):
+                out.append((clip_id, lo, hi))
+    return out
+
+
+def _dedup_summary(settings, status, groups, leakage, stats, index_of, clip_splits) -> dict | None:
+    """Counts for the index and :func:`summary_table` (the pairs and groups are in the index)."""
+    if not settings.dedup:
+        return None
+    kinds = ("exact duplicate", "copy", "mirrored copy", "similar take")
+    reasons = collections.Counter(s.split(" of ")[0].split(" to ")[0] for s in status if s.startswith(kinds))
+    live = [[n for n in g if status[index_of[n]] == "kept"] for g in groups]
+    return {"policy": settings.dedup_policy, "copy_m": settings.copy_threshold,
+            "dropped": dict(reasons), "groups": len(groups), "grouped_clips": sum(len(g) for g in groups),
+            "groups_kept_whole": sum(1 for g in live if len({clip_splits[index_of[n]] for n in g}) <= 1),
+            "moved": sum(len(x["moved"]) for x in leakage), "pairs": dict(stats.get("kinds", {})),
+            "idle_windows": stats.get("idle_index_windows", 0),
+            "index_windows": stats.get("index_windows", 0)}
+
+
+def _cleaning_summary(reports: list, settings: Settings, status: list, kept: list) -> dict:
+    """Counts for the index (and :func:`summary_table`): per kind ranges and frames; frames
+    repaired and cut; clips dropped by cleaning."""
+    dropped = [r["clip"] for r in reports if r["dropped"]]
+    return {"mode": settings.clean, "limits": dict(settings.clean_limits),
+            "clips_flagged": sum(1 for r in reports if r["defects"]),
+            "frames": int(sum(c["frames"] for c, s in zip(kept, status, strict=True)
+                              if s == "kept" or s.startswith("cleaning"))),
+            "kinds": clean_mod.summarize(reports), "sign_flips": int(sum(r["sign_flips"] for r in reports)),
+            "repaired": int(sum(r["repaired"] for r in reports)), "cut": int(sum(r["cut"] for r in reports)),
+            "clips_dropped": dropped, "report": CLEANING}
 
 
 def _replace_dir(new: Path, out: Path) -> None:
@@ -564,6 +669,27 @@ def summary_table(info: DatasetInfo) -> str:
             frames[v] += info.frames[c]
         for v in sorted(values):
             lines.append(row(f"{key} {v}", values[v], frames[v]))
+    if info.cleaning:
+        lines.append(cleaning_line(info.cleaning))
+    if info.dedup:
+        d = info.dedup
+        dropped = ", ".join(f"{n} {k}" for k, n in d["dropped"].items()) or "none"
+        lines.append(f"  dedup ({d['policy']}, copies within {100 * d['copy_m']:.1f} cm RMS of moving "
+                     f"windows): dropped {dropped}; {d['groups']} groups of near-identical clips "
+                     f"({d['grouped_clips']} clips) each in one split; {d['moved']} clips moved after "
+                     "assignment; "
+                     f"{d['idle_windows']} idle windows of {d['idle_windows'] + d['index_windows']} ignored")
     reasons = collections.Counter(s["reason"].split(" of ")[0].split(":")[0][:40] for s in info.skipped)
     lines.append(f"  not kept: {len(info.skipped)}" + "".join(f"; {n} × {r}" for r, n in reasons.items()))
     return "\n".join(lines)
+
+
+def cleaning_line(summary: dict) -> str:
+    """One line: what cleaning found per kind, and what it repaired, cut and dropped."""
+    kinds = ", ".join(f"{k} {v['ranges']} ({v['frames']} fr)" for k, v in summary["kinds"].items())
+    share = 100 * (summary["repaired"] + summary["cut"]) / max(summary["frames"], 1)
+    return (f"  cleaning ({summary['mode']}): {summary['clips_flagged']} clips flagged: "
+            f"{kinds or 'nothing'}; "
+            f"{summary['repaired']} frames repaired, {summary['cut']} cut ({share:.2f}% of "
+            f"{summary['frames']}), {len(summary['clips_dropped'])} clips dropped; "
+            f"{summary['sign_flips']} quaternion sign flips made continuous; details: {summary['report']}")

@@ -122,3 +122,101 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
         splits=corpus.segments(rules, ["train"] * num_clips, [frames] * num_clips), window=window,
         train_windows=train_windows,
         synthetic={"num_clips": num_clips, "frames": frames, "seed": seed})
+
+
+# --------------------------------------------------------------------------------------------
+# Repeated takes (the dedup policy's test and benchmark corpus)
+
+COPY_KINDS = ("exact", "noised", "mirrored", "resampled", "reexported")
+
+
+def _stand(skeleton: Skeleton, rng, frames: int, fps: float):
+    """``[T, J, 4]`` idle standing: one pose for every clip of a corpus (seeded by the caller),
+    swaying by ~0.01 rad per joint."""
+    t = np.arange(frames) / fps
+    sway = 0.01 * _smooth(rng, (skeleton.num_joints, 3), t, 0.1, 0.4)
+    pose = rot.axis_angle_to_quat(sway)
+    return pose
+
+
+def repeated_take(skeleton: Skeleton, action: int, take: int, *, seed: int = 0, frames: int = 134,
+                  idle: int = 40, idle_end: int = 0, fps: float = 30.0, variation: float = 0.1):
+    """Take ``take`` of action ``action``: ``idle`` frames standing still (the same idle for every
+    action and take), the action, then ``idle_end`` frames standing again. Every take performs the
+    action with its own variation: played at ±10% speed from its own phase, every joint off by a
+    smooth ``variation`` rad (per axis) of its own.
+    Returns ``(root_position [T, 3], rotations [T, J, 4])`` float32."""
+    base_root, base = synthetic_clip(skeleton, action, seed, frames=2 * frames, fps=fps)
+    rng = np.random.default_rng([seed, action, take, 7])
+    speed = rng.uniform(0.9, 1.1)
+    start = rng.uniform(0, 0.1 * frames)
+    moving = frames - idle - idle_end
+    src = start + speed * np.arange(moving)
+    root, rots = transforms.interpolate_frames(base_root.astype(np.float64), base.astype(np.float64), src)
+    wobble = variation * _smooth(rng, (skeleton.num_joints, 3), np.arange(moving) / fps)
+    wobble[:, 0] = 0.0  # the heading stays the action's
+    rots = rot.quat_mul(rots, rot.axis_angle_to_quat(wobble))
+    stand = _stand(skeleton, np.random.default_rng([seed, 99]), idle, fps)
+    # Blend from the idle pose into the action over the first 8 frames of the action.
+    w = np.clip(np.arange(moving) / 8, 0, 1)[:, None]
+    rots = rot.quat_slerp(np.broadcast_to(stand[-1], rots.shape), rots, np.broadcast_to(w, rots.shape[:-1]))
+    root = root - root[0]
+    root[:, skeleton.up_axis] = base_root[0, skeleton.up_axis]
+    idle_root = np.broadcast_to(root[0], (idle, 3))
+    # Back to the idle pose over the last 8 frames of the action (takes start and end standing).
+    w = np.clip((moving - 1 - np.arange(moving)) / 8, 0, 1)[:, None] if idle_end else np.ones((moving, 1))
+    rots = rot.quat_slerp(np.broadcast_to(stand[0], rots.shape), rots, np.broadcast_to(w, rots.shape[:-1]))
+    end_rots = _stand(skeleton, np.random.default_rng([seed, 99]), idle_end, fps)
+    out_root = np.concatenate([idle_root, root, np.broadcast_to(root[-1], (idle_end, 3))])
+    out_rots = np.concatenate([stand, rots, end_rots])
+    return out_root.astype(np.float32), rot.quat_normalize(out_rots).astype(np.float32)
+
+
+def plant_copy(skeleton: Skeleton, motion: Motion, kind: str, rng) -> Motion:
+    """A copy of ``motion`` as corpora hold them: ``exact`` (the same frames), ``noised`` (3 mm per
+    root coordinate, 0.005 rad per joint), ``mirrored`` (left and right swapped), ``resampled``
+    (exported at twice the rate), ``reexported`` (turned about the vertical and moved elsewhere)."""
+    root, rots = np.asarray(motion.root_position, np.float64), np.asarray(motion.rotations, np.float64)
+    fps = motion.fps
+    if kind == "noised":
+        root = root + rng.normal(0, 3e-3, root.shape)
+        rots = rot.quat_mul(rots, rot.axis_angle_to_quat(rng.normal(0, 5e-3, (*rots.shape[:-1], 3))))
+    elif kind == "mirrored":
+        root, rots = transforms.mirror(skeleton, root, rots, transforms.mirror_frames(skeleton))
+    elif kind == "resampled":
+        root, rots = transforms.interpolate_frames(root, rots, np.arange(2 * len(root) - 1) / 2)
+        fps = 2 * fps
+    elif kind == "reexported":
+        axis = np.zeros(3)
+        axis[skeleton.up_axis] = 1.0
+        turn = rot.axis_angle_to_quat(rng.uniform(-np.pi, np.pi) * axis)
+        shift = rng.normal(0, 2.0, 3)
+        shift[skeleton.up_axis] = 0.0
+        root = rot.quat_rotate(turn, root) + shift
+        rots = rots.copy()
+        rots[:, 0] = rot.quat_mul(np.broadcast_to(turn, rots[:, 0].shape), rots[:, 0])
+    elif kind != "exact":
+        raise ValueError(f"copy kind {kind!r}: expected one of {COPY_KINDS}")
+    return Motion(skeleton, fps, root.astype(np.float32), rot.quat_normalize(rots).astype(np.float32),
+                  name=f"{motion.name}_{kind}_copy")
+
+
+def repeated_takes(actions: int, takes: int, *, frames: int = 134, idle: int = 40, idle_end: int = 0,
+                   fps: float = 30.0, variation: float = 0.1, seed: int = 0, copies: int = 0,
+                   skeleton: Skeleton | None = None):
+    """``actions`` x ``takes`` :func:`repeated_take` clips named ``action{a:03d}_take{k:02d}``, then
+    ``copies`` copies of each of :data:`COPY_KINDS` of takes chosen at random (named
+    ``<take>_<kind>_copy``), as :class:`~motionjax.formats.Motion` objects."""
+    skeleton = skeleton or deepmimic_humanoid()
+    out = []
+    for a in range(actions):
+        for k in range(takes):
+            root, rots = repeated_take(skeleton, a, k, seed=seed, frames=frames, idle=idle,
+                                       idle_end=idle_end, fps=fps, variation=variation)
+            out.append(Motion(skeleton, fps, root, rots, name=f"action{a:03d}_take{k:02d}"))
+    rng = np.random.default_rng([seed, 1234])
+    originals = list(out)
+    for kind in COPY_KINDS:
+        for i in rng.choice(len(originals), size=min(copies, len(originals)), replace=False):
+            out.append(plant_copy(skeleton, originals[int(i)], kind, rng))
+    return out

@@ -128,6 +128,8 @@ _RULES = {
     "data.eval_stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
     "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "data.clean": (lambda v: v in ("off", "report", "repair"), "'off', 'report' or 'repair'"),
+    "data.dedup_policy": (lambda v: v in ("copies", "prune"), "'copies' or 'prune'"),
     "model.name": (lambda v: v in ("transformer", "tconv"), "'transformer' or 'tconv'"),
     "model.stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "model.dim": (lambda v: _is_int(v) and v > 0, "a positive integer"),
