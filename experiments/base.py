@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
     # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on
     # (each has a sibling motion in training) are the test split; the last 20% of the others validate.
     c.data.splits = ml_collections.ConfigDict(DEEPMIMIC_SPLITS)
+    # Forecasting (experiments/predict.py): the model observes the first `observed` frames of each window
+    # (its input's later frames hold the last observed one) and the loss scores the rest; 0 = every frame.
+    c.data.observed = 0
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off

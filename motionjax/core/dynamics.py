@@ -133,6 +133,17 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     return predicted_velocity - velocity, generalized, jerk
 
 
+def generalized_forces(skeleton: Skeleton, root_position, rotations, fps: float, offsets=None):
+    """The loss's own ``τ = Jᵀ m (a − g)`` of a motion: ``root_position [B, T, 3]``, ``rotations
+    [B, T, J, 4]`` -> ``[B, T, J + 1, 3]`` (N per kg of body: the root force, then each joint's
+    torque; the blocked backend). Edge frames use edge copies: mask them with ``stencil_valid(.., 1)``.
+    ``offsets``: optional ``[B, J, 3]`` rest offsets of each window's clip."""
+    if offsets is not None:
+        offsets = jnp.asarray(offsets, rotations.dtype)[:, None]
+    return _motion_terms(skeleton, root_position, rotations, fps, "blocked", None, forces_only=True,
+                         offsets=offsets)[1]
+
+
 def _quat_log_tree(q):
     """:func:`motionjax.core.rotations.quat_to_axis_angle` on ``[4, ...]`` (component-major)."""
     q = jnp.where(q[:1] < 0, -q, q)

@@ -248,10 +248,12 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
             if isinstance(rows, dict):
                 for condition, row in rows.items():
                     summary["results"][split][condition]["no_dynamics"] = row["model"]
-    table = evaluators.results_table(summary["results"])
-    table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the model's "
-                 "bottleneck" + (" (the model also has a residual skip from its input)"
-                                 if summary["results"]["model_residual"] else ""))
+    table = evaluators.forecast_table(summary["results"])  # a forecaster's run: its horizon table
+    if not table:
+        table = evaluators.results_table(summary["results"])
+        table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the "
+                     "model's bottleneck" + (" (the model also has a residual skip from its input)"
+                                             if summary["results"]["model_residual"] else ""))
     if summary["steps_per_s"]:  # a run resumed at its last step trains nothing in this session
         speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
         table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
