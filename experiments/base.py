@@ -124,6 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
     c.train.best_metric = "validation/mpjpe"  # SPLIT/METRIC of a `during` evaluator; lowest = best checkpoint
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
+    # NAME: {model key: value}: also train that model (same data, loss and steps) in workdir/NAME; its rows
+    # join the results table as NAME (experiments/predict.py: the siMLPe-style reference).
+    c.train.reference_models = ml_collections.ConfigDict()
 
     # Evaluators (motionjax.evaluation.evaluators), big_vision style: NAME = {kind, settings}. Every one
     # runs once at the end (the test split only there: nothing is chosen on it); `during` ones also run

@@ -135,8 +135,10 @@ def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(deepmimic_dir
     summary = train.run_experiment(config, tmp_path / "run")
     assert summary["status"] == "done" and summary["steps"] == 6
     rows = summary["results"]["test"]["clean"]
-    assert {"model", "zero_velocity", "constant_velocity", "truth"} <= set(rows)
-    for method in ("model", "zero_velocity", "constant_velocity"):
+    assert {"model", "simlpe", "zero_velocity", "constant_velocity", "truth"} <= set(rows)
+    # The reference trained too, with its own (smaller) model.
+    assert (tmp_path / "run" / "simlpe" / "summary.json").exists()
+    for method in ("model", "simlpe", "zero_velocity", "constant_velocity"):
         assert all(np.isfinite(rows[method][f"mpjpe_{h}ms"]) for h in (80, 160, 320, 400))
         assert rows[method]["mpjpe_400ms"] > rows[method]["mpjpe_80ms"] > 0  # errors grow with the horizon
     assert rows["truth"]["mpjpe"] == 0.0

@@ -147,6 +147,9 @@ class Forecast:
             if split not in self._kept:
                 self._kept[split] = score(self.baselines, True)
             results[split] = {"clean": {**score({"model": predict}, False), **self._kept[split]}}
+            if workdir is not None:
+                artifacts.plot_forecast_horizons(results[split]["clean"], workdir / f"forecast_{split}.png",
+                                                 title=f"{split}: {self.observed} frames observed")
         return results
 
 
@@ -222,8 +225,7 @@ def forecast_table(results: dict) -> list[str]:
         if not isinstance(rows, dict):
             continue
         for row in rows.values():
-            horizons = sorted({int(k[6:-2]) for m in row.values() for k in m
-                               if k.startswith("mpjpe_") and k.endswith("ms")})
+            horizons = sorted({h for m in row.values() for h, _ in forecast.horizon_errors(m)})
             if not horizons:
                 continue
             if not lines:

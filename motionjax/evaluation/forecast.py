@@ -77,6 +77,12 @@ def horizon_frames(observed: int, window: int, fps: float, horizons_ms=HORIZONS_
     return out
 
 
+def horizon_errors(row: dict) -> list[tuple[int, float]]:
+    """``[(horizon ms, MPJPE)]`` of one method's row (its ``mpjpe_<h>ms`` entries), by horizon."""
+    return sorted((int(k[len("mpjpe_"):-2]), v) for k, v in row.items()
+                  if k.startswith("mpjpe_") and k.endswith("ms"))
+
+
 class _Sums:
     """Per-method sums and counts over windows, and MPJPE per frame index."""
 

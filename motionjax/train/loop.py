@@ -232,22 +232,32 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
-    """:func:`train_and_evaluate`, then (``train.references``) the same model without the dynamics
-    loss in ``workdir/no_dynamics``; prints and saves the comparison table in ``summary.json``."""
+    """:func:`train_and_evaluate`, then the reference runs: (``train.references``) the same model
+    without the dynamics loss in ``workdir/no_dynamics``, and each of ``train.reference_models``
+    (``NAME: {model key: value}``) in ``workdir/NAME``, with the same data, loss and budget; their
+    ``model`` rows join the results as ``no_dynamics`` / ``NAME``. Prints and saves the comparison
+    table in ``summary.json``."""
     workdir = Path(workdir)
     summary = train_and_evaluate(config, workdir)
     if "results" not in summary:
         return summary
+    references = {}
     if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        references["no_dynamics"] = {"loss": {"dynamics_weight": 0.0}}
+    for name, model in config.train.reference_models.items():
+        references[name] = {"model": dict(model)}
+    for name, overrides in references.items():
         ablation = copy.deepcopy(config)
         with ablation.unlocked():
-            ablation.loss.dynamics_weight = 0.0
+            for section, values in overrides.items():
+                ablation[section].update(values)
             ablation.train.references = ()
-        ref = train_and_evaluate(ablation, workdir / "no_dynamics")
+            ablation.train.reference_models = ml_collections.ConfigDict()
+        ref = train_and_evaluate(ablation, workdir / name)
         for split, rows in ref.get("results", {}).items():
             if isinstance(rows, dict):
                 for condition, row in rows.items():
-                    summary["results"][split][condition]["no_dynamics"] = row["model"]
+                    summary["results"][split][condition][name] = row["model"]
     table = evaluators.forecast_table(summary["results"])  # a forecaster's run: its horizon table
     if not table:
         table = evaluators.results_table(summary["results"])
