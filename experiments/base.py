@@ -84,6 +84,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.position_head = False      # the head also predicts joint positions; rotations: IK onto them
     c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
                                        # many frames (odd; 0 = x itself), so it cannot memorize poses
+    c.model.dct_keep = 0               # dct_mlp: lowest DCT coefficients of the forecast kept (0 = all)
     c.model.dropout = 0.0
     c.model.dtype = "bfloat16"         # activation/compute dtype
     c.model.param_dtype = "float32"    # parameter (and optimizer state) dtype

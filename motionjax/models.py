@@ -416,16 +416,22 @@ class DCTPredictor(nnx.Module):
     ``input_positions``); a DCT over the ``P = observed`` frames, a linear map over features to
     ``dim``, ``depth`` :class:`TemporalMixBlock`, a linear map back (zero-initialized: the model
     starts as the zero-velocity forecast), the inverse DCT, of which the first ``T - P`` frames are
-    added to the last observed frame (siMLPe's residual to the last pose). The output's observed
+    added to the last observed frame (siMLPe's residual to the last pose); ``keep > 0`` keeps only
+    that many of the lowest DCT coefficients of the change (a smooth forecast). The output's observed
     frames are the input's, so the loss and the metrics see only the forecast.
     """
 
     def __init__(self, features, observed, *, dim, depth, mlp_ratio=0, dropout=0.0, dtype=jnp.float32,
-                 param_dtype=jnp.float32, rngs, kinematics: SkeletonLayer | None = None):
+                 param_dtype=jnp.float32, rngs, kinematics: SkeletonLayer | None = None, keep: int = 0):
         if observed < 2:
             raise ValueError(f"data.observed={observed}: a forecaster needs at least 2 observed frames")
+        if not 0 <= keep <= observed:
+            raise ValueError(f"model.dct_keep={keep}: expected 0 (all) to data.observed={observed} "
+                             "coefficients")
         self.features, self.observed, self.kinematics = features, observed, kinematics
         self.dct = dct_matrix(observed)
+        # The forecast's change is a sum of the `keep` lowest DCT frequencies (all when 0): smooth by design.
+        self.keep = (np.arange(observed) < (keep or observed)).astype(np.float32)[None, :, None]
         dense = functools.partial(nnx.Linear, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.embed = dense(features + (kinematics.extra_inputs if kinematics else 0), dim)
         self.blocks = nnx.List([TemporalMixBlock(observed, dim, mlp_ratio, dropout, dtype, param_dtype,
@@ -448,7 +454,8 @@ class DCTPredictor(nnx.Module):
         h = self.embed(h)
         for block in self.blocks:
             h = block(h)
-        change = jnp.einsum("kp,bkf->bpf", self.dct, self.head(h).astype(jnp.float32))  # inverse DCT
+        coefficients = self.head(h).astype(jnp.float32) * self.keep
+        change = jnp.einsum("kp,bkf->bpf", self.dct, coefficients)  # inverse DCT
         future = last + change[:, : t - p]
         return jnp.concatenate([past, future], axis=1).reshape(b, n, c, f)
 
@@ -488,7 +495,8 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
                              "and model.position_head are the autoencoders'")
         return DCTPredictor(feature_dim, observed, dim=config.dim, depth=config.depth,
                             mlp_ratio=config.mlp_ratio, dropout=config.dropout, dtype=common["dtype"],
-                            param_dtype=common["param_dtype"], rngs=rngs, kinematics=common["kinematics"])
+                            param_dtype=common["param_dtype"], rngs=rngs, kinematics=common["kinematics"],
+                            keep=config.dct_keep)
     if config.name == "transformer":
         return MotionTransformer(feature_dim, chunk, heads=config.heads, mlp_ratio=config.mlp_ratio,
                                  halo=config.halo, **common)

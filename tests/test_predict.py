@@ -108,6 +108,19 @@ def test_the_forecaster_reads_only_the_observed_frames():
     assert np.abs(out.reshape(2, 32, F)[:, 20:] - x.reshape(2, 32, F)[:, 19:20]).max() > 1e-3
 
 
+def test_a_forecast_with_few_dct_coefficients_lies_in_their_span():
+    cfg = experiments.load("experiments/predict.py:deepmimic,runlocal").model
+    cfg.update(input_positions=False, dct_keep=3)
+    model = models.make_model(cfg, F, 8, nnx.Rngs(0), observed=20)
+    model.head.kernel.value = jnp.asarray(np.random.default_rng(1).normal(size=model.head.kernel.value.shape))
+    x = np.random.default_rng(0).normal(size=(1, 4, 8, F)).astype(np.float32)
+    change = (np.asarray(model(x)) - x).reshape(32, F)[20:] - (x.reshape(32, F)[19] - x.reshape(32, F)[20:])
+    basis = models.dct_matrix(20).T[:12, :3]  # the first 12 frames of the 3 lowest inverse-DCT vectors
+    fit = basis @ np.linalg.lstsq(basis, change, rcond=None)[0]
+    assert np.abs(change).max() > 1e-2
+    np.testing.assert_allclose(fit, change, atol=1e-4)
+
+
 def test_the_input_never_sees_the_future():
     """make_example with ``observed``: the input's later frames hold the last observed one and the
     window's floor comes from the observed frames, so changing the future changes no input number."""

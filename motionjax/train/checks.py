@@ -180,6 +180,9 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"data.window={d.window}: expected a multiple of data.chunk={d.chunk}")
     if {"data.chunk", "model.stride"}.isdisjoint(bad) and d.chunk % config.model.stride:
         problems.append(f"data.chunk={d.chunk}: expected a multiple of model.stride={config.model.stride}")
+    if {"data.window", "data.observed"}.isdisjoint(bad) and d.observed >= d.window:
+        problems.append(f"data.observed={d.observed}: expected fewer frames than data.window={d.window} "
+                        "(the rest of each window is the forecast)")
     problems += _check_evals(config)
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
