@@ -64,6 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
     # "stratified:KEY:FRACTION[:seed=N]", "tail:FRACTION". DeepMimic: three clips never trained on
     # (each has a sibling motion in training) are the test split; the last 20% of the others validate.
     c.data.splits = ml_collections.ConfigDict(DEEPMIMIC_SPLITS)
+    # Forecasting (experiments/predict.py): the model observes the first `observed` frames of each window
+    # (its input's later frames hold the last observed one) and the loss scores the rest; 0 = every frame.
+    c.data.observed = 0
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
@@ -103,6 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.position_head = False      # the head also predicts joint positions; rotations: IK onto them
     c.model.highpass = 0               # residual only: the correction sees x - its moving average over this
                                        # many frames (odd; 0 = x itself), so it cannot memorize poses
+    c.model.dct_keep = 0               # dct_mlp: lowest DCT coefficients of the forecast kept (0 = all)
     c.model.dropout = 0.0
     c.model.dtype = "bfloat16"         # activation/compute dtype
     c.model.param_dtype = "float32"    # parameter (and optimizer state) dtype
@@ -143,6 +147,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
     c.train.best_metric = "validation/mpjpe"  # SPLIT/METRIC of a `during` evaluator; lowest = best checkpoint
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss
+    # NAME: {model key: value}: also train that model (same data, loss and steps) in workdir/NAME; its rows
+    # join the results table as NAME (experiments/predict.py: the siMLPe-style reference).
+    c.train.reference_models = ml_collections.ConfigDict()
 
     # Evaluators (motionjax.evaluation.evaluators), big_vision style: NAME = {kind, settings}. Every one
     # runs once at the end (the test split only there: nothing is chosen on it); `during` ones also run

@@ -17,6 +17,9 @@ passes through the latent, ``latent_dim / stride`` numbers per frame (:attr:`lat
 the size a per-frame PCA baseline should get; ``residual=True`` predicts a correction to the input
 instead, which denoises better but bypasses the bottleneck.
 
+:class:`DCTPredictor` is the forecaster of ``experiments/predict.py`` (siMLPe-style: a DCT over the
+observed frames, MLPs over the coefficient and feature axes, the residual to the last observed pose).
+
 Parameters stay in ``param_dtype`` (fp32); where they live on the mesh is the trainer's choice
 (:func:`motionjax.parallel.param_sharding`: replicated, or split over ``data`` with ``mesh.fsdp``).
 Activations are computed in ``dtype`` (bf16 by default); outputs are fp32.
@@ -372,6 +375,91 @@ class TemporalConvNet(ChunkedAutoencoder):
                          highpass=highpass, upsample=upsample)
 
 
+def dct_matrix(n: int) -> np.ndarray:
+    """The orthonormal DCT-II matrix ``[n, n]``: ``D @ x`` are the coefficients of ``x [n, ...]`` over
+    its first axis (scipy's ``dct(type=2, norm="ortho")``) and ``D.T @ c`` inverts it (orthogonal)."""
+    k, t = np.arange(n)[:, None], np.arange(n)[None, :]
+    d = np.cos(np.pi * (t + 0.5) * k / n) * np.sqrt(2.0 / n)
+    d[0] /= np.sqrt(2.0)
+    return d.astype(np.float32)
+
+
+class TemporalMixBlock(nnx.Module):
+    """siMLPe's block (Guo et al., WACV 2023): a linear map across the ``K`` DCT coefficients, layer
+    norm over the feature axis, residual; with ``mlp_ratio > 0`` also a feature-mixing MLP (pre-norm,
+    residual) after it, as in MLP-Mixer. ``h [B, K, D] -> [B, K, D]``."""
+
+    def __init__(self, length, dim, mlp_ratio, dropout, dtype, param_dtype, *, rngs):
+        dense = functools.partial(nnx.Linear, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        norm = functools.partial(nnx.LayerNorm, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.temporal, self.norm = dense(length, length), norm(dim)
+        self.mixer = bool(mlp_ratio)
+        if self.mixer:
+            self.mlp_norm, self.mlp_in, self.mlp_out = norm(dim), dense(dim, mlp_ratio * dim), \
+                dense(mlp_ratio * dim, dim)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, h):
+        mixed = jnp.swapaxes(self.temporal(jnp.swapaxes(h, 1, 2)), 1, 2)  # along K, per feature
+        h = h + self.dropout(self.norm(mixed))
+        if self.mixer:
+            h = h + self.dropout(self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(h)))))
+        return h
+
+
+class DCTPredictor(nnx.Module):
+    """A siMLPe-style forecaster: the first ``observed`` frames of a window in, the rest predicted.
+
+    ``x [B, N, C, F]`` standardized features, of which only frames ``< observed`` are read. Their
+    root positions are taken relative to the last observed one (the model's own frame; rotations
+    stay absolute), optionally with their root-relative FK joint positions (:class:`SkeletonLayer`,
+    ``input_positions``); a DCT over the ``P = observed`` frames, a linear map over features to
+    ``dim``, ``depth`` :class:`TemporalMixBlock`, a linear map back (zero-initialized: the model
+    starts as the zero-velocity forecast), the inverse DCT, of which the first ``T - P`` frames are
+    added to the last observed frame (siMLPe's residual to the last pose); ``keep > 0`` keeps only
+    that many of the lowest DCT coefficients of the change (a smooth forecast). The output's observed
+    frames are the input's, so the loss and the metrics see only the forecast.
+    """
+
+    def __init__(self, features, observed, *, dim, depth, mlp_ratio=0, dropout=0.0, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs, kinematics: SkeletonLayer | None = None, keep: int = 0):
+        if observed < 2:
+            raise ValueError(f"data.observed={observed}: a forecaster needs at least 2 observed frames")
+        if not 0 <= keep <= observed:
+            raise ValueError(f"model.dct_keep={keep}: expected 0 (all) to data.observed={observed} "
+                             "coefficients")
+        self.features, self.observed, self.kinematics = features, observed, kinematics
+        self.dct = dct_matrix(observed)
+        # The forecast's change is a sum of the `keep` lowest DCT frequencies (all when 0): smooth by design.
+        self.keep = (np.arange(observed) < (keep or observed)).astype(np.float32)[None, :, None]
+        dense = functools.partial(nnx.Linear, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.embed = dense(features + (kinematics.extra_inputs if kinematics else 0), dim)
+        self.blocks = nnx.List([TemporalMixBlock(observed, dim, mlp_ratio, dropout, dtype, param_dtype,
+                                                 rngs=rngs) for _ in range(depth)])
+        self.head = dense(dim, features, kernel_init=nnx.initializers.zeros)
+
+    def __call__(self, x):
+        """``[B, N, C, F]`` -> ``[B, N, C, F]`` fp32: frames ``< observed`` copied, the rest predicted."""
+        b, n, c, f = x.shape
+        p, t = self.observed, n * c
+        if f != self.features or not p < t <= 2 * p:
+            raise ValueError(f"expected [B, N, C, {self.features}] windows of {p} observed frames and at "
+                             f"most {p} more, got {x.shape}")
+        frames = jnp.asarray(x, jnp.float32).reshape(b, t, f)
+        past, last = frames[:, :p], frames[:, p - 1:p]
+        h = past.at[..., :3].add(-last[..., :3])  # root relative to the last observed frame
+        if self.kinematics is not None and self.kinematics.input_positions:
+            h = jnp.concatenate([h, self.kinematics.positions(past)], axis=-1)
+        h = jnp.einsum("kp,bpf->bkf", self.dct, h)  # [B, K = P, F']
+        h = self.embed(h)
+        for block in self.blocks:
+            h = block(h)
+        coefficients = self.head(h).astype(jnp.float32) * self.keep
+        change = jnp.einsum("kp,bkf->bpf", self.dct, coefficients)  # inverse DCT
+        future = last + change[:, : t - p]
+        return jnp.concatenate([past, future], axis=1).reshape(b, n, c, f)
+
+
 def _kinematics(config, info) -> SkeletonLayer | None:
     flags = {k: bool(config[k]) for k in ("input_positions", "global_rotations", "position_head")}
     if not any(flags.values()):
@@ -383,8 +471,11 @@ def _kinematics(config, info) -> SkeletonLayer | None:
 
 
 def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, rngs: nnx.Rngs, mesh=None,
-               info=None):
+               info=None, observed: int = 0):
     """The model named by ``config.name`` (the ``model`` section of the experiment config).
+
+    ``observed``: ``data.observed``, the frames a forecaster (``"dct_mlp"``, :class:`DCTPredictor`)
+    reads of each window; the autoencoders read them all.
 
     ``info``: the dataset (skeleton, feature mean/std); needed when ``config.input_positions``,
     ``config.global_rotations`` or ``config.position_head`` is set (:class:`SkeletonLayer`).
@@ -398,9 +489,17 @@ def make_model(config: ml_collections.ConfigDict, feature_dim: int, chunk: int, 
         param_dtype=jnp.dtype(config.param_dtype), mesh=mesh, rngs=rngs, stages=config.stages,
         kinematics=_kinematics(config, info), highpass=config.highpass, upsample=config.upsample,
     )
+    if config.name == "dct_mlp":
+        if config.global_rotations or config.position_head:
+            raise ValueError("model.name='dct_mlp' has one head (rotations and root); model.global_rotations "
+                             "and model.position_head are the autoencoders'")
+        return DCTPredictor(feature_dim, observed, dim=config.dim, depth=config.depth,
+                            mlp_ratio=config.mlp_ratio, dropout=config.dropout, dtype=common["dtype"],
+                            param_dtype=common["param_dtype"], rngs=rngs, kinematics=common["kinematics"],
+                            keep=config.dct_keep)
     if config.name == "transformer":
         return MotionTransformer(feature_dim, chunk, heads=config.heads, mlp_ratio=config.mlp_ratio,
                                  halo=config.halo, **common)
     if config.name == "tconv":
         return TemporalConvNet(feature_dim, chunk, kernel=config.kernel, **common)
-    raise ValueError(f"unknown model.name {config.name!r}; expected 'transformer' or 'tconv'")
+    raise ValueError(f"unknown model.name {config.name!r}; expected 'transformer', 'tconv' or 'dct_mlp'")

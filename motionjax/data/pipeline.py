@@ -244,7 +244,7 @@ class MakeExample:
 
     def __init__(self, info: DatasetInfo, cfg, noise: transforms.Noise):
         self.skeleton, self.mean, self.std, self.noise = info.skeleton, info.mean, info.std, noise
-        self.chunk, self.floor = cfg.chunk, cfg.floor_align
+        self.chunk, self.floor, self.observed = cfg.chunk, cfg.floor_align, cfg.observed
         self.scale = (cfg.canonical_height / transforms.rest_height(info.skeleton)
                       if cfg.canonical_height else 1.0)
 
@@ -256,7 +256,7 @@ class MakeExample:
         """Windows and given noise draws -> the batch dict."""
         out = transforms.make_example(self.skeleton, w["root_position"], w["rotations"], draws, self.mean,
                                       self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale,
-                                      offsets=w.get("offsets"))
+                                      offsets=w.get("offsets"), observed=self.observed)
         out["valid"] = transforms.chunk(w["valid"][..., None], self.chunk)
         return out
 

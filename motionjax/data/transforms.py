@@ -128,14 +128,16 @@ def heading(skeleton: Skeleton, root_rotation):
 
 
 def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0,
-                 offsets=None):
+                 offsets=None, floor_frames: int = 0):
     """Express windows ``[..., T, 3]``, ``[..., T, J, 4]`` in their own start frame.
 
     Root-relative: the root's ground position at frame 0 goes to the origin. Heading: the root's
     yaw at frame 0 is removed (the window starts facing the same way). Floor: the lowest joint over
     the window touches height 0, by FK on ``offsets [..., J, 3]`` (each window's clip's rest
-    offsets; None: the skeleton's). Retarget: positions scale by ``scale`` (uniform bone-length
-    retargeting to a canonical body size; bone offsets scale alike, rotations are unchanged).
+    offsets; None: the skeleton's), or over its first ``floor_frames`` frames when that is > 0 (a
+    forecast's observed past: the floor may not come from the future it predicts). Retarget:
+    positions scale by ``scale`` (uniform bone-length retargeting to a canonical body size; bone
+    offsets scale alike, rotations are unchanged).
 
     Returns ``(root_position, rotations, yaw [..., 4], origin [..., 3])``; :func:`uncanonicalize`
     with ``yaw``/``origin`` undoes it exactly.
@@ -150,7 +152,8 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
                                 rotations[..., :, 1:, :]], axis=-2)
     if floor:
         bones = skeleton.offsets if offsets is None else np.asarray(offsets)[..., None, :, :]  # every frame
-        pos, _ = forward_kinematics(skeleton, rotations, root, bones * scale)
+        seen = slice(0, floor_frames or None)
+        pos, _ = forward_kinematics(skeleton, rotations[..., seen, :, :], root[..., seen, :], bones * scale)
         lowest = pos[..., up].min(axis=(-1, -2))  # [...]
         root[..., up] -= lowest[..., None]
         origin[..., up] += lowest / scale
@@ -420,6 +423,25 @@ def time_warp(root_position, rotations, delta):
     return root.reshape(*lead, t, 3), quats.reshape(rotations.shape)
 
 
+def hold_last(x, observed: int):
+    """``x [..., T, F]`` with frames ``observed..T-1`` replaced by frame ``observed - 1`` (numpy or jax)."""
+    t = x.shape[-2]
+    idx = np.minimum(np.arange(t), observed - 1)
+    return x[..., idx, :]
+
+
+SEAM_FRAMES = 3  # observed frames a forecast's time differences reach back into (a jerk stencil's span)
+
+
+def forecast_frames(window: int, observed: int, seam: bool = False) -> np.ndarray:
+    """``[T]`` float32: 1 on the frames a forecast is scored on, ``observed..T-1``; with ``seam`` also
+    the last :data:`SEAM_FRAMES` observed ones (true in prediction and truth alike), so every
+    finite difference that reaches the first predicted frame counts: a jump at the seam is an error
+    of the forecast. ``observed = 0``: every frame."""
+    first = max(observed - (SEAM_FRAMES if seam else 0), 0) if observed else 0
+    return (np.arange(window) >= first).astype(np.float32)
+
+
 def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
     """Zero standardized features ``[..., T, F]`` of masked joints ``[..., T, R]`` and frames ``[..., T]``."""
     root = np.ones(joint_mask.shape[:-1] + (3,), bool)
@@ -429,11 +451,15 @@ def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
 
 
 def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean, std, *,
-                 chunk_size: int, floor: bool = True, scale: float = 1.0, offsets=None) -> dict:
+                 chunk_size: int, floor: bool = True, scale: float = 1.0, offsets=None,
+                 observed: int = 0) -> dict:
     """Windows ``[..., T, 3]``, ``[..., T, J, 4]`` and their noise ``draws`` -> the training example.
 
     ``offsets [..., J, 3]``: each window's clip's rest offsets (m); the example then carries them
     as its body (mirrored with the window, scaled with the motion).
+    ``observed > 0`` (forecasting): the input sees the first ``observed`` frames only; its later
+    frames hold the last observed one (the zero-velocity forecast) and the floor comes from the
+    observed frames, so nothing of the future reaches the input.
 
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
     masked-out frames), plus ``"offsets" [..., J, 3]`` float32 when ``offsets`` is given.
@@ -450,12 +476,14 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
             offsets = np.array(offsets)
             offsets[m] = mirror_offsets(skeleton, offsets[m], frames)
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
-                                    offsets=offsets)
+                                    offsets=offsets, floor_frames=observed)
     clean = features.standardize(features.pack(skeleton, root, rots), mean, std)
     nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
     nrots = rotation_noise(skeleton, nrots, draws["rot"])
     noisy = features.standardize(features.pack(skeleton, nroot + draws["pos"], nrots), mean, std)
     noisy = mask_features(skeleton, noisy, draws["joint_mask"], draws["frame_mask"])
+    if observed:
+        noisy = hold_last(noisy, observed)
     mask = draws["frame_mask"][..., None].astype(np.float32)
     out = {"noisy": chunk(noisy.astype(np.float32), chunk_size),
            "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}

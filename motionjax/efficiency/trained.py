@@ -46,7 +46,9 @@ class Trained:
 def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None) -> nnx.Module:
     """A fresh mesh-free model of ``config.model`` for ``info``'s features, in eval mode."""
     model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                              nnx.Rngs(config.seed if seed is None else seed), info=info)
+                              nnx.Rngs(config.seed if seed is None else seed), info=info,
+                              # runs of older code (autoencoders all) have no data.observed
+                              observed=config.data.get("observed", 0))
     model.eval()
     return model
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from motionjax.core.features import destandardize, unpack
 from motionjax.core.skeleton import Skeleton
+from motionjax.evaluation import forecast
 
 
 def plot_learning_curves(history: dict, path):
@@ -61,6 +62,26 @@ def plot_label_breakdown(by_label: dict, path, title: str = ""):
         ax.set_xticks(x, names, rotation=40, ha="right", fontsize=8)
         ax.set(ylabel="MPJPE (cm)", title=f"{title} by {key}".strip())
         ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_forecast_horizons(rows: dict, path, title: str = ""):
+    """MPJPE (cm) against the horizon (ms), one line per method, from a forecast evaluation's ``rows``
+    (``{method: {"mpjpe_<h>ms": v, ...}}``, :func:`motionjax.evaluation.forecast.evaluate`)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for method, m in rows.items():
+        points = forecast.horizon_errors(m)
+        if points and method != "truth":
+            ax.plot(*zip(*points, strict=True), marker="o", label=method)
+    ax.set(xlabel="horizon (ms)", ylabel="MPJPE (cm, root-relative)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,6 +10,8 @@ the test split too where it is named (nothing is chosen there). The kinds (:data
   (``"clean"``, ``"noisy"`` at ``noise_level``), with reference rows (``references``: ``"input"``, the
   input's own error; ``"pca"``, a per-frame PCA with the model's numbers per frame) and the per-label
   breakdown (``by_label``, plotted per split and input);
+* ``forecast``: a forecaster beside the zero- and constant-velocity baselines, per horizon
+  (:class:`Forecast`, :mod:`motionjax.evaluation.forecast`);
 * ``clip``: one held-out window of ``split`` at ``noise_level``, drawn as skeletons (input / output /
   truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side.
 
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from motionjax.data import pipeline, transforms
-from motionjax.evaluation import artifacts, inference, metrics
+from motionjax.evaluation import artifacts, forecast, inference, metrics
 
 
 class Metrics:
@@ -114,7 +116,44 @@ class Clip:
         return {}
 
 
-KINDS = {"metrics": Metrics, "clip": Clip}
+class Forecast:
+    """A forecaster (it sees ``data.observed`` frames of each window) beside the ``baselines``
+    (:data:`motionjax.evaluation.forecast.BASELINES`) on ``splits``: MPJPE at each of ``horizons_ms``
+    and over the predicted frames, their plausibility, and the truth's
+    (:func:`motionjax.evaluation.forecast.evaluate`). Rows ``{split: {"clean": {"model": {...},
+    BASELINE: {...}, "truth": {...}}}}`` (the scalars ``SPLIT/mpjpe``, ``SPLIT/mpjpe_400ms``, ...); the
+    baselines and the truth are scored once and kept."""
+
+    def __init__(self, config, info, *, splits, baselines=("zero_velocity", "constant_velocity"),
+                 horizons_ms=forecast.HORIZONS_MS, during: bool = False):
+        if not config.data.observed:
+            raise ValueError("evals kind 'forecast' needs data.observed > 0 (the frames the model sees)")
+        unknown = sorted(set(baselines) - set(forecast.BASELINES))
+        if unknown:
+            raise ValueError(f"forecast baselines {unknown}: expected some of {sorted(forecast.BASELINES)}")
+        self.during, self.observed, self.horizons = during, int(config.data.observed), tuple(horizons_ms)
+        self.args = (info.skeleton, float(info.fps), info.mean, info.std, config.loss.contact_speed)
+        self.sets = {split: pipeline.make_eval_batches(config.data, info, split, 0.0, seed=config.seed)
+                     for split in splits}
+        bind = lambda f: lambda x: f(x, self.observed, info.skeleton, info.mean, info.std)
+        self.baselines = {name: bind(forecast.BASELINES[name]) for name in baselines}
+        self._kept = {}  # split -> the baselines' and the truth's rows
+
+    def __call__(self, predict, workdir: Path | None = None) -> dict:
+        results = {}
+        for split, batches in self.sets.items():
+            score = lambda methods, truth, batches=batches: forecast.evaluate(
+                methods, batches, *self.args, observed=self.observed, horizons_ms=self.horizons, truth=truth)
+            if split not in self._kept:
+                self._kept[split] = score(self.baselines, True)
+            results[split] = {"clean": {**score({"model": predict}, False), **self._kept[split]}}
+            if workdir is not None:
+                artifacts.plot_forecast_horizons(results[split]["clean"], workdir / f"forecast_{split}.png",
+                                                 title=f"{split}: {self.observed} frames observed")
+        return results
+
+
+KINDS = {"metrics": Metrics, "clip": Clip, "forecast": Forecast}
 
 
 def build(config, info, during: bool | None = None) -> dict:
@@ -171,4 +210,36 @@ def results_table(results: dict) -> list[str]:
                                  f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
                                  f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
                                  f"{m.get('bone_error', float('nan')):8.3f}")
+    return lines
+
+
+FORECAST_METHODS = ("model", "no_dynamics", "constant_velocity", "zero_velocity", "truth")
+
+
+def forecast_table(results: dict) -> list[str]:
+    """Text table of the :class:`Forecast` rows: one line per split x method, MPJPE (cm, root-relative)
+    at each horizon and over the predicted frames, then their plausibility; [] when there are none.
+    Reference models (``train.references``) appear under their names after the model."""
+    lines = []
+    for split, rows in results.items():
+        if not isinstance(rows, dict):
+            continue
+        for row in rows.values():
+            horizons = sorted({h for m in row.values() for h, _ in forecast.horizon_errors(m)})
+            if not horizons:
+                continue
+            if not lines:
+                lines.append(f"{'split':11s} {'method':18s} " + " ".join(f"{f'{h}ms':>6s}" for h in horizons)
+                             + f" {'mean':>6s} {'skate cm/s':>10s} {'floor cm':>8s} {'jitter m/s3':>11s} "
+                             f"{'bone cm':>7s} {'force N/kg':>10s} {'force err':>9s}")
+            order = [m for m in FORECAST_METHODS[:2] if m in row]  # the model, then reference models
+            order += [m for m in row if m not in FORECAST_METHODS]
+            order += [m for m in FORECAST_METHODS[2:] if m in row]
+            for method in order:
+                m = row[method]
+                lines.append(f"{split:11s} {method:18s} "
+                             + " ".join(f"{m.get(f'mpjpe_{h}ms', float('nan')):6.2f}" for h in horizons)
+                             + f" {m['mpjpe']:6.2f} {m['foot_skate']:10.2f} {m['penetration']:8.2f} "
+                             f"{m['jitter']:11.1f} {m['bone_error']:7.3f} {m['force']:10.2f} "
+                             f"{m['force_error']:9.2f}")
     return lines

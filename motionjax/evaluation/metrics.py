@@ -17,7 +17,9 @@ Metrics compare joint positions after FK, ``[B, T, J, 3]`` in metres:
   planted (the contact rule of :func:`motionjax.losses.foot_contacts`);
 * bone-length error (cm): mean ``| |p_j − p_parent| − |t_j − t_parent| |`` over bones. A motion
   decoded from rotations through FK on the clip's true bones has 0 by construction; the metric
-  bites for position outputs or a model that predicts bone lengths.
+  bites for position outputs or a model that predicts bone lengths;
+* floor penetration (cm) and the generalized forces ``Jᵀ m (a − g)`` (N/kg) of a motion and their
+  error against the truth's (:func:`physics_sums`, the plausibility of a forecast).
 
 Positions come from FK on the clip's rest offsets when the batch carries them (``offsets [B, J, 3]``,
 several performers in one corpus), else on the skeleton's. With the clips' labels
@@ -33,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from motionjax import losses
+from motionjax.core import dynamics, halo
 from motionjax.core.features import destandardize, unpack
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
@@ -88,6 +91,47 @@ def metric_sums(skeleton: Skeleton, fps: float, pred, true, valid, contact_speed
         "foot_skate": cm(total(skate, planted & inner[..., None])),
         "bone_error": cm(total(jnp.abs(bone(pred) - bone(true)), valid[..., None])),
     }
+
+
+PHYSICS_METRICS = ("penetration", "force", "force_error")
+
+
+@functools.partial(jax.jit, static_argnames=("skeleton", "fps"))
+def physics_sums(skeleton: Skeleton, fps: float, pred_root, pred_rot, true_root, true_rot, valid, scored,
+                 offsets=None):
+    """Plausibility of a motion against the truth, per window ``{metric: (sums [B], counts [B])}``
+    (root ``[B, T, 3]``, local rotations ``[B, T, J, 4]``; ``valid [B, T]`` the real frames, ``scored``
+    the frames counted; ``offsets [B, J, 3]`` or None):
+
+    * ``penetration`` (cm): how far the lowest predicted joint is below the floor, 0 above it, per
+      scored frame; the floor is the truth's lowest joint over the window's real frames;
+    * ``force`` (N/kg): mean norm of the generalized forces ``Jᵀ m (a − g)`` per joint (the dynamics
+      loss's own :func:`motionjax.core.dynamics.generalized_forces`), on scored frames whose stencil is
+      real; ``force_error``: the norm of their difference from the truth's.
+    """
+    valid, scored = valid.astype(bool), scored.astype(bool) & valid.astype(bool)
+    bones = None if offsets is None else jnp.asarray(offsets, jnp.float32)[:, None]
+    up = skeleton.up_axis
+    p_pos = forward_kinematics(skeleton, pred_rot, pred_root, bones)[0][..., up]  # [B, T, J]
+    t_pos = forward_kinematics(skeleton, true_rot, true_root, bones)[0][..., up]
+    floor = jnp.min(jnp.where(valid[..., None], t_pos, jnp.inf), axis=(1, 2))  # [B]
+    below = jnp.maximum(floor[:, None] - p_pos.min(-1), 0.0)  # [B, T]
+    forces = [dynamics.generalized_forces(skeleton, r, q, fps, offsets)
+              for r, q in ((pred_root, pred_rot), (true_root, true_rot))]  # [B, T, J + 1, 3]
+    inner = halo.stencil_valid(valid, 1) & scored
+    count = lambda mask, n=1: jnp.sum(mask, axis=1).astype(jnp.float32) * n
+    per_joint = lambda x: jnp.sum(jnp.where(inner[..., None], jnp.linalg.norm(x, axis=-1), 0.0), axis=(1, 2))
+    joints = forces[0].shape[-2]
+    return {"penetration": (100 * jnp.sum(jnp.where(scored, below, 0.0), axis=1), count(scored)),
+            "force": (per_joint(forces[0]), count(inner, joints)),
+            "force_error": (per_joint(forces[0] - forces[1]), count(inner, joints))}
+
+
+@jax.jit
+def mpjpe_per_frame(pred, true):
+    """Root-relative MPJPE (cm) of each frame, ``pred, true [B, T, J, 3]`` (m) -> ``[B, T]``."""
+    rel = lambda p: p - p[..., :1, :]
+    return 100 * jnp.linalg.norm(rel(pred) - rel(true), axis=-1).mean(-1)
 
 
 def motion_metrics(skeleton: Skeleton, fps: float, pred, true, valid=None, contact_speed: float = 0.3):

@@ -47,8 +47,9 @@ class ResumeError(ConfigError):
 # else (model, loss, optimizer, data windows and noise, seed) makes another experiment.
 RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every",
              "train.keep_checkpoints", "train.stop_timeout_s", "train.retain_host_memory",
-             "train.max_nonfinite_steps", "train.references", "data.source", "data.dir", "data.worker_count",
-             "data.worker_buffer", "data.prefetch", "data.prepare_workers", "mesh", "evals")
+             "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
+             "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
+             "mesh", "evals")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -130,7 +131,8 @@ _RULES = {
     "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.clean": (lambda v: v in ("off", "report", "repair"), "'off', 'report' or 'repair'"),
     "data.dedup_policy": (lambda v: v in ("copies", "prune"), "'copies' or 'prune'"),
-    "model.name": (lambda v: v in ("transformer", "tconv"), "'transformer' or 'tconv'"),
+    "model.name": (lambda v: v in ("transformer", "tconv", "dct_mlp"), "'transformer', 'tconv' or 'dct_mlp'"),
+    "data.observed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: no forecasting)"),
     "model.stride": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "model.dim": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "model.depth": (lambda v: _is_int(v) and v > 0, "a positive integer"),
@@ -199,6 +201,9 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"data.window={d.window}: expected a multiple of data.chunk={d.chunk}")
     if {"data.chunk", "model.stride"}.isdisjoint(bad) and d.chunk % config.model.stride:
         problems.append(f"data.chunk={d.chunk}: expected a multiple of model.stride={config.model.stride}")
+    if {"data.window", "data.observed"}.isdisjoint(bad) and d.observed >= d.window:
+        problems.append(f"data.observed={d.observed}: expected fewer frames than data.window={d.window} "
+                        "(the rest of each window is the forecast)")
     problems += _check_evals(config)
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:

@@ -286,29 +286,43 @@ def _nonfinite(results: dict) -> list[str]:
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
-    """:func:`train_and_evaluate`, then (``train.references``) the same model without the dynamics
-    loss in ``workdir/no_dynamics``; prints and saves the comparison table in ``summary.json``."""
+    """:func:`train_and_evaluate`, then the reference runs: (``train.references``) the same model
+    without the dynamics loss in ``workdir/no_dynamics``, and each of ``train.reference_models``
+    (``NAME: {model key: value}``) in ``workdir/NAME``, with the same data, loss and budget; their
+    ``model`` rows join the results as ``no_dynamics`` / ``NAME``. Prints and saves the comparison
+    table in ``summary.json``."""
     workdir = Path(workdir)
     summary = train_and_evaluate(config, workdir)
     if "results" not in summary:
         return summary
+    references = {}
     if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        references["no_dynamics"] = {"loss": {"dynamics_weight": 0.0}}
+    for name, model in config.train.reference_models.items():
+        references[name] = {"model": dict(model)}
+    for name, overrides in references.items():
         ablation = copy.deepcopy(config)
         with ablation.unlocked():
-            ablation.loss.dynamics_weight = 0.0
+            for section, values in overrides.items():
+                ablation[section].update(values)
             ablation.train.references = ()
-        ref = train_and_evaluate(ablation, workdir / "no_dynamics")
+            ablation.train.reference_models = ml_collections.ConfigDict()
+        ref = train_and_evaluate(ablation, workdir / name)
         for split, rows in ref.get("results", {}).items():
             if isinstance(rows, dict):
                 for condition, row in rows.items():
-                    summary["results"][split][condition]["no_dynamics"] = row["model"]
-    table = evaluators.results_table(summary["results"])
+                    summary["results"][split][condition][name] = row["model"]
+    table = evaluators.forecast_table(summary["results"])  # a forecaster's run: its horizon table
+    forecast = bool(table)
+    if not forecast:
+        table = evaluators.results_table(summary["results"])
     if summary.get("best_value") is not None:
         table.append(f"model: the checkpoint of step {summary['evaluated_step']} (of {summary['steps']}), "
                      f"chosen by {config.train.best_metric} = {summary['best_value']:.4g}")
-    table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the model's "
-                 "bottleneck" + (" (the model also has a residual skip from its input)"
-                                 if summary["results"]["model_residual"] else ""))
+    if not forecast:
+        table.append(f"PCA latent: {summary['results']['pca_latent_per_frame']} numbers per frame = the "
+                     "model's bottleneck" + (" (the model also has a residual skip from its input)"
+                                             if summary["results"]["model_residual"] else ""))
     if summary["steps_per_s"]:  # a run resumed at its last step trains nothing in this session
         speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
         table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))

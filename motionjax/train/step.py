@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from motionjax import losses, models, parallel
 from motionjax.core.features import feature_dim
+from motionjax.data import transforms
 
 
 def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -48,7 +49,9 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
     """``(pred, clean [B, N, C, F], offsets [B, J, 3] | None, valid [B, N, C, 1] | None) -> (loss,
     terms)``, one ``shard_map`` over the whole mesh: each device decodes and runs FK on its own frames
     (on its windows' clip offsets when given, ``data.bones = "clip"``); time derivatives exchange halo
-    frames only; frames with ``valid = 0`` (padding) count in no term."""
+    frames only; frames with ``valid = 0`` (padding) count in no term. Forecasting (``data.observed``):
+    only the predicted frames and the seam before them count
+    (:func:`~motionjax.data.transforms.forecast_frames`)."""
     loss = functools.partial(losses.reconstruction_loss, config.loss, info.skeleton, float(info.fps),
                              mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
                              time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
@@ -59,9 +62,14 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
                             in_specs=(frames, frames, P(parallel.DATA_AXIS), frames), out_specs=P(),
                             check_vma=False)
 
+    observed = config.data.observed
+
     def loss_fn(pred, clean, offsets=None, valid=None):
         b, n, c, f = clean.shape
         valid = None if valid is None else valid.reshape(b, n * c)
+        if observed:  # forecasting: the predicted frames and the seam (transforms.forecast_frames)
+            scored = jnp.asarray(transforms.forecast_frames(n * c, observed, seam=True))
+            valid = jnp.broadcast_to(scored, (b, n * c)) if valid is None else valid * scored
         return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
 
     return loss_fn
@@ -117,7 +125,7 @@ def init_state(config: ml_collections.ConfigDict, info, mesh, model: nnx.Module 
     :func:`make_optimizer` (or ``tx``)."""
     if model is None:
         model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
-                                  nnx.Rngs(config.seed), mesh=mesh, info=info)
+                                  nnx.Rngs(config.seed), mesh=mesh, info=info, observed=config.data.observed)
     else:
         model = nnx.clone(model)  # its train/eval mode is the caller's
     eval_graphdef = nnx.graphdef(model)
