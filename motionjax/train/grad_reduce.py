@@ -95,9 +95,9 @@ def init_residual(plan: Plan) -> dict:
     if plan.wire == "fp32":
         return {}
     d = plan.host_size if plan.levels == 2 else 1
-    return {"worker": {f"{b:03d}": np.zeros((plan.data, n // d), np.float32) for b, n in enumerate(plan.sizes)},
-            "server": {f"{b:03d}": np.zeros((plan.data, n // plan.data), np.float32)
-                       for b, n in enumerate(plan.sizes)}}
+    zeros = lambda div: {f"{b:03d}": np.zeros((plan.data, n // div), np.float32)  # noqa: E731
+                         for b, n in enumerate(plan.sizes)}
+    return {"worker": zeros(d), "server": zeros(plan.data)}
 
 
 def residual_shardings(mesh, residual):
@@ -133,8 +133,9 @@ def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
                 worker[key], server[key] = w[None], s[None]
             offset = 0
             for i in members:
-                out[i] = total[offset:offset + leaves[i].size].reshape(leaves[i].shape).astype(leaves[i].dtype)
-                offset += leaves[i].size
+                g = leaves[i]
+                out[i] = total[offset:offset + g.size].reshape(g.shape).astype(g.dtype)
+                offset += g.size
         return treedef.unflatten(out), ({"worker": worker, "server": server} if residual else {})
 
     # The sum: its all-gathers over device groups leave the same value on every device of data.
@@ -143,8 +144,9 @@ def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
 
     def f(params, rest, batch, residual):
         # Gradients per device: vma-checked, so psum / broadcast transpose exactly (see the module doc).
-        grads_fn = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), {k: batch_specs[k] for k in batch}),
-                                 out_specs=(P(), P(data)), check_vma=True)
+        specs = {k: batch_specs[k] for k in batch}
+        grads_fn = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), specs), out_specs=(P(), P(data)),
+                                 check_vma=True)
         out, grads = grads_fn(params, rest, batch)
         grads, residual = reduce_fn(grads, residual)
         return out, grads, residual

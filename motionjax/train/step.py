@@ -20,8 +20,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from motionjax import losses, models, parallel
-from motionjax.train import grad_reduce
 from motionjax.core.features import feature_dim
+from motionjax.train import grad_reduce
 
 
 def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
