@@ -2,7 +2,8 @@
 
 :func:`collectives` lists each collective of compiled HLO with the mesh axes its device groups
 span and the bytes it moves; :func:`compile_partitioned` also returns the HLO right after SPMD
-partitioning, in the dtypes an accelerator would send. Used by ``scripts/comm_report.py``,
+partitioning, in the dtypes an accelerator would send; :func:`overlap` says, from the dependencies,
+how much matrix work each collective could run beside. Used by ``scripts/comm_report.py``,
 ``scripts/bench.py`` and ``tests/test_parallel.py``; the mesh itself is :mod:`motionjax.parallel`'s.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import math
 import re
 import tempfile
+import uuid
 from pathlib import Path
 
 import jax
@@ -35,6 +37,12 @@ class Collective:
     result_bytes: int       # bytes of the op's result on one device
     axes: tuple[str, ...]   # mesh axes its device groups span
     group_size: int         # devices per group (2 for a permute pair)
+    groups: tuple[tuple[int, ...], ...] = dataclasses.field(default=(), compare=False)  # mesh positions
+
+    def crosses(self, block: int) -> bool:
+        """Whether a group joins devices of different blocks of ``block`` consecutive mesh positions
+        (hosts, when each host holds ``block`` consecutive devices of the flattened mesh)."""
+        return any(len({i // block for i in g}) > 1 for g in self.groups)
 
     @property
     def wire_bytes(self) -> float:
@@ -72,6 +80,11 @@ def _groups(line: str) -> list[list[int]]:
     return []  # replica_groups={}: one group of every device
 
 
+def _bytes(arrays) -> int:
+    """Bytes of ``[(dtype, "d0,d1,...")]`` arrays."""
+    return sum(_BITS[t] // 8 * math.prod(int(d) for d in dims.split(",") if d) for t, dims in arrays)
+
+
 def compile_partitioned(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, str]:
     """Compile ``lowered``; also return its HLO text right after SPMD partitioning.
 
@@ -80,10 +93,15 @@ def compile_partitioned(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compile
     the partitioned HLO, not the CPU executable, tells what an accelerator would send.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        dump = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        # A persistent-cache hit runs no passes and dumps nothing, and most dump options are not in
+        # the cache key; xla_dump_emitter_re is: a unique value (matching no emitter) always compiles.
+        dump = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": "spmd-partitioning",
+                "xla_dump_emitter_re": f"^motionjax-{uuid.uuid4().hex}$"}
         compiled = lowered.compile(compiler_options=dump)
-        (path,) = Path(tmp).glob("*after_spmd-partitioning*.txt")
-        return compiled, path.read_text()
+        found = list(Path(tmp).glob("*after_spmd-partitioning*.txt"))
+        if len(found) != 1:
+            raise RuntimeError(f"compile_partitioned: {len(found)} partitioned HLO dumps, expected one")
+        return compiled, found[0].read_text()
 
 
 def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
@@ -100,9 +118,78 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
         if m is None:
             continue
         arrays = _ARRAY.findall(m.group("type"))
-        nbytes = sum(_BITS[t] // 8 * math.prod(int(d) for d in dims.split(",") if d) for t, dims in arrays)
+        nbytes = _bytes(arrays)
         groups = _groups(line) or [list(range(mesh.size))]
         spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
         axes = tuple(mesh.axis_names[i] for i in sorted(spans))
-        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups)))
+        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups),
+                                tuple(tuple(g) for g in groups)))
     return found
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)"
+_MATMUL = ("dot", "convolution")
+_COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "all-reduce-start",
+                   "all-gather-start", "collective-permute")
+
+
+def _computations(hlo_text: str) -> tuple[dict, str]:
+    """``({computation: [(name, op, operands, called)]}, entry name)`` of HLO text."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        if current is None:
+            if (m := _COMPUTATION.match(line)) and "=" not in line.split("(")[0]:
+                current = m.group(1)
+                comps[current] = []
+                entry = current if line.startswith("ENTRY") else entry
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if m := _INSTRUCTION.match(line):
+            rest = m.group(3)
+            operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0] if "), " in rest else rest)
+            called = re.findall(_CALLED, rest)
+            comps[current].append((m.group(1), m.group(2), operands, called, line))
+    return comps, entry
+
+
+def overlap(hlo_text: str) -> list[tuple[str, str, int, int]]:
+    """For every collective of the entry computation of HLO text: ``(name, op, result bytes, matmuls)``:
+    ``matmuls`` counts the matrix products (dots and convolutions, also inside fusions and calls) the
+    collective neither waits for nor feeds: work a scheduler may run while the collective is in flight
+    (0 for a gradient reduction that only starts after the whole backward pass)."""
+    comps, entry = _computations(hlo_text)
+    memo: dict[str, bool] = {}
+
+    def has_matmul(comp: str) -> bool:
+        if comp not in memo:
+            memo[comp] = False
+            memo[comp] = any(op in _MATMUL or any(has_matmul(c) for c in called if c in comps)
+                             for _, op, _, called, _ in comps.get(comp, []))
+        return memo[comp]
+
+    instructions = comps[entry]
+    operands = {name: [o for o in ops if o] for name, _, ops, _, _ in instructions}
+    users: dict[str, list[str]] = {name: [] for name in operands}
+    for name, ops in operands.items():
+        for o in ops:
+            if o in users:
+                users[o].append(name)
+    matmuls = {name for name, op, _, called, _ in instructions
+               if op in _MATMUL or any(has_matmul(c) for c in called if c in comps)}
+
+    def reach(start: str, edges) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), []):
+                if nxt in edges and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    return [(name, op, _bytes(_ARRAY.findall(line.split("=", 1)[1].split(f" {op}(")[0])),
+             len(matmuls - reach(name, operands) - reach(name, users)))
+            for name, op, _, _, line in instructions if op in _COLLECTIVE_OPS]

@@ -8,9 +8,9 @@ the ``1/d`` slices summed across hosts, all-gather inside the host), ``grad_redu
 
 fp32 with one level is the step as the partitioner makes it: ``jax.value_and_grad`` of the sharded
 loss, XLA inserts the all-reduce (exact, unchanged). Anything else is two ``shard_map`` over the whole
-mesh: the loss and gradient per device (parameters cast to *varying* over ``data``, so their
-transpose does not sum the gradient over ``data``; over ``time`` it still sums, fp32, inside the
-host), laid out ``[data, ...]``; then the sum over ``data`` bucket by bucket (leaves concatenated up
+mesh: the loss and gradient per device (parameters cast to *varying* over the mesh, so their
+transpose sums nothing), laid out ``[data, time, ...]``; then the sum bucket by bucket (over
+``time`` in fp32 inside the host, then over ``data``) (leaves concatenated up
 to ``grad_bucket_mb``), each bucket's collectives depending only on its own gradients, so on an
 accelerator a bucket's reduction can run while the backward pass still computes the others
 (:mod:`motionjax.core.reduce` has the math). The residuals of the compression live in the train state
@@ -110,20 +110,23 @@ def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
     ``shard_map``) -> ``f(params, rest, batch, residual) -> ((loss, aux), grads, residual)`` with the
     gradient summed over ``data`` as ``plan`` says; ``batch_specs``: ``{key: PartitionSpec}`` of every
     batch key the step may get."""
-    data = parallel.DATA_AXIS
+    data, time = parallel.DATA_AXIS, parallel.TIME_AXIS
+    axes = (data, time)
 
     def per_device(params, rest, batch):
-        (loss, aux), grads = loss_and_grads(jax.lax.pcast(params, data, to="varying"), rest, batch)
-        return (loss, aux), jax.tree.map(lambda g: g[None], grads)
+        (loss, aux), grads = loss_and_grads(jax.lax.pcast(params, axes, to="varying"), rest, batch)
+        return (loss, aux), jax.tree.map(lambda g: g[None, None], grads)
 
     def reduce_all(grads, residual):
         leaves, treedef = jax.tree.flatten(grads)
-        leaves = [g[0] for g in leaves]
+        leaves = [g[0, 0] for g in leaves]
         out, worker, server = list(leaves), {}, {}
         for b, (members, size) in enumerate(zip(plan.buckets, plan.sizes, strict=True)):
             key = f"{b:03d}"
             flat = jnp.concatenate([leaves[i].astype(jnp.float32).ravel() for i in members])
             flat = jnp.pad(flat, (0, size - flat.size))
+            if mesh.shape[time] > 1:  # time shards of one window: fp32 inside the host, bucket by bucket
+                flat = jax.lax.psum(flat, time)
             w, s = (residual["worker"][key][0], residual["server"][key][0]) if residual else (None, None)
             if plan.levels == 2:
                 total, w, s = reduce.two_level_psum(flat, w, s, plan.wire, data, plan.hosts)
@@ -139,13 +142,13 @@ def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
         return treedef.unflatten(out), ({"worker": worker, "server": server} if residual else {})
 
     # The sum: its all-gathers over device groups leave the same value on every device of data.
-    reduce_fn = jax.shard_map(reduce_all, mesh=mesh, in_specs=(P(data), P(data)), out_specs=(P(), P(data)),
+    reduce_fn = jax.shard_map(reduce_all, mesh=mesh, in_specs=(P(*axes), P(data)), out_specs=(P(), P(data)),
                               check_vma=False)
 
     def f(params, rest, batch, residual):
         # Gradients per device: vma-checked, so psum / broadcast transpose exactly (see the module doc).
         specs = {k: batch_specs[k] for k in batch}
-        grads_fn = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), specs), out_specs=(P(), P(data)),
+        grads_fn = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), specs), out_specs=(P(), P(*axes)),
                                  check_vma=True)
         out, grads = grads_fn(params, rest, batch)
         grads, residual = reduce_fn(grads, residual)
