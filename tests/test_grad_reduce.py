@@ -207,10 +207,11 @@ def test_int8_step_sends_a_quarter_overlaps_backward_and_resumes_exactly(tmp_pat
     fp32 = grads(xla_hlo) / sum(x.size for x in jax.tree.leaves(state["params"]))
     int8 = grads(hlo) / sum(plan.sizes)
     assert 3.7 < fp32 / int8 < 4.0, (fp32, int8)
-    overlap = [m for _, op, size, m in diagnostics.overlap(compiled.as_text()) if op != "all-reduce"]
-    assert len(overlap) >= 4 and max(overlap) > 0, overlap
+    overlap = [(m, f) for c, m, f in diagnostics.overlap(compiled.as_text(), mesh) if c.op != "all-reduce"]
+    assert len(overlap) >= 4 and max(overlap) > (0, 0), overlap
     # XLA's own step: one combined gradient all-reduce, after every matmul (the loss's scalars aside).
-    assert [m for _, _, size, m in diagnostics.overlap(xla_compiled.as_text()) if size > 64] == [0]
+    xla = diagnostics.overlap(xla_compiled.as_text(), mesh)
+    assert [(m, f) for c, m, f in xla if c.result_bytes > 64] == [(0, 0)], xla
 
     residual = jax.tree.leaves(state["grad_residual"])
     assert residual and all(r.sharding.spec == P("data") and r.shape[0] == N for r in residual)

@@ -111,32 +111,44 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
     group on the mesh axes. Reads the synchronous collectives the CPU compiler emits; each is
     counted once, so one inside a loop body would count once, not once per iteration.
     """
-    coords = np.stack(np.unravel_index(np.arange(mesh.size), mesh.devices.shape), axis=1)  # [D, axes]
-    found = []
-    for line in hlo_text.splitlines():
-        m = _COLLECTIVE.search(line)
-        if m is None:
-            continue
-        arrays = _ARRAY.findall(m.group("type"))
-        nbytes = _bytes(arrays)
-        groups = _groups(line) or [list(range(mesh.size))]
-        spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
-        axes = tuple(mesh.axis_names[i] for i in sorted(spans))
-        found.append(Collective(m.group("op"), arrays[0][0], nbytes, axes, max(len(g) for g in groups),
-                                tuple(tuple(g) for g in groups)))
-    return found
+    coords = _coords(mesh)
+    return [c for line in hlo_text.splitlines() if (c := _collective(line, mesh, coords)) is not None]
 
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
+def _coords(mesh: Mesh):
+    return np.stack(np.unravel_index(np.arange(mesh.size), mesh.devices.shape), axis=1)  # [D, axes]
+
+
+def _collective(line: str, mesh: Mesh, coords) -> Collective | None:
+    m = _COLLECTIVE.search(line)
+    if m is None:
+        return None
+    arrays = _ARRAY.findall(m.group("type"))
+    groups = _groups(line) or [list(range(mesh.size))]
+    spans = {i for g in groups for i in np.flatnonzero(np.ptp(coords[g], axis=0) > 0)}
+    axes = tuple(mesh.axis_names[i] for i in sorted(spans))
+    return Collective(m.group("op"), arrays[0][0], _bytes(arrays), axes, max(len(g) for g in groups),
+                      tuple(tuple(g) for g in groups))
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _CALLED = r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)"
 _MATMUL = ("dot", "convolution")
-_COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "all-reduce-start",
-                   "all-gather-start", "collective-permute")
 
 
-def _computations(hlo_text: str) -> tuple[dict, str]:
-    """``({computation: [(name, op, operands, called)]}, entry name)`` of HLO text."""
+@dataclasses.dataclass(frozen=True)
+class _Op:
+    name: str
+    op: str
+    dims: tuple[int, ...]       # of the (first) result array
+    operands: tuple[str, ...]
+    called: tuple[str, ...]
+    line: str
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[_Op]], str]:
+    """``({computation: [instructions]}, entry name)`` of HLO text."""
     comps, entry, current = {}, None, None
     for line in hlo_text.splitlines():
         if current is None:
@@ -149,47 +161,70 @@ def _computations(hlo_text: str) -> tuple[dict, str]:
             current = None
             continue
         if m := _INSTRUCTION.match(line):
-            rest = m.group(3)
-            operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0] if "), " in rest else rest)
-            called = re.findall(_CALLED, rest)
-            comps[current].append((m.group(1), m.group(2), operands, called, line))
+            rest = m.group(4)
+            head = rest.split("), ")[0] if "), " in rest else rest
+            arrays = _ARRAY.findall(m.group(2))
+            dims = tuple(int(d) for d in arrays[0][1].split(",") if d) if arrays else ()
+            comps[current].append(_Op(m.group(1), m.group(3), dims, tuple(re.findall(r"%([\w.\-]+)", head)),
+                                      tuple(re.findall(_CALLED, rest)), line))
     return comps, entry
 
 
-def overlap(hlo_text: str) -> list[tuple[str, str, int, int]]:
-    """For every collective of the entry computation of HLO text: ``(name, op, result bytes, matmuls)``:
-    ``matmuls`` counts the matrix products (dots and convolutions, also inside fusions and calls) the
-    collective neither waits for nor feeds: work a scheduler may run while the collective is in flight
-    (0 for a gradient reduction that only starts after the whole backward pass)."""
-    comps, entry = _computations(hlo_text)
-    memo: dict[str, bool] = {}
+def _matmul_flops(op: _Op, shapes: dict[str, tuple[int, ...]]) -> float:
+    """FLOPs of one dot (2 x output x contracted size) or convolution (2 x output x kernel / its
+    output features)."""
+    if op.op == "dot":
+        lhs = shapes.get(op.operands[0], ())
+        m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", op.line)
+        contracted = math.prod(lhs[int(i)] for i in m.group(1).split(",") if i) if m and lhs else 1
+        return 2.0 * math.prod(op.dims) * contracted
+    kernel = shapes.get(op.operands[1], ())
+    m = re.search(r"dim_labels=\w+_(\w+)->", op.line)
+    if not kernel or not m or "o" not in m.group(1):
+        return 0.0
+    return 2.0 * math.prod(op.dims) * math.prod(kernel) / kernel[m.group(1).index("o")]
 
-    def has_matmul(comp: str) -> bool:
+
+def overlap(hlo_text: str, mesh: Mesh) -> list[tuple[Collective, int, float]]:
+    """For every collective of the entry computation of compiled HLO text: ``(collective, matmuls,
+    flops)``, the matrix products (dots and convolutions, also inside fusions and calls) it neither
+    waits for nor feeds, and their FLOPs per device: work a scheduler may run while the collective
+    is in flight (none for a gradient reduction that only starts after the whole backward pass)."""
+    comps, entry = _computations(hlo_text)
+    memo: dict[str, float] = {}
+
+    def flops(comp: str) -> float:  # matmul FLOPs inside a computation, called ones included
         if comp not in memo:
-            memo[comp] = False
-            memo[comp] = any(op in _MATMUL or any(has_matmul(c) for c in called if c in comps)
-                             for _, op, _, called, _ in comps.get(comp, []))
+            memo[comp] = 0.0
+            body = comps.get(comp, [])
+            shapes = {o.name: o.dims for o in body}
+            memo[comp] = sum((_matmul_flops(o, shapes) if o.op in _MATMUL else 0.0)
+                             + sum(flops(c) for c in o.called if c in comps) for o in body)
         return memo[comp]
 
     instructions = comps[entry]
-    operands = {name: [o for o in ops if o] for name, _, ops, _, _ in instructions}
+    shapes = {o.name: o.dims for o in instructions}
+    work = {o.name: (_matmul_flops(o, shapes) if o.op in _MATMUL else 0.0)
+            + sum(flops(c) for c in o.called if c in comps) for o in instructions}
+    matmuls = {name for name, w in work.items() if w > 0}
+    operands = {o.name: [x for x in o.operands if x in work] for o in instructions}
     users: dict[str, list[str]] = {name: [] for name in operands}
     for name, ops in operands.items():
-        for o in ops:
-            if o in users:
-                users[o].append(name)
-    matmuls = {name for name, op, _, called, _ in instructions
-               if op in _MATMUL or any(has_matmul(c) for c in called if c in comps)}
+        for x in ops:
+            users[x].append(name)
 
     def reach(start: str, edges) -> set[str]:
         seen, todo = set(), [start]
         while todo:
-            for nxt in edges.get(todo.pop(), []):
-                if nxt in edges and nxt not in seen:
+            for nxt in edges[todo.pop()]:
+                if nxt not in seen:
                     seen.add(nxt)
                     todo.append(nxt)
         return seen
 
-    return [(name, op, _bytes(_ARRAY.findall(line.split("=", 1)[1].split(f" {op}(")[0])),
-             len(matmuls - reach(name, operands) - reach(name, users)))
-            for name, op, _, _, line in instructions if op in _COLLECTIVE_OPS]
+    coords, found = _coords(mesh), []
+    for o in instructions:
+        if (c := _collective(o.line, mesh, coords)) is not None:
+            free = matmuls - reach(o.name, operands) - reach(o.name, users)
+            found.append((c, len(free), sum(work[n] for n in free)))
+    return found

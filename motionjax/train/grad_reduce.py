@@ -105,17 +105,9 @@ def residual_shardings(mesh, residual):
     return jax.tree.map(lambda _: NamedSharding(mesh, P(parallel.DATA_AXIS)), residual)
 
 
-def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
-    """``loss_and_grads(params, rest, batch) -> ((loss, aux), grads)`` (one device's, inside
-    ``shard_map``) -> ``f(params, rest, batch, residual) -> ((loss, aux), grads, residual)`` with the
-    gradient summed over ``data`` as ``plan`` says; ``batch_specs``: ``{key: PartitionSpec}`` of every
-    batch key the step may get."""
+def _reducer(plan: Plan, mesh):
+    """``shard_map`` of (grads ``[data, time, ...]`` per leaf, residual) -> (summed grads, residual)."""
     data, time = parallel.DATA_AXIS, parallel.TIME_AXIS
-    axes = (data, time)
-
-    def per_device(params, rest, batch):
-        (loss, aux), grads = loss_and_grads(jax.lax.pcast(params, axes, to="varying"), rest, batch)
-        return (loss, aux), jax.tree.map(lambda g: g[None, None], grads)
 
     def reduce_all(grads, residual):
         leaves, treedef = jax.tree.flatten(grads)
@@ -142,8 +134,32 @@ def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
         return treedef.unflatten(out), ({"worker": worker, "server": server} if residual else {})
 
     # The sum: its all-gathers over device groups leave the same value on every device of data.
-    reduce_fn = jax.shard_map(reduce_all, mesh=mesh, in_specs=(P(*axes), P(data)), out_specs=(P(), P(data)),
-                              check_vma=False)
+    return jax.shard_map(reduce_all, mesh=mesh, in_specs=(P(data, time), P(data)), out_specs=(P(), P(data)),
+                         check_vma=False)
+
+
+def lower_reduction(plan: Plan, mesh) -> jax.stages.Lowered:
+    """The reduction alone, lowered for abstract per-device gradients: one ``[data, time, L]`` leaf
+    per bucket of ``plan`` (what ``scripts/comm_report.py`` reads the bytes of, without the model)."""
+    time = mesh.shape[parallel.TIME_AXIS]
+    grads = [jax.ShapeDtypeStruct((plan.data, time, n), np.float32) for n in plan.sizes]
+    one = dataclasses.replace(plan, buckets=tuple((i,) for i in range(len(plan.sizes))))
+    residual = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_residual(one))
+    return jax.jit(_reducer(one, mesh)).lower(grads, residual)
+
+
+def value_and_grad(loss_and_grads, plan: Plan, mesh, batch_specs: dict):
+    """``loss_and_grads(params, rest, batch) -> ((loss, aux), grads)`` (one device's, inside
+    ``shard_map``) -> ``f(params, rest, batch, residual) -> ((loss, aux), grads, residual)`` with the
+    gradient summed over ``data`` as ``plan`` says; ``batch_specs``: ``{key: PartitionSpec}`` of every
+    batch key the step may get."""
+    axes = (parallel.DATA_AXIS, parallel.TIME_AXIS)
+
+    def per_device(params, rest, batch):
+        (loss, aux), grads = loss_and_grads(jax.lax.pcast(params, axes, to="varying"), rest, batch)
+        return (loss, aux), jax.tree.map(lambda g: g[None, None], grads)
+
+    reduce_fn = _reducer(plan, mesh)
 
     def f(params, rest, batch, residual):
         # Gradients per device: vma-checked, so psum / broadcast transpose exactly (see the module doc).
