@@ -138,6 +138,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0            # global-norm clipping
     c.train.ema_decay = 0.0            # >0: evaluate (and export) an exponential moving average of the params
     c.train.grad_accum_steps = 1       # >1: optax.MultiSteps averages this many micro-batches per update
+    # The gradient sum over 'data' (motionjax.train.grad_reduce): wire format "fp32" (XLA's exact
+    # all-reduce), "bf16" or "int8" (block scales, error feedback kept in the train state).
+    c.train.grad_reduce = "fp32"
+    c.train.grad_reduce_levels = 1     # 2: reduce-scatter inside each host, the 1/d slices across, all-gather
+    c.train.grad_reduce_host_size = 0  # 'data' devices per host for 2 levels; 0 = those of one process
+    c.train.grad_bucket_mb = 4.0       # explicit reductions: leaves summed in buckets of about this (fp32)
     c.train.retain_host_memory = True  # glibc: reuse freed host memory (parallel.retain_host_memory)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
     c.train.log_every = 10             # steps between train-metric logs

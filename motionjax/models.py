@@ -39,7 +39,7 @@ from motionjax.core import rotations as rot
 from motionjax.core.features import destandardize, rotating_joints, unpack
 from motionjax.core.halo import pad_with_halos
 from motionjax.core.kinematics import forward_kinematics, inverse_kinematics
-from motionjax.parallel import DATA_AXIS, TIME_AXIS
+from motionjax.parallel import DATA_AXIS, TIME_AXIS, manual_axes
 
 
 def chunk_windows(x, halo: int, axis_name: str | None = None):
@@ -269,6 +269,8 @@ class ChunkedAutoencoder(nnx.Module):
         """:func:`chunk_windows`, exchanging halos by ``ppermute`` when a mesh shards the chunks."""
         if self.mesh is None:
             return chunk_windows(x, halo)
+        if TIME_AXIS in manual_axes():  # inside the train step's shard_map (train.grad_reduce)
+            return chunk_windows(x, halo, axis_name=TIME_AXIS)
         # Manual only for the exchange: the rest stays chunk-local, so the partitioner keeps it sharded.
         batch = DATA_AXIS if DATA_AXIS in self.mesh.axis_names else None
         exchange = jax.shard_map(

@@ -86,6 +86,12 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(grid, names, axis_types=axis_types)
 
 
+def manual_axes() -> frozenset[str]:
+    """The mesh axes the code being traced is already inside a ``shard_map`` over (empty outside):
+    there, code that would open a ``shard_map`` of its own runs its per-device body directly."""
+    return frozenset(jax.sharding.get_abstract_mesh().manual_axes)
+
+
 # --------------------------------------------------------------------------------------------
 # Logical axes -> shardings
 # --------------------------------------------------------------------------------------------

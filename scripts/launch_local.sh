@@ -20,6 +20,8 @@ mkdir -p "$LOG_DIR"
 
 gpus=0
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpus=1; fi
+# GPUs: async collectives + the latency-hiding scheduler overlap the gradient reduction with backward.
+if ((gpus)); then source scripts/xla_gpu_flags.sh; fi
 
 pids=()
 stop() { kill -TERM "${pids[@]}" 2>/dev/null || true; }

@@ -148,6 +148,10 @@ _RULES = {
     "train.learning_rate": (lambda v: _is_number(v) and v > 0, "a positive number"),
     "train.warmup_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "train.grad_accum_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "train.grad_reduce": (lambda v: v in ("fp32", "bf16", "int8"), "'fp32', 'bf16' or 'int8'"),
+    "train.grad_reduce_levels": (lambda v: v in (1, 2), "1 (flat) or 2 (inside hosts, then across)"),
+    "train.grad_reduce_host_size": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: per process)"),
+    "train.grad_bucket_mb": (lambda v: _is_number(v) and v > 0, "a positive number of MiB"),
     "train.ema_decay": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1): 0 = off"),
     "train.max_nonfinite_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "train.log_every": (lambda v: _is_int(v) and v > 0, "a positive integer"),
@@ -205,12 +209,37 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         problems.append(f"data.observed={d.observed}: expected fewer frames than data.window={d.window} "
                         "(the rest of each window is the forecast)")
     problems += _check_evals(config)
+    problems += _check_grad_reduce(config, sizes, bad, num_processes)
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="
                         f"{config.train.grad_accum_steps} (one optimizer update)")
     if problems:
         raise ConfigError(problems)
+
+
+def _check_grad_reduce(config, sizes, bad, num_processes: int) -> list[str]:
+    """An explicit gradient reduction (anything but fp32 over one level) sums replicated parameters'
+    per-device gradients: not with FSDP (XLA reduce-scatters those itself), nor with dropout (each
+    data shard would draw the same masks inside the step's shard_map)."""
+    keys = ("train.grad_reduce", "train.grad_reduce_levels", "train.grad_reduce_host_size")
+    t = config.train
+    if not bad.isdisjoint(keys) or (t.grad_reduce == "fp32" and t.grad_reduce_levels == 1):
+        return []
+    what = f"train.grad_reduce={t.grad_reduce!r}, train.grad_reduce_levels={t.grad_reduce_levels}"
+    problems = []
+    if config.mesh.fsdp:
+        problems.append(f"{what}: expected mesh.fsdp=False (an explicit reduction sums replicated "
+                        "parameters' gradients)")
+    if config.model.dropout:
+        problems.append(f"{what}: expected model.dropout=0 (inside the step's shard_map every data shard "
+                        "would draw the same dropout masks)")
+    data = (sizes or {}).get(parallel.DATA_AXIS)
+    host = t.grad_reduce_host_size or (data // num_processes if data else 0)
+    if t.grad_reduce_levels == 2 and data and (not host or data % host):
+        problems.append(f"train.grad_reduce_host_size={t.grad_reduce_host_size}: expected a divisor of the "
+                        f"'data' axis size {data} ({num_processes} processes)")
+    return problems
 
 
 def _check_evals(config) -> list[str]:

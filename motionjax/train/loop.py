@@ -109,6 +109,8 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
               f"({found['per_device_batch']} per device)", flush=True)
     checks.check_data(config, info)
     train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
+    if main:
+        print(step.gradient_reduction(config, mesh, state["params"])[1].describe(), flush=True)
     iterator = make_iterator(config, info, mesh)
     cleanup.callback(faults.quietly, getattr(iterator, "close", None))
     mngr = checkpoints.make_checkpoint_manager(workdir, cfg)

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from motionjax import losses, models, parallel
 from motionjax.core.features import feature_dim
 from motionjax.data import transforms
+from motionjax.train import grad_reduce
 
 
 def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -58,9 +59,9 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
     frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
     # Per-window offsets [B, J, 3] over data only (every time shard of a window needs all its bones);
     # None (an empty tree) matches any spec.
-    sharded = jax.shard_map(lambda p, t, o, v: loss(p, t, offsets=o, valid=v), mesh=mesh,
-                            in_specs=(frames, frames, P(parallel.DATA_AXIS), frames), out_specs=P(),
-                            check_vma=False)
+    local = lambda p, t, o, v: loss(p, t, offsets=o, valid=v)  # noqa: E731
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(frames, frames, P(parallel.DATA_AXIS), frames),
+                            out_specs=P(), check_vma=False)
 
     observed = config.data.observed
 
@@ -70,7 +71,9 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
         if observed:  # forecasting: the predicted frames and the seam (transforms.forecast_frames)
             scored = jnp.asarray(transforms.forecast_frames(n * c, observed, seam=True))
             valid = jnp.broadcast_to(scored, (b, n * c)) if valid is None else valid * scored
-        return sharded(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
+        # Inside the step's own shard_map (an explicit gradient reduction) the arrays are already local.
+        run = local if parallel.manual_axes() else sharded
+        return run(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
 
     return loss_fn
 
@@ -86,24 +89,38 @@ def reconstruction_objective(loss_fn):
 
 
 def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0,
-                    objective=None):
+                    objective=None, reduction=None):
     """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
     math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both).
     ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average.
     ``objective(pred, batch) -> (loss, terms)``: what the step minimizes (a hook for other targets,
-    e.g. distillation); default :func:`reconstruction_objective` of ``loss_fn``."""
+    e.g. distillation); default :func:`reconstruction_objective` of ``loss_fn``.
+    ``reduction(loss_and_grads) -> f(params, rest, batch, residual) -> ((loss, aux), grads, residual)``
+    sums the gradient over ``data`` itself (:func:`motionjax.train.grad_reduce.value_and_grad`, with
+    ``state["grad_residual"]``); ``None``: XLA's all-reduce of the sharded step."""
     objective = objective or reconstruction_objective(loss_fn)
 
-    def step(state, batch):
+    def loss_and_grads(params, rest, batch):
         def compute(params):
             # copy: fresh Variables at this trace level, so dropout may advance its RNG count here.
-            model = nnx.merge(graphdef, params, state["rest"], copy=True)
+            model = nnx.merge(graphdef, params, rest, copy=True)
             loss, terms = objective(model(batch["noisy"]), batch)
             return loss, (terms, nnx.state(model, nnx.Not(nnx.Param)))  # rest: dropout RNG counts
 
-        (loss, (terms, rest)), grads = jax.value_and_grad(compute, has_aux=True)(state["params"])
+        return jax.value_and_grad(compute, has_aux=True)(params)
+
+    if reduction is None:
+        gradient = lambda params, rest, batch, residual: (*loss_and_grads(params, rest, batch), residual)  # noqa: E731
+    else:
+        gradient = reduction(loss_and_grads)
+
+    def step(state, batch):
+        (loss, (terms, rest)), grads, residual = gradient(state["params"], state["rest"], batch,
+                                                          state.get("grad_residual"))
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "rest": rest}
+        if "grad_residual" in state:
+            new["grad_residual"] = residual  # kept, like every leaf, when the step is not finite
         if ema_decay:
             new["ema"] = optax.incremental_update(new["params"], state["ema"], 1.0 - ema_decay)
         finite = jnp.isfinite(loss) & _all_finite(grads)
@@ -136,15 +153,32 @@ def init_state(config: ml_collections.ConfigDict, info, mesh, model: nnx.Module 
              "nonfinite_total": jnp.int32(0), "nonfinite_run": jnp.int32(0)}
     if config.train.ema_decay:
         state["ema"] = jax.tree.map(jnp.copy, params)
+    residual = grad_reduce.init_residual(grad_reduce.make_plan(config.train, mesh, params))
+    if residual:
+        state["grad_residual"] = residual
     shardings = parallel.state_shardings(mesh, state, fsdp=config.mesh.fsdp)
+    if residual:
+        shardings["grad_residual"] = grad_reduce.residual_shardings(mesh, residual)
     return (graphdef, eval_graphdef, model), tx, parallel.put(state, shardings), shardings
+
+
+def gradient_reduction(config: ml_collections.ConfigDict, mesh, params):
+    """``pure_train_step``'s ``reduction`` for ``config.train.grad_reduce*`` (None: XLA's fp32
+    all-reduce) and the :class:`~motionjax.train.grad_reduce.Plan` it follows."""
+    plan = grad_reduce.make_plan(config.train, mesh, params)
+    if not plan.explicit:
+        return None, plan
+    specs = {k: parallel.logical_to_mesh(names) for k, names in parallel.BATCH_AXES.items()}
+    return (lambda loss_and_grads: grad_reduce.value_and_grad(loss_and_grads, plan, mesh, specs)), plan
 
 
 def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     """``(step, state, shardings, eval_graphdef)``: the jitted step with the state's shardings in and
     out and the state donated (updated in place), batches ``[B, N, C, F]`` split over data x time."""
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
-    step = pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay)
+    reduction, _ = gradient_reduction(config, mesh, state["params"])
+    step = pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay,
+                           reduction=reduction)
     step = jit_train_step(step, shardings, mesh)
     return step, state, shardings, eval_graphdef
 
