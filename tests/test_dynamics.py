@@ -185,3 +185,24 @@ def test_per_window_offsets_reach_every_backend():
     for jacobian in dynamics.JACOBIANS:
         np.testing.assert_allclose(loss(skeleton, jacobian, offsets=offsets), reference, rtol=1e-4)
     assert abs(loss(skeleton, "blocked") - reference) > 1e-3 * reference
+
+
+def test_generalized_forces_equal_the_dense_jacobian_transpose():
+    """dynamics.generalized_forces (the blocked tree path, back in [B, T, J + 1, 3]) equals
+    Jᵀ m (a − g) built by hand: numpy central differences of FK positions and the jacfwd matrix."""
+    skeleton, fps, _, _, root, rotations = clip_batch()
+    root, rotations = root[:2, :8], rotations[:2, :8]
+    got = np.asarray(dynamics.generalized_forces(skeleton, root, rotations, fps), float)
+    positions = np.asarray(K.forward_kinematics(skeleton, rotations, root)[0], float)  # [B, T, J, 3]
+    padded = np.concatenate([positions[:, :1], positions, positions[:, -1:]], axis=1)  # edge copies
+    acceleration = (padded[:, 2:] - 2 * padded[:, 1:-1] + padded[:, :-2]) * fps**2
+    gravity = np.zeros(3)
+    gravity[skeleton.up_axis] = -dynamics.GRAVITY
+    mass = np.asarray(skeleton.masses, float) / np.sum(skeleton.masses)
+    forces = mass[:, None] * (acceleration - gravity)  # [B, T, J, 3]
+    jac = np.asarray(K.jacfwd_jacobian(skeleton, rotations, root), float)  # [B, T, 3J, dof]
+    generalized = np.einsum("btmn,btm->btn", jac, forces.reshape(*forces.shape[:2], -1))
+    root_force, torques = K.unpack_dofs(skeleton, generalized)
+    want = np.concatenate([np.asarray(root_force)[..., None, :], np.asarray(torques)], axis=-2)
+    assert got.shape == want.shape == (2, 8, skeleton.num_joints + 1, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
