@@ -1,21 +1,29 @@
-"""What the train step communicates, on meshes of 8 ... 512 devices.
+"""What the train step's gradient reduction costs on 8 ... 512 devices, with and without overlap.
 
-For every mesh the real train step of the config (``motionjax.train.lower_train_step``) is compiled
-ahead of time on that many virtual CPU devices, against abstract inputs (nothing is allocated), and
-each collective is read back with its mesh axes and bytes (:func:`motionjax.train.diagnostics.collectives`)
-from the HLO as the SPMD partitioner leaves it, in the dtypes an accelerator would send (the CPU
-executable upcasts bf16 collectives to f32). Per-device batch and window stay fixed (weak scaling): a
-data shard holds ``--windows_per_shard`` windows and a time shard ``config.data.window`` frames.
+Measured from compiled HLO on virtual CPU devices (nothing is allocated), per config at a stated
+per-device batch (weak scaling: the per-device program is the same at every mesh size):
 
-Time per step, stated model (flags): each collective of the executable costs ``alpha *
-ceil(log2 group)`` latency, and the bytes go over the bandwidth of the slowest link they cross:
-NVLink inside a host of ``--devices_per_host`` accelerators, the network across hosts (the hybrid
-mesh puts only ``mesh.across_hosts`` across hosts). Compute: the step's FLOPs (XLA's cost analysis
-of the whole unpartitioned step, divided by the devices) at
-``--flops_per_s``. The share is communication / (communication + compute), with no overlap: an
-upper bound on the wait.
+1. XLA's own step (``train.grad_reduce = "fp32"``, one level) on ``data = 8``: FLOPs per device
+   (XLA's cost analysis), its gradient all-reduce (payload and count from the HLO; at ``n``
+   devices a ring sends ``2 (n-1)/n`` of it) and which matmuls it could overlap (none: XLA:CPU
+   combines it into one all-reduce after the whole backward pass).
+2. The explicit step (``int8``, buckets of ``train.grad_bucket_mb``) on ``data = 8``: for every
+   bucket, the matmul FLOPs its collectives neither wait for nor feed
+   (:func:`motionjax.train.diagnostics.overlap`): the backward compute left once its gradients exist.
+3. The reduction alone (:func:`motionjax.train.grad_reduce.lower_reduction`) for every wire format
+   x levels x mesh size: each collective's bytes (partitioned HLO, the dtypes sent), its device
+   groups (in a host or across: ``--devices_per_host`` consecutive devices form a host, as the
+   hybrid mesh lays them out) and count; bytes are linear in the bucket size, so one bucket is
+   compiled and scaled to each.
 
-  scripts/comm_report.py --config experiments/synthetic_scale.py --out docs/comm_report.md
+Model (flags): a collective costs ``alpha * ceil(log2 group)`` + bytes / bandwidth of its link (in a
+host or across). Compute ``T = FLOPs / --flops_per_s``. No overlap: exposed = all communication.
+Overlap: bucket ``b`` may start once the backward compute it does not depend on remains, i.e. at
+``T - T * F_b / F`` (``F_b``: the matmul FLOPs independent of it, ``F``: all matmul FLOPs); one
+bucket at a time on the links, in that order; exposed = what ends after ``T``. Share = exposed /
+(T + exposed). Collectives and compute are assumed not to slow each other down.
+
+  scripts/comm_report.py --out docs/comm_report.md
 """
 from __future__ import annotations
 
@@ -25,24 +33,24 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=512"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
-from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from motionjax import parallel, train  # noqa: E402
 from motionjax.data import synthetic  # noqa: E402
-from motionjax.train import diagnostics  # noqa: E402
+from motionjax.formats import read_bvh_skeleton  # noqa: E402
+from motionjax.train import diagnostics, grad_reduce  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/synthetic_scale.py", "experiment config")
-_MESHES = flags.DEFINE_list("meshes", ["8x1", "4x2", "64x1", "32x2", "512x1", "256x2"],
-                            "data x time meshes")
-_WINDOWS = flags.DEFINE_integer("windows_per_shard", 64, "windows per data shard (weak scaling)")
+_CONFIGS = flags.DEFINE_list("configs", ["synthetic_scale@64", "autoencoder@32"],
+                             "experiments module[:variant]@windows per device")
+_DEVICES = flags.DEFINE_list("devices", ["8", "64", "512"], "data-parallel mesh sizes")
 _PER_HOST = flags.DEFINE_integer("devices_per_host", 8, "accelerators per host")
 _NVLINK = flags.DEFINE_float("nvlink_gbps", 450.0, "in-host bandwidth per device, GB/s one way (H100 NVLink)")
 _NETWORK = flags.DEFINE_float("network_gbps", 50.0, "across-host bandwidth per device, GB/s (400 Gb/s NIC)")
@@ -50,106 +58,186 @@ _ALPHA_IN = flags.DEFINE_float("alpha_in_us", 5.0, "latency per collective step 
 _ALPHA_OUT = flags.DEFINE_float("alpha_out_us", 15.0, "latency per collective step across hosts, us")
 _FLOPS = flags.DEFINE_float("flops_per_s", 400e12, "sustained device FLOP/s (H100 bf16 at ~40% of peak)")
 _OUT = flags.DEFINE_string("out", "docs/comm_report.md", "Markdown table; JSON beside it")
+_VARIANTS = [(w, lv) for w in ("fp32", "bf16", "int8") for lv in (1, 2)]
 
 
-def compiled_step(config, data_size: int, time_size: int):
-    """The train step of ``config`` compiled for a ``data x time`` mesh, its partitioned HLO, FLOPs
-    per device, mesh, batch shape and parameter bytes."""
-    config = config.copy_and_resolve_references()
+def load_config(spec: str):
+    """``"module[:variant]@windows"`` -> (config on an 8 x 1 mesh, windows per device, info)."""
+    name, windows = spec.split("@")
+    module, _, variant = name.partition(":")
+    config = importlib.import_module(f"experiments.{module}").get_config(variant or None)
     with config.unlocked():
-        config.mesh.shape = ((parallel.DATA_AXIS, data_size), (parallel.TIME_AXIS, time_size))
-        config.data.window *= time_size
-        config.data.batch_size = _WINDOWS.value * data_size
-    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[: data_size * time_size])
-    info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window)
+        config.mesh.shape = ((parallel.DATA_AXIS, 8), (parallel.TIME_AXIS, 1))
+        config.data.batch_size = int(windows) * 8
+    skeleton = None
+    if str(config.data.source).endswith("bandai-namco-1/data"):  # the rig decides the feature size
+        files = sorted(Path(config.data.source).glob("*.bvh"))
+        skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
+    info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window,
+                                    skeleton=skeleton)
+    return config, int(windows), info, skeleton is not None
+
+
+def measure_step(config, info) -> dict:
+    """FLOPs, XLA's gradient all-reduce and the explicit step's per-bucket overlap, on data = 8."""
+    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:8])
+    t0 = time.perf_counter()
     lowered, state = train.lower_train_step(config, info, mesh)
-    shape = train.abstract_batch(config, info, mesh)["noisy"].shape
-    param_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state["params"]))
-    flops = float(lowered.cost_analysis()["flops"]) / mesh.size  # XLA:CPU's executable omits library matmuls
+    flops = float(lowered.cost_analysis()["flops"]) / mesh.size
     compiled, partitioned = diagnostics.compile_partitioned(lowered)
-    return compiled, partitioned, flops, mesh, shape, param_bytes
+    grads = [c for c in diagnostics.collectives(partitioned, mesh)
+             if "data" in c.axes and c.op == "all-reduce" and c.result_bytes > 64]  # the loss's scalars aside
+    xla_overlap = [f for c, _, f in diagnostics.overlap(compiled.as_text(), mesh) if c.result_bytes > 64]
+    count = sum(1 for c in diagnostics.collectives(compiled.as_text(), mesh)
+                if "data" in c.axes and c.result_bytes > 64)
+    explicit = config.copy_and_resolve_references()
+    explicit.train.grad_reduce = "int8"
+    lowered, _ = train.lower_train_step(explicit, info, mesh)
+    compiled = lowered.compile()
+    plan = grad_reduce.make_plan(explicit.train, mesh, state["params"])
+    found = diagnostics.overlap(compiled.as_text(), mesh)
+    # Each bucket's int8 payload all-to-all has the bucket's size in bytes: its readiness.
+    payload = sorted(((c.result_bytes, f) for c, _, f in found if c.op == "all-to-all" and c.dtype == "s8"),
+                     key=lambda x: x[1])
+    free = []
+    for size in plan.sizes:
+        match = next(i for i, (b, _) in enumerate(payload) if b == size)
+        free.append(payload.pop(match)[1])
+    matmul = diagnostics.matmul_flops(compiled.as_text())
+    print(f"  step compiled twice in {time.perf_counter() - t0:.0f} s: {flops / 1e9:.1f} GFLOP/device, "
+          f"{len(plan.sizes)} buckets", flush=True)
+    params = jax.tree.leaves(state["params"])
+    return {"flops_per_device": flops, "matmul_flops": matmul,
+            "xla_payload_bytes": sum(c.result_bytes for c in grads), "xla_count": count,
+            "xla_overlap_flops": xla_overlap,
+            "param_bytes": sum(math.prod(x.shape) * x.dtype.itemsize for x in params),
+            "bucket_elements": list(plan.sizes), "bucket_free_flops": free,
+            "batch_shape": list(train.abstract_batch(config, info, mesh)["noisy"].shape)}
 
 
-def _across_hosts(c: diagnostics.Collective, mesh) -> bool:
-    # The hybrid mesh puts only 'data' across hosts, and only once the mesh outgrows one host.
-    return mesh.size > _PER_HOST.value and parallel.DATA_AXIS in c.axes
+def seconds(c: diagnostics.Collective) -> tuple[float, bool]:
+    """(seconds, across hosts) of one collective on its slowest link."""
+    across = c.crosses(_PER_HOST.value)
+    bandwidth = (_NETWORK if across else _NVLINK).value * 1e9
+    alpha = (_ALPHA_OUT if across else _ALPHA_IN).value * 1e-6
+    return c.wire_bytes / bandwidth + alpha * max(math.ceil(math.log2(c.group_size)), 1), across
 
 
-def bandwidth(c: diagnostics.Collective, mesh) -> float:
-    """Bytes/s of the slowest link the collective crosses."""
-    return (_NETWORK if _across_hosts(c, mesh) else _NVLINK).value * 1e9
+def reduction_cost(n: int, wire: str, levels: int, size: int) -> dict:
+    """Seconds and bytes (in host / across) of one bucket of ``size`` elements reduced over ``n``."""
+    shape = ((parallel.DATA_AXIS, n), (parallel.TIME_AXIS, 1))
+    mesh = parallel.make_mesh(ml_collections.ConfigDict({"shape": shape, "across_hosts": parallel.DATA_AXIS}),
+                              devices=jax.devices()[:n])
+    host = min(_PER_HOST.value, n)
+    unit = n * 256
+    size = -(-size // unit) * unit
+    plan = grad_reduce.Plan(wire, levels, n, host, ((0,),), (size,))
+    _, hlo = diagnostics.compile_partitioned(grad_reduce.lower_reduction(plan, mesh))
+    out = {"elements": size, "count": 0, "seconds": 0.0, "bandwidth_s": 0.0, "in_host_bytes": 0.0,
+           "across_bytes": 0.0}
+    for c in diagnostics.collectives(hlo, mesh):
+        if c.group_size <= 1:
+            continue
+        s, across = seconds(c)
+        out["count"] += 1
+        out["seconds"] += s
+        out["bandwidth_s"] += s - (_ALPHA_OUT if across else _ALPHA_IN).value * 1e-6 * max(
+            math.ceil(math.log2(c.group_size)), 1)
+        out["across_bytes" if across else "in_host_bytes"] += c.wire_bytes
+    return out
 
 
-def latency(c: diagnostics.Collective, mesh) -> float:
-    """Seconds of latency: ``alpha`` per step of a log-depth algorithm."""
-    alpha = (_ALPHA_OUT if _across_hosts(c, mesh) else _ALPHA_IN).value * 1e-6
-    return alpha * max(math.ceil(math.log2(c.group_size)), 1)
+def exposed(compute: float, buckets: list[tuple[float, float]]) -> float:
+    """Communication left after ``compute`` s: buckets ``(ready at, seconds)`` one at a time, in order."""
+    t = 0.0
+    for ready, cost in sorted(buckets):
+        t = max(t, ready) + cost
+    return max(0.0, t - compute)
 
 
-def report(config) -> list[dict]:
+def rows_for(spec: str, costs: dict) -> dict:
+    config, windows, info, bandai = load_config(spec)
+    print(f"{spec}: ", flush=True)
+    step = measure_step(config, info)
+    compute = step["flops_per_device"] / _FLOPS.value
+    elements = step["bucket_elements"]
+    ready = [compute * (1.0 - f / step["matmul_flops"]) for f in step["bucket_free_flops"]]
     rows = []
-    for spec in _MESHES.value:
-        data_size, time_size = (int(v) for v in spec.split("x"))
-        t0 = time.perf_counter()
-        compiled, partitioned, flops, mesh, shape, param_bytes = compiled_step(config, data_size, time_size)
-        # Bytes from the partitioned HLO (dtypes as sent); counts, for latency, from the executable,
-        # where XLA has combined the per-tensor gradient all-reduces into a few.
-        sent = [c for c in diagnostics.collectives(partitioned, mesh) if c.group_size > 1]
-        executed = [c for c in diagnostics.collectives(compiled.as_text(), mesh) if c.group_size > 1]
-        per_kind = defaultdict(lambda: {"count": 0, "wire_bytes": 0.0, "seconds": 0.0})
-        for c in sent:
-            kind = per_kind[f"{c.op} over {'x'.join(c.axes)}"]
-            kind["wire_bytes"] += c.wire_bytes
-            kind["seconds"] += c.wire_bytes / bandwidth(c, mesh)
-        for c in executed:
-            kind = per_kind[f"{c.op} over {'x'.join(c.axes)}"]
-            kind["count"] += 1
-            kind["seconds"] += latency(c, mesh)
-        comm = sum(k["seconds"] for k in per_kind.values())
-        compute = flops / _FLOPS.value
-        rows.append({"mesh": spec, "devices": mesh.size, "batch_shape": shape, "param_bytes": param_bytes,
-                     "flops_per_device": flops, "collectives": dict(per_kind),
-                     "wire_bytes": sum(k["wire_bytes"] for k in per_kind.values()),
-                     "comm_s": comm, "compute_s": compute, "comm_share": comm / max(comm + compute, 1e-30)})
-        count = sum(k["count"] for k in per_kind.values())
-        print(f"{spec:>7s}: {count} collectives, {rows[-1]['wire_bytes'] / 2**20:.2f} MiB/device, "
-              f"comm {1e3 * comm:.3f} ms vs compute {1e3 * compute:.3f} ms "
-              f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
-    return rows
+    for n in (int(v) for v in _DEVICES.value):
+        for wire, levels in _VARIANTS:
+            if (wire, levels) == ("fp32", 1):
+                # XLA's all-reduce: its payload from the HLO at 8, a ring over all n, one per tensor
+                # group it combined; as buckets (for overlap) split by size like the explicit ones.
+                ring = 2 * (n - 1) / n * step["xla_payload_bytes"]
+                across = n > _PER_HOST.value
+                bw = (_NETWORK if across else _NVLINK).value * 1e9
+                alpha = (_ALPHA_OUT if across else _ALPHA_IN).value * 1e-6 * math.ceil(math.log2(n))
+                total = sum(elements)
+                bucket = [(ready[b], ring / bw * e / total + alpha * step["xla_count"] / len(elements))
+                          for b, e in enumerate(elements)]
+                sent = {"in_host_bytes": 0.0 if across else ring, "across_bytes": ring if across else 0.0}
+                count = step["xla_count"]
+            else:
+                key = (n, wire, levels)
+                if key not in costs:
+                    costs[key] = reduction_cost(n, wire, levels, max(elements))
+                one = costs[key]
+                scale = [e / one["elements"] for e in elements]
+                latency = one["seconds"] - one["bandwidth_s"]
+                bucket = [(ready[b], one["bandwidth_s"] * s + latency) for b, s in enumerate(scale)]
+                sent = {k: one[k] * sum(scale) for k in ("in_host_bytes", "across_bytes")}
+                count = one["count"] * len(elements)
+            comm = sum(c for _, c in bucket)
+            on = exposed(compute, bucket)
+            rows.append({"devices": n, "hosts": max(n // _PER_HOST.value, 1), "wire": wire, "levels": levels,
+                         "collectives": count, **sent, "comm_s": comm, "compute_s": compute,
+                         "exposed_off_s": comm, "exposed_on_s": on,
+                         "share_off": comm / (compute + comm), "share_on": on / (compute + on)})
+    return {"config": spec, "windows_per_device": windows, "bandai_skeleton": bandai,
+            "window": config.data.window, **step, "rows": rows}
 
 
-def markdown(rows: list[dict], config_path: str) -> str:
+def markdown(reports: list[dict]) -> str:
     lines = [
-        f"# Communication per train step: `{config_path}`",
+        "# Gradient reduction per train step: bytes, time, and what overlap hides",
         "",
-        "Read from the partitioned HLO of the real train step, compiled on virtual CPU devices "
-        "(`scripts/comm_report.py`). Bytes: what one device sends per step with ring algorithms. "
-        f"Links: {_PER_HOST.value} devices per host; {_NVLINK.value:g} GB/s inside a host, "
-        f"{_NETWORK.value:g} GB/s across hosts; latency {_ALPHA_IN.value:g} / {_ALPHA_OUT.value:g} us "
-        f"per log2 step; compute at {_FLOPS.value / 1e12:g} TFLOP/s; no overlap.",
-        "",
-        "| mesh (data x time) | batch [B, N, C, F] | params MiB | collectives (count) | MiB sent / device "
-        "| comm ms | compute ms | comm share |",
-        "|---|---|---|---|---|---|---|---|",
+        "`scripts/comm_report.py` (model and method in its docstring and in docs/scale.md). Links: "
+        f"{_PER_HOST.value} devices per host; {_NVLINK.value:g} GB/s inside a host, {_NETWORK.value:g} GB/s "
+        f"across; latency {_ALPHA_IN.value:g} / {_ALPHA_OUT.value:g} us per log2 step; compute at "
+        f"{_FLOPS.value / 1e12:g} TFLOP/s. Weak scaling: the per-device batch is fixed.",
     ]
-    for r in rows:
-        kinds = "<br>".join(f"{k} ({v['count']}): {v['wire_bytes'] / 2**20:.2f} MiB"
-                            for k, v in sorted(r["collectives"].items()))
-        params = r["param_bytes"] / 2**20
-        lines.append(f"| {r['mesh']} ({r['devices']}) | {list(r['batch_shape'])} | {params:.2f} "
-                     f"| {kinds} | {r['wire_bytes'] / 2**20:.2f} | {1e3 * r['comm_s']:.3f} "
-                     f"| {1e3 * r['compute_s']:.3f} | {100 * r['comm_share']:.0f}% |")
+    for r in reports:
+        ready = ", ".join(f"{100 * f / r['matmul_flops']:.0f}%" for f in r["bucket_free_flops"])
+        xla = 100 * max(r["xla_overlap_flops"] + [0]) / r["matmul_flops"]
+        per_device = f"{r['windows_per_device']} windows x {r['window']} frames per device"
+        lines += ["", f"## `{r['config']}`: {per_device}",
+                  "", f"Batch per 8 devices {r['batch_shape']}; "
+                  f"parameters {r['param_bytes'] / 2**20:.2f} MiB; "
+                  f"{r['flops_per_device'] / 1e9:.1f} GFLOP per device per step "
+                  f"({1e3 * r['rows'][0]['compute_s']:.3f} ms); {len(r['bucket_elements'])} buckets; "
+                  f"matmul work left when each bucket is ready: {ready}; when XLA's own all-reduce is: "
+                  f"{xla:.0f}%" + (" (Bandai skeleton)" if r["bandai_skeleton"] else ""),
+                  "", "| devices (hosts) | wire | levels | collectives | MiB in host | MiB across | comm ms "
+                  "| exposed, no overlap | exposed, overlap |", "|---|---|---|---|---|---|---|---|---|"]
+        for x in r["rows"]:
+            wire = x["wire"] + (" (XLA)" if (x["wire"], x["levels"]) == ("fp32", 1) else "")
+            lines.append(
+                f"| {x['devices']} ({x['hosts']}) | {wire} "
+                f"| {x['levels']} | {x['collectives']} | {x['in_host_bytes'] / 2**20:.2f} "
+                f"| {x['across_bytes'] / 2**20:.2f} | {1e3 * x['comm_s']:.3f} "
+                f"| {1e3 * x['exposed_off_s']:.3f} ms ({100 * x['share_off']:.0f}%) "
+                f"| {1e3 * x['exposed_on_s']:.3f} ms ({100 * x['share_on']:.1f}%) |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv):
     del argv
-    config = _CONFIG.value
-    rows = report(config)
+    costs: dict = {}
+    reports = [rows_for(spec, costs) for spec in _CONFIGS.value]
     out = Path(_OUT.value)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(rows, config_flags.get_config_filename(flags.FLAGS["config"])))
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    out.write_text(markdown(reports))
+    out.with_suffix(".json").write_text(json.dumps(reports, indent=1))
     print(out.read_text())
 
 

@@ -28,19 +28,29 @@ from motionjax import parallel, train
 from motionjax.data import pipeline
 
 STEPS = 10
+FOUR_STEPS = 5
 WORKER_TIMEOUT_S = 420  # a hung collective dumps every thread's stack and exits instead of hanging CI
 
 
-def _config():
+def _config(case: str = "two"):
+    """``"two"``: 2 processes x 2 devices, data 2 x time 2, XLA's all-reduce. ``"four"``: 4 processes x
+    2 devices, data 8, int8 two-level (inside a process, then across), 5 steps."""
     config = base.get_config()
     config.mesh.shape = (("data", -1), ("time", 2))
     config.data.update(source="synthetic", synthetic_clips=16, synthetic_frames=64, batch_size=4, window=32,
                        chunk=8, prefetch=0)
+    if case == "four":
+        config.mesh.shape = (("data", -1), ("time", 1))
+        config.data.batch_size = 8
+        config.train.update(grad_reduce="int8", grad_reduce_levels=2, grad_reduce_host_size=2,
+                            grad_bucket_mb=0.01)
     config.model.update(dim=32, depth=1, heads=2, halo=4, latent_dim=8, stride=2)
     config.train.update(steps=STEPS, warmup_steps=2)
     # This test is about processes, not losses: without the dynamics term each compile takes ~40% less
     # (test_parallel.py compiles the full step on a data x time mesh).
     config.loss.dynamics_weight = 0.0
+    if case == "four":
+        config.train.steps = FOUR_STEPS
     return config
 
 
@@ -57,24 +67,27 @@ def _local_params(state) -> dict:
     return {jax.tree_util.keystr(path): np.asarray(x.addressable_data(0)) for path, x in leaves}
 
 
-def worker(workdir: Path) -> None:
+def worker(workdir: Path, case: str = "two") -> None:
     faulthandler.dump_traceback_later(WORKER_TIMEOUT_S, exit=True)
     parallel.initialize()  # from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
-    assert jax.process_count() == 2 and jax.local_device_count() == 2, jax.devices()
-    config = _config()
+    processes = 2 if case == "two" else 4
+    assert jax.process_count() == processes and jax.local_device_count() == 2, jax.devices()
+    config = _config(case)
     mesh = parallel.make_mesh(config.mesh)
-    # The hybrid mesh: row i of 'data' is process i's devices, so 'time' stays inside a process.
-    assert [{d.process_index for d in row} for row in mesh.devices] == [{0}, {1}], mesh.devices
+    # The hybrid mesh: process i's devices are consecutive along 'data' (row i of data 2 x time 2;
+    # devices 2i, 2i + 1 of data 8), so 'time' and the inside-host level stay inside a process.
+    rows = mesh.devices.reshape(processes, -1)
+    assert [{d.process_index for d in row} for row in rows] == [{i} for i in range(processes)], mesh.devices
     info, state, step, window = _setup(config, mesh)
     shardings = parallel.batch_shardings(mesh, ("noisy", "clean"))
     iterator = pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
     losses = []
-    for _ in range(STEPS):
+    for _ in range(config.train.steps):
         batch = next(iterator)
         state, metrics = step(state, {k: batch[k] for k in ("noisy", "clean")})
         losses.append(float(metrics["loss"]))  # blocks: queued collective steps can hang gloo
     mngr = train.make_checkpoint_manager(workdir, config.train)
-    mngr.save(STEPS, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+    mngr.save(config.train.steps, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
     mngr.wait_until_finished()
     mngr.close()
     np.savez(workdir / f"params_{jax.process_index()}.npz", **_local_params(state))
@@ -88,25 +101,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # two worker subprocesses
-@pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
-def test_two_processes_match_one(tmp_path):
+def _launch(tmp_path, n: int, case: str):
+    """``n`` worker processes x 2 CPU devices on ``case``: (exit codes, the tails of their logs)."""
     port = _free_port()
     # 2 devices per process; conftest's other XLA flags kept.
     flags = ["--xla_force_host_platform_device_count=2",
              *(f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f)]
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags),
-               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
                PYTHONPATH=str(Path(__file__).parents[1]))
-    logs = [tmp_path / f"worker_{i}.log" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=dict(env, JAX_PROCESS_ID=str(i)),
-                              stdout=log.open("w"), stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
+    logs = [tmp_path / f"worker_{i}.log" for i in range(n)]
+    command = [sys.executable, __file__, str(tmp_path), case]
+    procs = [subprocess.Popen(command, env=dict(env, JAX_PROCESS_ID=str(i)), stdout=log.open("w"),
+                              stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
     try:
         codes = [p.wait(timeout=WORKER_TIMEOUT_S + 30) for p in procs]
     finally:
         for p in procs:
             p.kill()
-    tails = "\n".join(f"--- worker {i} ---\n" + log.read_text()[-3000:] for i, log in enumerate(logs))
+    return codes, "\n".join(f"--- worker {i} ---\n" + log.read_text()[-3000:] for i, log in enumerate(logs))
+
+
+@pytest.mark.slow  # two worker subprocesses
+@pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
+def test_two_processes_match_one(tmp_path):
+    codes, tails = _launch(tmp_path, 2, "two")
     assert codes == [0, 0], tails
 
     # Both processes hold the same parameters, bit for bit.
@@ -143,5 +162,35 @@ def test_two_processes_match_one(tmp_path):
         np.testing.assert_array_equal(v, p0[k], err_msg=k)
 
 
+@pytest.mark.slow  # four worker subprocesses
+@pytest.mark.timeout(WORKER_TIMEOUT_S + 300)
+def test_four_processes_int8_two_level_match_one(tmp_path):
+    """4 processes x 2 CPU devices, int8 with error feedback, two levels (an fp32 reduce-scatter inside
+    each process, int8 across the 4 over gloo, an all-gather inside): every process ends with the same
+    parameters and residual-fed losses, equal to one process on 8 devices with the same settings
+    (the compressed sums are the same arithmetic, only the transport differs)."""
+    codes, tails = _launch(tmp_path, 4, "four")
+    assert codes == [0] * 4, tails
+    params = [dict(np.load(tmp_path / f"params_{i}.npz")) for i in range(4)]
+    for p in params[1:]:
+        for k in params[0]:
+            np.testing.assert_array_equal(p[k], params[0][k], err_msg=k)
+    config = _config("four")
+    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:8])
+    info, state, step, window = _setup(config, mesh)
+    shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
+                                           process_count=4) for i in range(4)]
+    losses = []
+    for _ in range(FOUR_STEPS):
+        parts = [next(it) for it in shares]
+        batch = {k: jax.device_put(np.concatenate([b[k] for b in parts]), window) for k in ("noisy", "clean")}
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    np.testing.assert_allclose(json.loads((tmp_path / "losses.json").read_text()), losses, rtol=0, atol=1e-5)
+    reference = _local_params(state)
+    for k in params[0]:
+        np.testing.assert_allclose(params[0][k], reference[k], rtol=0, atol=1e-5, err_msg=k)
+
+
 if __name__ == "__main__":
-    worker(Path(sys.argv[1]))
+    worker(Path(sys.argv[1]), *sys.argv[2:])

@@ -185,15 +185,11 @@ def _matmul_flops(op: _Op, shapes: dict[str, tuple[int, ...]]) -> float:
     return 2.0 * math.prod(op.dims) * math.prod(kernel) / kernel[m.group(1).index("o")]
 
 
-def overlap(hlo_text: str, mesh: Mesh) -> list[tuple[Collective, int, float]]:
-    """For every collective of the entry computation of compiled HLO text: ``(collective, matmuls,
-    flops)``, the matrix products (dots and convolutions, also inside fusions and calls) it neither
-    waits for nor feeds, and their FLOPs per device: work a scheduler may run while the collective
-    is in flight (none for a gradient reduction that only starts after the whole backward pass)."""
-    comps, entry = _computations(hlo_text)
+def _flops(comps):
+    """``flops(computation)``: its matmul FLOPs, called computations included (memoized)."""
     memo: dict[str, float] = {}
 
-    def flops(comp: str) -> float:  # matmul FLOPs inside a computation, called ones included
+    def flops(comp: str) -> float:
         if comp not in memo:
             memo[comp] = 0.0
             body = comps.get(comp, [])
@@ -202,6 +198,22 @@ def overlap(hlo_text: str, mesh: Mesh) -> list[tuple[Collective, int, float]]:
                              + sum(flops(c) for c in o.called if c in comps) for o in body)
         return memo[comp]
 
+    return flops
+
+
+def matmul_flops(hlo_text: str) -> float:
+    """Matmul FLOPs (dots and convolutions) per device of compiled HLO text, fusions included."""
+    comps, entry = _computations(hlo_text)
+    return _flops(comps)(entry)
+
+
+def overlap(hlo_text: str, mesh: Mesh) -> list[tuple[Collective, int, float]]:
+    """For every collective of the entry computation of compiled HLO text: ``(collective, matmuls,
+    flops)``, the matrix products (dots and convolutions, also inside fusions and calls) it neither
+    waits for nor feeds, and their FLOPs per device: work a scheduler may run while the collective
+    is in flight (none for a gradient reduction that only starts after the whole backward pass)."""
+    comps, entry = _computations(hlo_text)
+    flops = _flops(comps)
     instructions = comps[entry]
     shapes = {o.name: o.dims for o in instructions}
     work = {o.name: (_matmul_flops(o, shapes) if o.op in _MATMUL else 0.0)
