@@ -55,13 +55,14 @@ def get_config(arg: str | None = None):
     c.data.eval_stride = 8 if corpus == "deepmimic" else 15
     # siMLPe's trunk (temporal FCs over the DCT of the observed frames, layer norm over features, the residual
     # to the last pose). Chosen on Bandai validation at 300 steps (docs/prediction.md, MPJPE over the
-    # predicted second): keeping the 20 lowest of the 60 DCT frequencies of the forecast (model.dct_keep, up
-    # to 5 Hz) 4.40 -> 4.21 cm, better at every horizon, jitter 2,413 -> 290 m/s^3, skating 48 -> 34 cm/s;
+    # predicted second): keeping the 20 lowest of the 60 DCT frequencies of the forecast (model.dct_keep: a
+    # third of them, up to 5 Hz) 4.40 -> 4.21 cm, better at every horizon, jitter 2,413 -> 290 m/s^3,
+    # skating 48 -> 34 cm/s;
     # FK joint positions as inputs and a feature MLP per block (mlp_ratio 2, 604k parameters instead of 65k)
     # 4.21 -> 5.04 cm and 2.6x slower per step.
     plain = "simlpe" in parts
     c.model.update(name="dct_mlp", dim=128, depth=8, mlp_ratio=0, input_positions=False,
-                   dct_keep=0 if plain else 20, dropout=0.0, dtype="float32", stride=1)
+                   dct_keep=0 if plain else c.data.observed // 3, dropout=0.0, dtype="float32", stride=1)
     # Pose (MPJPE's quantity) and the root trajectory, as in the autoencoder; skating is scored, not trained.
     c.loss.update(rotation=1.0, position=1.0, pose=10.0, foot=0.0, dynamics_weight=0.0)
     # Two models train in the default run (the model and the siMLPe-style reference, below): 2,000 steps
