@@ -1,9 +1,13 @@
 """Corpus preparation at scale: frames/s and peak memory of ``prepare`` on Bandai-1 and on a synthetic
 BVH corpus the size of Bandai Namco's second dataset (~400k frames in ~3,000 clips), and the Grain
-loader's frames/s on Bandai-1 against what a training step consumes.
+loader's frames/s on Bandai-1 against what a training step consumes. Two ratios measured in one run:
+prepare with cleaning (``clean="repair"``) against without (``"off"``) on Bandai-1, and with dedup
+against without on a corpus of repeated takes (~3,000 short clips: 100 actions x 30 takes, each take
+standing still before and after its action, the same idle pose in every clip, and 20 planted copies
+of each kind: exact, noised, mirrored, resampled, re-exported).
 
     python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
-        [--out results/bench_prepare.json]
+        [--corpora bandai,synthetic,takes] [--skip-loader] [--out results/bench_prepare.json]
 
 Each prepare runs in a fresh subprocess (``--force`` into a temporary directory), so its peak RSS is
 its own: the main process's and the largest worker's are reported, and their sum bounds the total.
@@ -29,16 +33,20 @@ _CHILD = """
 import json, resource, sys, time
 from motionjax.data import prepare
 src, out, workers, splits = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+fields = json.loads(sys.argv[5])
 if __name__ == "__main__":
     t = time.perf_counter()
-    info = prepare.prepare(src, out, settings=prepare.Settings(splits=tuple(map(tuple, splits))),
+    info = prepare.prepare(src, out, settings=prepare.Settings(splits=tuple(map(tuple, splits)), **fields),
                            workers=workers, force=True, progress=False)
     wall = time.perf_counter() - t
     kept = sorted({c for segs in info.splits.values() for c, _, _ in segs})
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({"wall_s": wall, "clips": len(info.names), "kept": len(kept),
                       "frames": sum(info.frames), "skipped": len(info.skipped),
-                      "rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                      "cpu_main_s": me.ru_utime + me.ru_stime, "cpu_workers_s": kids.ru_utime + kids.ru_stime,
+                      "split_clips": {k: len({c for c, _, _ in v}) for k, v in info.splits.items()},
+                      "dedup": info.dedup, "cleaning": info.cleaning,
+                      "rss_main_mb": me.ru_maxrss / 1024, "rss_worker_mb": kids.ru_maxrss / 1024}))
 """
 
 
@@ -66,10 +74,33 @@ def synthetic_bvh_corpus(clips: int, frames: int) -> Path:
     return out
 
 
-def prepare_run(source: str, workers: int) -> dict:
+def repeated_takes_corpus(actions: int = 100, takes: int = 30, frames: int = 134, copies: int = 20) -> Path:
+    """The repeated-takes corpus (:func:`motionjax.data.synthetic.repeated_takes`) as BVH (cm), written
+    once: 40 frames standing, the action, 30 standing. On the DeepMimic body, whose rest pose stands
+    upright (the procedural motion is joint angles around the rest pose) and whose left and right
+    joint frames mirror each other (mirrored copies are exact mirror images)."""
+    from motionjax.core.skeleton import deepmimic_humanoid
+    from motionjax.data import synthetic
+    from motionjax.formats import write_bvh
+
+    out = ROOT / "data_cache" / "bench" / f"takes_bvh_{actions}x{takes}x{frames}_c{copies}"
+    done = out / "COMPLETE"
+    if done.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+    motions = synthetic.repeated_takes(actions, takes, frames=frames, idle=40, idle_end=30, seed=2,
+                                       copies=copies, skeleton=deepmimic_humanoid())
+    for m in tqdm(motions, desc="writing repeated takes BVH", unit="clip"):
+        write_bvh(out / f"{m.name}.bvh", m, scale=0.01)
+    done.write_text("")
+    return out
+
+
+def prepare_run(source: str, workers: int, **fields) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         res = subprocess.run([sys.executable, "-c", _CHILD, source, str(Path(tmp) / "out"), str(workers),
-                              json.dumps(SPLITS)],
+                              json.dumps(SPLITS), json.dumps(fields)],
                              capture_output=True, text=True, cwd=ROOT, check=False)
     if res.returncode:
         raise RuntimeError(f"prepare of {source} failed:\n{res.stderr[-3000:]}")
@@ -106,31 +137,58 @@ def main():
     p.add_argument("--frames", type=int, default=134, help="frames per synthetic clip (3000 x 134 ≈ 400k)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="runs per corpus; the median run is reported")
+    p.add_argument("--corpora", default="bandai,synthetic,takes", help="which rows to run")
+    p.add_argument("--skip-loader", action="store_true", help="skip the loader vs step comparison")
     p.add_argument("--out", default="results/bench_prepare.json")
     args = p.parse_args()
     if not BANDAI.is_dir():
         raise SystemExit(f"error: {BANDAI} not found (the Bandai-1 corpus of ../shared/data)")
-    corpus = synthetic_bvh_corpus(args.clips, args.frames)
-    sources = {"bandai-1": str(BANDAI / "*.bvh"), f"synthetic {args.clips} clips": str(corpus)}
+    chosen = set(args.corpora.split(","))
+    sources = {}  # row -> (source, Settings fields)
+    if "bandai" in chosen:
+        sources["bandai-1"] = (str(BANDAI / "*.bvh"), {})
+        sources["bandai-1 clean off"] = (str(BANDAI / "*.bvh"), {"clean": "off"})
+    if "synthetic" in chosen:
+        sources[f"synthetic {args.clips} clips"] = (str(synthetic_bvh_corpus(args.clips, args.frames)), {})
+    if "takes" in chosen:
+        takes = str(repeated_takes_corpus())
+        sources["repeated takes"] = (takes, {})
+        sources["repeated takes no dedup"] = (takes, {"dedup": False})
     runs = {name: [] for name in sources}
-    for _ in range(args.repeats):  # interleaved, so a slow spell of a shared host hits both corpora
-        for name, source in sources.items():
-            runs[name].append(prepare_run(source, args.workers))
+    for _ in range(args.repeats):  # interleaved, so a slow spell of a shared host hits every row alike
+        for name, (source, fields) in sources.items():
+            runs[name].append(prepare_run(source, args.workers, **fields))
     rows = {}
     for name, rs in runs.items():  # the median run by frames/s, with every run's frames/s beside it
         rows[name] = dict(sorted(rs, key=lambda r: r["frames_per_s"])[len(rs) // 2],
                           runs_frames_per_s=[r["frames_per_s"] for r in rs])
-    print(f"{'corpus':<24}{'clips':>7}{'kept':>7}{'frames':>10}{'wall s':>9}{'frames/s':>10}"
+    print(f"{'corpus':<26}{'clips':>7}{'kept':>7}{'frames':>10}{'wall s':>9}{'frames/s':>10}{'CPU s':>8}"
           f"{'RSS main MB':>13}{'RSS worker MB':>15}   frames/s of each run")
     for name, r in rows.items():
-        print(f"{name:<24}{r['clips']:>7}{r['kept']:>7}{r['frames']:>10}{r['wall_s']:>9.1f}"
-              f"{r['frames_per_s']:>10,.0f}{r['rss_main_mb']:>13.0f}{r['rss_worker_mb']:>15.0f}   "
+        cpu = r["cpu_main_s"] + r["cpu_workers_s"]
+        print(f"{name:<26}{r['clips']:>7}{r['kept']:>7}{r['frames']:>10}{r['wall_s']:>9.1f}"
+              f"{r['frames_per_s']:>10,.0f}{cpu:>8.1f}{r['rss_main_mb']:>13.0f}{r['rss_worker_mb']:>15.0f}   "
               + " ".join(f"{v:,.0f}" for v in r["runs_frames_per_s"]))
-    load = loader_vs_step()
-    print(f"Bandai-1 loader {load['loader_frames_per_s']:,.0f} frames/s vs train step "
-          f"{load['step_frames_per_s']:,.0f} frames/s: {load['ratio']:.1f}x")
+    ratios = {}
+    if "bandai-1" in rows:
+        ratios["clean_frames_per_s_ratio"] = rows["bandai-1"]["frames_per_s"] / rows["bandai-1 clean off"][
+            "frames_per_s"]
+        print(f"Bandai-1 cleaning on / off: {ratios['clean_frames_per_s_ratio']:.3f} of the frames/s "
+              f"(target >= 0.85); {rows['bandai-1']['cleaning']}")
+    if "repeated takes" in rows:
+        on, off = rows["repeated takes"], rows["repeated takes no dedup"]
+        cpu_on, cpu_off = (r["cpu_main_s"] + r["cpu_workers_s"] for r in (on, off))
+        ratios["dedup_cpu_share"] = 1 - cpu_off / cpu_on
+        ratios["dedup_rss_main_extra_mb"] = on["rss_main_mb"] - off["rss_main_mb"]
+        print(f"repeated takes: dedup {100 * ratios['dedup_cpu_share']:.1f}% of prepare CPU (target <= 25%), "
+              f"+{ratios['dedup_rss_main_extra_mb']:.0f} MB peak RSS (target <= 300); kept {on['kept']} of "
+              f"{on['clips']}; splits {on['split_clips']}; dedup {on['dedup']}")
+    load = None if args.skip_loader else loader_vs_step()
+    if load:
+        print(f"Bandai-1 loader {load['loader_frames_per_s']:,.0f} frames/s vs train step "
+              f"{load['step_frames_per_s']:,.0f} frames/s: {load['ratio']:.1f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"workers": args.workers, "prepare": rows, "loader": load}
+    result = {"workers": args.workers, "prepare": rows, "ratios": ratios, "loader": load}
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 

@@ -279,3 +279,18 @@ def test_bandai_clips_are_clean_and_a_pop_in_one_is_found():
     bad, [(s, e)] = anomalies.inject(m, "pop", 0.6, np.random.default_rng(0))
     rep = prepare.convert(bad, _settings())["cleaning"]
     assert any(d["kind"] == "pop" and d["frames"][0] <= s and e <= d["frames"][1] for d in rep["defects"])
+
+
+def test_settings_from_configs_old_and_bad():
+    import ml_collections
+
+    cfg = base.get_config().data
+    assert prepare.Settings.from_config(cfg).clean == "repair"
+    old = ml_collections.ConfigDict({k: v for k, v in cfg.items()
+                                     if k not in ("clean", "clean_limits", "copy_threshold", "dedup_policy")})
+    settings = prepare.Settings.from_config(old)  # a run's config.json from before cleaning
+    assert settings.clean == "off" and "clean" not in settings.to_json()
+    assert "copy_threshold" not in settings.to_json()
+    cfg.clean_limits.pop_m = -1.0
+    with pytest.raises(ValueError, match=r"clean_limits: pop_m=-1.0"):
+        prepare.Settings.from_config(cfg)

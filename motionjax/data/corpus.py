@@ -394,47 +394,7 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
             key, value = rule.args
             take = [i for i in free if labels[i].get(key) == value]
         elif rule.kind == "stratified":
-            key, fraction, seed = rule.args
-            by_value: dict[str, list[int]] = {}
-            for i, lab in enumerate(labels):
-                by_value.setdefault(lab.get(key, ""), []).append(i)
-            wants = {v: int(round(fraction * len(m))) for v, m in by_value.items()}
-            total_want, total, taken = sum(wants.values()), 0, []
-            for value in sorted(by_value):
-                members, want = by_value[value], wants[value]
-                have = sum(out[i] == split for i in members)  # pulled in with groups of other values
-                order = np.random.default_rng([seed, len(value), *value.encode()]).permutation(members)
-                for i in order:
-                    if have >= want:
-                        break
-                    if out[i] is not None:
-                        continue
-                    block = whole(int(i))
-                    n = sum(labels[k].get(key, "") == value for k in block)
-                    # Closer to this value's quota and to the split's.
-                    closer = have + n <= want or abs(have + n - want) < abs(have - want)
-                    if closer and abs(total + len(block) - total_want) <= abs(total - total_want):
-                        for k in block:
-                            out[k] = split
-                        have += n
-                        total += len(block)
-                        taken.append(block)
-            # Groups make the count lumpy: give back taken groups, or take free ones, while that
-            # brings the split closer to its total (largest first; each value's quota was met above).
-            for block in sorted(taken, key=len, reverse=True):
-                if abs(total - len(block) - total_want) < abs(total - total_want):
-                    for k in block:
-                        out[k] = None
-                    total -= len(block)
-            rng = np.random.default_rng([seed, 1])
-            for i in rng.permutation(len(names)):
-                if total >= total_want:
-                    break
-                block = whole(int(i)) if out[i] is None else []
-                if block and abs(total + len(block) - total_want) < abs(total - total_want):
-                    for k in block:
-                        out[k] = split
-                    total += len(block)
+            _stratified(split, rule.args, labels, out, whole, len(names))
             continue
         else:
             continue
@@ -443,6 +403,54 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
                 out[k] = split
     rest = rest_split(rules)
     return [s if s is not None else rest for s in out]
+
+
+def _stratified(split: str, args: tuple, labels: list[dict], out: list, whole, num_clips: int) -> None:
+    """A ``stratified:KEY:FRACTION`` rule on the free clips of ``out`` (in place): per value of the
+    label, its quota of clips in a seeded order, whole groups at a time (``whole(i)``: the free
+    members of clip ``i``'s group), then whole groups given back or taken while the split's total
+    gets closer to its quota."""
+    key, fraction, seed = args
+    by_value: dict[str, list[int]] = {}
+    for i, lab in enumerate(labels):
+        by_value.setdefault(lab.get(key, ""), []).append(i)
+    wants = {v: int(round(fraction * len(m))) for v, m in by_value.items()}
+    total_want, total, taken = sum(wants.values()), 0, []
+    for value in sorted(by_value):
+        members, want = by_value[value], wants[value]
+        have = sum(out[i] == split for i in members)  # pulled in with groups of other values
+        order = np.random.default_rng([seed, len(value), *value.encode()]).permutation(members)
+        for i in order:
+            if have >= want:
+                break
+            if out[i] is not None:
+                continue
+            block = whole(int(i))
+            n = sum(labels[k].get(key, "") == value for k in block)
+            # Closer to this value's quota and to the split's.
+            closer = have + n <= want or abs(have + n - want) < abs(have - want)
+            if closer and abs(total + len(block) - total_want) <= abs(total - total_want):
+                for k in block:
+                    out[k] = split
+                have += n
+                total += len(block)
+                taken.append(block)
+    # Groups make the count lumpy: give back taken groups, or take free ones, while that
+    # brings the split closer to its total (largest first; each value's quota was met above).
+    for block in sorted(taken, key=len, reverse=True):
+        if abs(total - len(block) - total_want) < abs(total - total_want):
+            for k in block:
+                out[k] = None
+            total -= len(block)
+    rng = np.random.default_rng([seed, 1])
+    for i in rng.permutation(num_clips):
+        if total >= total_want:
+            break
+        block = whole(int(i)) if out[i] is None else []
+        if block and abs(total + len(block) - total_want) < abs(total - total_want):
+            for k in block:
+                out[k] = split
+            total += len(block)
 
 
 def segments(rules: dict[str, Rule], clip_splits: list[str], frames: list[int]) -> dict[str, list[tuple]]:

@@ -120,6 +120,12 @@ class Settings:
             raise ValueError(f"config.data.clean={mode!r}: expected one of {clean_mod.MODES}")
         limits = (dict(cfg.clean_limits) if "clean_limits" in cfg
                   else dataclasses.asdict(clean_mod.Thresholds()))
+        known = {f.name for f in dataclasses.fields(clean_mod.Thresholds)}
+        bad = sorted(k for k, v in limits.items() if k not in known or not isinstance(v, (int, float))
+                     or isinstance(v, bool) or v < 0)
+        if bad:
+            raise ValueError(f"config.data.clean_limits: {', '.join(f'{k}={limits.get(k)!r}' for k in bad)}: "
+                             f"expected non-negative numbers for the keys {sorted(known)}")
         return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
                    splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
                    near_threshold=float(cfg.near_threshold), clean=mode,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from motionjax.core import rotations as rot
+from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import BALL, HINGE, Skeleton, deepmimic_humanoid
 from motionjax.data import corpus, records, stats, transforms
 from motionjax.data.info import DatasetInfo
@@ -144,8 +145,8 @@ def repeated_take(skeleton: Skeleton, action: int, take: int, *, seed: int = 0, 
     """Take ``take`` of action ``action``: ``idle`` frames standing still (the same idle for every
     action and take), the action, then ``idle_end`` frames standing again. Every take performs the
     action with its own variation: played at ±10% speed from its own phase, every joint off by a
-    smooth ``variation`` rad (per axis) of its own.
-    Returns ``(root_position [T, 3], rotations [T, J, 4])`` float32."""
+    smooth ``variation`` rad (per axis) of its own. The body is lowered onto the floor (its lowest
+    joint at height 0) every frame. Returns ``(root_position [T, 3], rotations [T, J, 4])`` float32."""
     base_root, base = synthetic_clip(skeleton, action, seed, frames=2 * frames, fps=fps)
     rng = np.random.default_rng([seed, action, take, 7])
     speed = rng.uniform(0.9, 1.1)
@@ -168,8 +169,11 @@ def repeated_take(skeleton: Skeleton, action: int, take: int, *, seed: int = 0, 
     rots = rot.quat_slerp(np.broadcast_to(stand[0], rots.shape), rots, np.broadcast_to(w, rots.shape[:-1]))
     end_rots = _stand(skeleton, np.random.default_rng([seed, 99]), idle_end, fps)
     out_root = np.concatenate([idle_root, root, np.broadcast_to(root[-1], (idle_end, 3))])
-    out_rots = np.concatenate([stand, rots, end_rots])
-    return out_root.astype(np.float32), rot.quat_normalize(out_rots).astype(np.float32)
+    out_rots = rot.quat_normalize(np.concatenate([stand, rots, end_rots]))
+    # On the floor: the lowest joint touches it every frame (the procedural limbs swing freely).
+    low = np.asarray(forward_kinematics(skeleton, out_rots, out_root)[0])[..., skeleton.up_axis].min(-1)
+    out_root[:, skeleton.up_axis] -= low
+    return out_root.astype(np.float32), out_rots.astype(np.float32)
 
 
 def plant_copy(skeleton: Skeleton, motion: Motion, kind: str, rng) -> Motion:
