@@ -336,8 +336,11 @@ BAD = [  # (key, value, expected text)
     ("train.checkpoint_every", 0, "train.checkpoint_every=0: expected a positive integer"),
     ("evals.heldout.splits", (), "evals.heldout.splits=(): expected a non-empty tuple of split names"),
     ("evals.final.splits", (), "evals.final.splits=(): expected a non-empty tuple of split names"),
-    ("evals.final.kind", "bogus", "evals.final.kind='bogus': expected one of ['clip', 'metrics']"),
+    ("evals.final.kind", "bogus",
+     "evals.final.kind='bogus': expected one of ['clip', 'forecast', 'metrics']"),
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
+    ("data.observed", 32, "data.observed=32: expected fewer frames than data.window=32"),
+    ("data.observed", -1, "data.observed=-1: expected an integer >= 0"),
     ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
      "one of the splits evaluated during training ('validation',)"),
     ("train.best_metric", "validation/mpjpee", "train.best_metric='validation/mpjpee': expected"),
