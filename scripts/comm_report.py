@@ -78,41 +78,52 @@ def load_config(spec: str):
     return config, int(windows), info, skeleton is not None
 
 
-def measure_step(config, info) -> dict:
-    """FLOPs, XLA's gradient all-reduce and the explicit step's per-bucket overlap, on data = 8."""
+def measure_step(config, info):
+    """Yields what is known of the step on data = 8 after each stage (later stages compile the whole
+    step, minutes each on 2 busy cores): FLOPs and buckets (lowered only); each bucket's overlap (the
+    explicit int8 step compiled); XLA's own gradient all-reduce (its step compiled)."""
     mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:8])
     t0 = time.perf_counter()
     lowered, state = train.lower_train_step(config, info, mesh)
-    flops = float(lowered.cost_analysis()["flops"]) / mesh.size
+    explicit = config.copy_and_resolve_references()
+    explicit.train.grad_reduce = "int8"
+    plan = grad_reduce.make_plan(explicit.train, mesh, state["params"])
+    params = jax.tree.leaves(state["params"])
+    step = {"flops_per_device": float(lowered.cost_analysis()["flops"]) / mesh.size,
+            "param_bytes": sum(math.prod(x.shape) * x.dtype.itemsize for x in params),
+            "bucket_elements": list(plan.sizes), "batch_shape": list(abstract_noisy(config, info, mesh)),
+            "matmul_flops": None, "bucket_free_flops": None, "xla_payload_bytes": None, "xla_count": None,
+            "xla_overlap_flops": None}
+    print(f"  lowered in {time.perf_counter() - t0:.0f} s: {step['flops_per_device'] / 1e9:.1f} "
+          f"GFLOP/device, {len(plan.sizes)} buckets", flush=True)
+    yield step
+
+    compiled = train.lower_train_step(explicit, info, mesh)[0].compile()
+    found = diagnostics.overlap(compiled.as_text(), mesh)
+    # Each bucket's int8 all-to-all carries the bucket's size in bytes (+ its scales): its readiness.
+    payload = [(c.result_bytes, f) for c, _, f in found if c.op == "all-to-all" and c.dtype == "s8"]
+    free = []
+    for size in plan.sizes:
+        match = next(i for i, (b, _) in enumerate(payload) if b == size * (1 + 4 / 256))
+        free.append(payload.pop(match)[1])
+    step.update(matmul_flops=diagnostics.matmul_flops(compiled.as_text()), bucket_free_flops=free)
+    print(f"  explicit step compiled ({time.perf_counter() - t0:.0f} s)", flush=True)
+    yield step
+
     compiled, partitioned = diagnostics.compile_partitioned(lowered)
     grads = [c for c in diagnostics.collectives(partitioned, mesh)
              if "data" in c.axes and c.op == "all-reduce" and c.result_bytes > 64]  # the loss's scalars aside
-    xla_overlap = [f for c, _, f in diagnostics.overlap(compiled.as_text(), mesh) if c.result_bytes > 64]
-    count = sum(1 for c in diagnostics.collectives(compiled.as_text(), mesh)
-                if "data" in c.axes and c.result_bytes > 64)
-    explicit = config.copy_and_resolve_references()
-    explicit.train.grad_reduce = "int8"
-    lowered, _ = train.lower_train_step(explicit, info, mesh)
-    compiled = lowered.compile()
-    plan = grad_reduce.make_plan(explicit.train, mesh, state["params"])
-    found = diagnostics.overlap(compiled.as_text(), mesh)
-    # Each bucket's int8 payload all-to-all has the bucket's size in bytes: its readiness.
-    payload = sorted(((c.result_bytes, f) for c, _, f in found if c.op == "all-to-all" and c.dtype == "s8"),
-                     key=lambda x: x[1])
-    free = []
-    for size in plan.sizes:
-        match = next(i for i, (b, _) in enumerate(payload) if b == size)
-        free.append(payload.pop(match)[1])
-    matmul = diagnostics.matmul_flops(compiled.as_text())
-    print(f"  step compiled twice in {time.perf_counter() - t0:.0f} s: {flops / 1e9:.1f} GFLOP/device, "
-          f"{len(plan.sizes)} buckets", flush=True)
-    params = jax.tree.leaves(state["params"])
-    return {"flops_per_device": flops, "matmul_flops": matmul,
-            "xla_payload_bytes": sum(c.result_bytes for c in grads), "xla_count": count,
-            "xla_overlap_flops": xla_overlap,
-            "param_bytes": sum(math.prod(x.shape) * x.dtype.itemsize for x in params),
-            "bucket_elements": list(plan.sizes), "bucket_free_flops": free,
-            "batch_shape": list(train.abstract_batch(config, info, mesh)["noisy"].shape)}
+    step.update(xla_payload_bytes=sum(c.result_bytes for c in grads),
+                xla_count=sum(1 for c in diagnostics.collectives(compiled.as_text(), mesh)
+                              if "data" in c.axes and c.result_bytes > 64),
+                xla_overlap_flops=[f for c, _, f in diagnostics.overlap(compiled.as_text(), mesh)
+                                   if c.result_bytes > 64])
+    print(f"  XLA step compiled ({time.perf_counter() - t0:.0f} s)", flush=True)
+    yield step
+
+
+def abstract_noisy(config, info, mesh):
+    return train.abstract_batch(config, info, mesh)["noisy"].shape
 
 
 def seconds(c: diagnostics.Collective) -> tuple[float, bool]:
@@ -155,26 +166,35 @@ def exposed(compute: float, buckets: list[tuple[float, float]]) -> float:
     return max(0.0, t - compute)
 
 
-def rows_for(spec: str, costs: dict) -> dict:
+def rows_for(spec: str, costs: dict):
+    """Yields the report of one config after each stage of :func:`measure_step`."""
     config, windows, info, bandai = load_config(spec)
     print(f"{spec}: ", flush=True)
-    step = measure_step(config, info)
+    for step in measure_step(config, info):
+        yield {"config": spec, "windows_per_device": windows, "bandai_skeleton": bandai,
+               "window": config.data.window, **step, "rows": _rows(step, costs)}
+
+
+def _rows(step: dict, costs: dict) -> list[dict]:
     compute = step["flops_per_device"] / _FLOPS.value
     elements = step["bucket_elements"]
-    ready = [compute * (1.0 - f / step["matmul_flops"]) for f in step["bucket_free_flops"]]
+    ready = None if step["bucket_free_flops"] is None else \
+        [compute * (1.0 - f / step["matmul_flops"]) for f in step["bucket_free_flops"]]
     rows = []
     for n in (int(v) for v in _DEVICES.value):
         for wire, levels in _VARIANTS:
             if (wire, levels) == ("fp32", 1):
-                # XLA's all-reduce: its payload from the HLO at 8, a ring over all n, one per tensor
-                # group it combined; as buckets (for overlap) split by size like the explicit ones.
+                if step["xla_payload_bytes"] is None:
+                    continue
+                # XLA's all-reduce: its payload from the HLO at 8, a ring over all n, its count of
+                # (combined) collectives; for overlap, split by size like the explicit buckets.
                 ring = 2 * (n - 1) / n * step["xla_payload_bytes"]
                 across = n > _PER_HOST.value
                 bw = (_NETWORK if across else _NVLINK).value * 1e9
                 alpha = (_ALPHA_OUT if across else _ALPHA_IN).value * 1e-6 * math.ceil(math.log2(n))
                 total = sum(elements)
-                bucket = [(ready[b], ring / bw * e / total + alpha * step["xla_count"] / len(elements))
-                          for b, e in enumerate(elements)]
+                costs_b = [ring / bw * e / total + alpha * step["xla_count"] / len(elements)
+                           for e in elements]
                 sent = {"in_host_bytes": 0.0 if across else ring, "across_bytes": ring if across else 0.0}
                 count = step["xla_count"]
             else:
@@ -184,17 +204,16 @@ def rows_for(spec: str, costs: dict) -> dict:
                 one = costs[key]
                 scale = [e / one["elements"] for e in elements]
                 latency = one["seconds"] - one["bandwidth_s"]
-                bucket = [(ready[b], one["bandwidth_s"] * s + latency) for b, s in enumerate(scale)]
+                costs_b = [one["bandwidth_s"] * x + latency for x in scale]
                 sent = {k: one[k] * sum(scale) for k in ("in_host_bytes", "across_bytes")}
                 count = one["count"] * len(elements)
-            comm = sum(c for _, c in bucket)
-            on = exposed(compute, bucket)
+            comm = sum(costs_b)
+            on = None if ready is None else exposed(compute, list(zip(ready, costs_b, strict=True)))
             rows.append({"devices": n, "hosts": max(n // _PER_HOST.value, 1), "wire": wire, "levels": levels,
                          "collectives": count, **sent, "comm_s": comm, "compute_s": compute,
-                         "exposed_off_s": comm, "exposed_on_s": on,
-                         "share_off": comm / (compute + comm), "share_on": on / (compute + on)})
-    return {"config": spec, "windows_per_device": windows, "bandai_skeleton": bandai,
-            "window": config.data.window, **step, "rows": rows}
+                         "exposed_off_s": comm, "exposed_on_s": on, "share_off": comm / (compute + comm),
+                         "share_on": None if on is None else on / (compute + on)})
+    return rows
 
 
 def markdown(reports: list[dict]) -> str:
@@ -207,8 +226,11 @@ def markdown(reports: list[dict]) -> str:
         f"{_FLOPS.value / 1e12:g} TFLOP/s. Weak scaling: the per-device batch is fixed.",
     ]
     for r in reports:
-        ready = ", ".join(f"{100 * f / r['matmul_flops']:.0f}%" for f in r["bucket_free_flops"])
-        xla = 100 * max(r["xla_overlap_flops"] + [0]) / r["matmul_flops"]
+        pending = "not measured yet"
+        ready = pending if r["bucket_free_flops"] is None else \
+            ", ".join(f"{100 * f / r['matmul_flops']:.0f}%" for f in r["bucket_free_flops"])
+        xla = pending if r["xla_overlap_flops"] is None or r["matmul_flops"] is None else \
+            f"{100 * max(r['xla_overlap_flops'] + [0]) / r['matmul_flops']:.0f}%"
         per_device = f"{r['windows_per_device']} windows x {r['window']} frames per device"
         lines += ["", f"## `{r['config']}`: {per_device}",
                   "", f"Batch per 8 devices {r['batch_shape']}; "
@@ -216,7 +238,7 @@ def markdown(reports: list[dict]) -> str:
                   f"{r['flops_per_device'] / 1e9:.1f} GFLOP per device per step "
                   f"({1e3 * r['rows'][0]['compute_s']:.3f} ms); {len(r['bucket_elements'])} buckets; "
                   f"matmul work left when each bucket is ready: {ready}; when XLA's own all-reduce is: "
-                  f"{xla:.0f}%" + (" (Bandai skeleton)" if r["bandai_skeleton"] else ""),
+                  f"{xla}" + (" (Bandai skeleton)" if r["bandai_skeleton"] else ""),
                   "", "| devices (hosts) | wire | levels | collectives | MiB in host | MiB across | comm ms "
                   "| exposed, no overlap | exposed, overlap |", "|---|---|---|---|---|---|---|---|---|"]
         for x in r["rows"]:
@@ -225,19 +247,23 @@ def markdown(reports: list[dict]) -> str:
                 f"| {x['devices']} ({x['hosts']}) | {wire} "
                 f"| {x['levels']} | {x['collectives']} | {x['in_host_bytes'] / 2**20:.2f} "
                 f"| {x['across_bytes'] / 2**20:.2f} | {1e3 * x['comm_s']:.3f} "
-                f"| {1e3 * x['exposed_off_s']:.3f} ms ({100 * x['share_off']:.0f}%) "
-                f"| {1e3 * x['exposed_on_s']:.3f} ms ({100 * x['share_on']:.1f}%) |")
+                f"| {1e3 * x['exposed_off_s']:.3f} ms ({100 * x['share_off']:.0f}%) | "
+                + ("not measured yet |" if x["exposed_on_s"] is None else
+                   f"{1e3 * x['exposed_on_s']:.3f} ms ({100 * x['share_on']:.1f}%) |"))
     return "\n".join(lines) + "\n"
 
 
 def main(argv):
     del argv
     costs: dict = {}
-    reports = [rows_for(spec, costs) for spec in _CONFIGS.value]
     out = Path(_OUT.value)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(reports))
-    out.with_suffix(".json").write_text(json.dumps(reports, indent=1))
+    done = []
+    for spec in _CONFIGS.value:  # written after each stage: a long run keeps what it has measured
+        for report in rows_for(spec, costs):
+            out.write_text(markdown(done + [report]))
+            out.with_suffix(".json").write_text(json.dumps(done + [report], indent=1))
+        done.append(report)
     print(out.read_text())
 
 

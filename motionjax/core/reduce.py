@@ -8,8 +8,6 @@ axis in bf16 or int8 with error feedback, flat or inside-host-then-across (the t
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -73,7 +71,8 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
     A reduce-scatter then an all-gather, both in the wire format: each device compresses
     ``x + worker`` and sends its ``k``-th ``1/n`` slice to the ``k``-th device (all-to-all, no
     reduction on the wire, so int8 sums cannot overflow); that device sums the ``n`` decompressed
-    slices in fp32, compresses ``sum + server`` and all-gathers it. What each compression dropped is
+    slices in fp32, compresses ``sum + server`` and all-gathers it. int8 block scales travel in the
+    same messages (one all-to-all and one all-gather per call). What each compression dropped is
     the new ``worker`` / ``server`` residual, added back next step (error feedback, as in
     DoubleSqueeze), so the rounding does not accumulate. fp32: one exact ``psum``, residuals untouched.
 
@@ -91,16 +90,33 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
     y = x + worker
     q, s = quantize(y, wire)
     worker = y - dequantize(q, s, wire)
-    # [n, L / n]: row k goes to device k; row j of the result came from device j.
-    to_all = functools.partial(jax.lax.all_to_all, axis_name=axis_name, split_axis=0, concat_axis=0,
-                               axis_index_groups=groups, tiled=True)
-    q = to_all(q.reshape(n, -1))
-    s = None if s is None else to_all(s.reshape(n, -1))
-    z = jnp.sum(dequantize(q, s, wire), axis=0) + server  # [L / n] fp32
+    # [n, L / n]: row k goes to device k; row j of the result came from device j. int8 scales ride in
+    # the same message (their bytes appended to each row): one collective per stage, not two.
+    m = x.shape[0] // n
+    sent = _pack(q.reshape(n, m), s, n)
+    sent = jax.lax.all_to_all(sent, axis_name, 0, 0, axis_index_groups=groups, tiled=True)
+    z = jnp.sum(dequantize(*_unpack(sent, m, wire), wire), axis=0) + server  # [L / n] fp32
     q, s = quantize(z, wire)
     server = z - dequantize(q, s, wire)
-    gather = functools.partial(jax.lax.all_gather, axis_name=axis_name, axis_index_groups=groups, tiled=True)
-    return dequantize(gather(q), None if s is None else gather(s), wire), worker, server
+    got = jax.lax.all_gather(_pack(q[None], s, 1), axis_name, axis_index_groups=groups, tiled=True)  # [n, .]
+    return dequantize(*_unpack(got, m, wire), wire).reshape(-1), worker, server
+
+
+def _pack(q, scales, rows: int):
+    """``q [rows, m]`` int8 (or bf16) and ``scales`` (``[rows * m / BLOCK]`` fp32 or None) -> one
+    ``[rows, m (+ 4 m / BLOCK)]`` array: each row's scales appended as their bytes."""
+    if scales is None:
+        return q
+    raw = jax.lax.bitcast_convert_type(scales.reshape(rows, -1), jnp.int8)  # [rows, m / BLOCK, 4]
+    return jnp.concatenate([q, raw.reshape(rows, -1)], axis=1)
+
+
+def _unpack(packed, m: int, wire: str):
+    """Inverse of :func:`_pack`: ``[rows, ...]`` -> (payload ``[rows, m]``, scales ``[rows, m / BLOCK]``)."""
+    if wire != "int8":
+        return packed, None
+    raw = packed[:, m:].reshape(packed.shape[0], -1, 4)
+    return packed[:, :m], jax.lax.bitcast_convert_type(raw, jnp.float32)
 
 
 def two_level_psum(x, worker, server, wire: str, axis_name: str, hosts: int):
