@@ -523,11 +523,16 @@ loop._evaluate_heldout = nan_heldout
 """
 
 
+def _nan_from(first: int, workdir, data_dir, env):
+    """The FAST run whose held-out metrics are NaN from step ``first`` on."""
+    cmd = _patched_train(NAN_EVAL.format(first=first), workdir, data_dir, *FAST)
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.slow  # a trainer subprocess
 def test_final_results_are_the_best_checkpoints_and_nan_is_not_best(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
-    cmd = _patched_train(NAN_EVAL.format(first=6), workdir, data_dir, *FAST)
-    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = _nan_from(6, workdir, data_dir, env)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((workdir / "summary.json").read_text())
     history = dict(summary["history"]["eval/validation/mpjpe"])
@@ -545,8 +550,7 @@ def test_final_results_are_the_best_checkpoints_and_nan_is_not_best(tmp_path, da
 @pytest.mark.slow  # a trainer subprocess
 def test_a_run_without_a_finite_evaluation_does_not_end_done(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
-    cmd = _patched_train(NAN_EVAL.format(first=0), workdir, data_dir, *FAST)
-    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = _nan_from(0, workdir, data_dir, env)
     assert result.returncode == 3, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "error: the run ended non-finite: every evaluation of validation/mpjpe was non-finite; see "
