@@ -45,7 +45,7 @@ def test_the_trainer_writes_the_heldout_clip_as_a_video(run_dir):
 
 def test_evaluate_gives_back_the_runs_own_numbers_from_its_data_and_from_its_files(run_dir, tmp_path):
     workdir, summary = run_dir
-    run = trained.load(workdir, "latest")                        # the state the final evaluation scored
+    run = trained.load(workdir, summary["evaluated_step"])       # the state the final evaluation scored
     reported = summary["results"]["test"]
     own = runs.evaluate(run, run.info, "test")["test"]
     for condition in ("clean", "noisy"):

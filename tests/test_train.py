@@ -234,11 +234,16 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_checkpoint(proc, interrupted, after=0)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-2000:]
     summary = json.loads((interrupted / "summary.json").read_text())
     assert summary["status"] == "stopped by SIGTERM" and 0 < summary["steps"] < 40
     stopped = summary["steps"]
+    # One line says where the checkpoint is (SIGINT takes the same path; the old trainer said nothing).
+    where = (interrupted / "checkpoints").absolute() / str(stopped)
+    line = (f"stopped by SIGTERM at step {stopped}; its checkpoint is {where}; "
+            "the same command resumes from it")
+    assert line in out.decode().splitlines(), out.decode()[-2000:]
     assert stopped in ocp.CheckpointManager((interrupted / "checkpoints").absolute()).all_steps()
 
     proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,

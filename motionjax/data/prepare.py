@@ -576,8 +576,15 @@ def _build_lock(out: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logging.warning("%s: another process is preparing it; waiting for it to finish", out)
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if holder == str(os.getppid()):  # waiting would never end: the holder waits for this worker
+                raise RuntimeError(f"{out}: a worker process of the preparation started it again (its "
+                                   "__main__ module prepares data at import time)") from None
+            logging.warning("%s: another process (pid %s) is preparing it; waiting for it to finish", out,
+                            holder or "?")
             fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)  # who holds it, for the message above
         yield
     finally:
         os.close(fd)  # releases the lock
