@@ -23,7 +23,8 @@ def main(argv=None) -> None:
     parser.add_argument("--frames", type=int, default=133, help="per synthetic clip (3000 x 133 ~ 400k)")
     parser.add_argument("--copies", type=int, default=20, help="planted copies of each kind")
     parser.add_argument("--bandai", default=None, help="a BVH corpus directory (centimetres) to run on too")
-    parser.add_argument("--threshold", type=float, default=dedup.THRESHOLD_M)
+    parser.add_argument("--copy-threshold", type=float, default=dedup.COPY_M,
+                        help="m RMS of the moving windows of copies (dedup.COPY_M)")
     args = parser.parse_args(argv)
 
     def run(name, descs, body):
@@ -31,7 +32,7 @@ def main(argv=None) -> None:
         hashes = {k: dedup.exact_hash(d, body) for k, d in descs.items()}
         t_hash = time.perf_counter() - t
         t = time.perf_counter()
-        report = dedup.find_duplicates(descs, hashes, body=body, threshold_m=args.threshold)
+        report = dedup.find_duplicates(descs, hashes, body=body, copy_m=args.copy_threshold)
         t_find = time.perf_counter() - t
         print(f"{name}: {report.stats['clips']} clips, {report.stats['frames']} frames: "
               f"hashes {t_hash:.1f} s, "

@@ -117,13 +117,14 @@ def _mirrored(a, b) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def body_frame(skeleton: Skeleton) -> BodyFrame:
+def body_frame(skeleton: Skeleton, mirror: bool = True) -> BodyFrame:
     """The :class:`BodyFrame` of a skeleton, found from its rest offsets (names are not needed).
 
     The hip pair is the shallowest pair of siblings whose rest offsets mirror each other (ties:
     the widest apart); the body joints are the subtree of their parent. Both depend on the tree
     only (and on which bones mirror), not on bone lengths: every performer of a corpus on one
-    tree gets the same frame.
+    tree gets the same frame. ``mirror``: also find each body joint's left/right twin by name (the
+    corpus-level search needs them; a per-clip descriptor does not, and skips the name matching).
     """
     best = None
     for parent, kids in enumerate(skeleton.children):
@@ -142,14 +143,15 @@ def body_frame(skeleton: Skeleton) -> BodyFrame:
     for j in range(parent + 1, skeleton.num_joints):  # parents precede children
         in_body[j] |= in_body[skeleton.parents[j]]
     joints = tuple(int(j) for j in np.flatnonzero(in_body))
-    twin = skeleton.symmetry  # by joint names: mirrored copies are searched when every twin is in the body
-    mirror = None
-    if all(int(twin[j]) in joints for j in joints) and {int(twin[joints.index(left)]),
-                                                         int(twin[joints.index(right)])} == {left, right}:
-        mirror = tuple(joints.index(int(twin[j])) for j in joints)
-        if mirror == tuple(range(len(joints))):
-            mirror = None
-    return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis, mirror)
+    twins = None
+    if mirror:  # by joint names: mirrored copies are searched when every twin is in the body
+        twin = skeleton.symmetry
+        closed = all(int(twin[j]) in joints for j in joints)
+        if closed and {int(twin[left]), int(twin[right])} == {left, right}:
+            twins = tuple(joints.index(int(twin[j])) for j in joints)
+            if twins == tuple(range(len(joints))):
+                twins = None
+    return BodyFrame(joints, joints.index(left), joints.index(right), skeleton.up_axis, twins)
 
 
 def clip_descriptor(positions, body: BodyFrame):

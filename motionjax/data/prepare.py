@@ -184,7 +184,7 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
     score = transforms.dynamics_score(sk, root, rots, settings.fps, positions)
     clip = {"name": motion.name, "root_position": root, "rotations": rots, "score": score}
     records.check_clip(clip, sk)
-    body = dedup.body_frame(sk)
+    body = dedup.body_frame(sk, mirror=False)
     descriptor = dedup.clip_descriptor(positions, body)
     tail = corpus.tail_fraction(corpus.parse_rules(dict(settings.splits)))
     cut = corpus.train_cut(root.shape[0], tail)
