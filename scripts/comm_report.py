@@ -187,14 +187,14 @@ def _rows(step: dict, costs: dict) -> list[dict]:
                 if step["xla_payload_bytes"] is None:
                     continue
                 # XLA's all-reduce: its payload from the HLO at 8, a ring over all n, its count of
-                # (combined) collectives; for overlap, split by size like the explicit buckets.
+                # (combined) collectives; for overlap, split into the explicit buckets (one
+                # all-reduce each, readiness as theirs).
                 ring = 2 * (n - 1) / n * step["xla_payload_bytes"]
                 across = n > _PER_HOST.value
                 bw = (_NETWORK if across else _NVLINK).value * 1e9
                 alpha = (_ALPHA_OUT if across else _ALPHA_IN).value * 1e-6 * math.ceil(math.log2(n))
-                total = sum(elements)
-                costs_b = [ring / bw * e / total + alpha * step["xla_count"] / len(elements)
-                           for e in elements]
+                costs_b = [ring / bw * e / sum(elements) + alpha for e in elements]
+                comm = ring / bw + alpha * step["xla_count"]
                 sent = {"in_host_bytes": 0.0 if across else ring, "across_bytes": ring if across else 0.0}
                 count = step["xla_count"]
             else:
@@ -207,7 +207,7 @@ def _rows(step: dict, costs: dict) -> list[dict]:
                 costs_b = [one["bandwidth_s"] * x + latency for x in scale]
                 sent = {k: one[k] * sum(scale) for k in ("in_host_bytes", "across_bytes")}
                 count = one["count"] * len(elements)
-            comm = sum(costs_b)
+                comm = sum(costs_b)
             on = None if ready is None else exposed(compute, list(zip(ready, costs_b, strict=True)))
             rows.append({"devices": n, "hosts": max(n // _PER_HOST.value, 1), "wire": wire, "levels": levels,
                          "collectives": count, **sent, "comm_s": comm, "compute_s": compute,
