@@ -54,7 +54,7 @@ CONTACT_SPEED = 0.3  # m/s: a slower lowest joint is planted on the floor (as lo
 
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
-    """The detectors' bounds (config ``data.clean_*``; defaults: experiments/base.py)."""
+    """The detectors' bounds (config ``data.clean_limits.*``, where each is explained)."""
 
     pop_m: float = 0.35
     twist_rad: float = 1.5
