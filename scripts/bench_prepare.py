@@ -74,23 +74,28 @@ def synthetic_bvh_corpus(clips: int, frames: int) -> Path:
     return out
 
 
-def repeated_takes_corpus(actions: int = 100, takes: int = 30, frames: int = 134, copies: int = 20) -> Path:
+def repeated_takes_corpus(actions: int = 100, takes: int = 30, frames: int = 134, copies: int = 20,
+                          idle: tuple = (40, 30), variation: float = 0.1, seed: int = 2) -> Path:
     """The repeated-takes corpus (:func:`motionjax.data.synthetic.repeated_takes`) as BVH (cm), written
-    once: 40 frames standing, the action, 30 standing. On the DeepMimic body, whose rest pose stands
-    upright (the procedural motion is joint angles around the rest pose) and whose left and right
-    joint frames mirror each other (mirrored copies are exact mirror images)."""
+    once: ``idle[0]`` frames standing, the action, ``idle[1]`` standing. On the DeepMimic body, whose rest
+    pose stands upright (the procedural motion is joint angles around the rest pose) and whose left and
+    right joint frames mirror each other (mirrored copies are exact mirror images).
+    """
     from motionjax.core.skeleton import deepmimic_humanoid
     from motionjax.data import synthetic
     from motionjax.formats import write_bvh
 
-    out = ROOT / "data_cache" / "bench" / f"takes_bvh_{actions}x{takes}x{frames}_c{copies}"
+    default = (idle, variation, seed) == ((40, 30), 0.1, 2)
+    tag = "" if default else f"_i{idle[0]}-{idle[1]}_v{variation}_s{seed}"
+    out = ROOT / "data_cache" / "bench" / f"takes_bvh_{actions}x{takes}x{frames}_c{copies}{tag}"
     done = out / "COMPLETE"
     if done.exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
-    motions = synthetic.repeated_takes(actions, takes, frames=frames, idle=40, idle_end=30, seed=2,
-                                       copies=copies, skeleton=deepmimic_humanoid())
+    motions = synthetic.repeated_takes(actions, takes, frames=frames, idle=idle[0], idle_end=idle[1],
+                                       variation=variation, seed=seed, copies=copies,
+                                       skeleton=deepmimic_humanoid())
     for m in tqdm(motions, desc="writing repeated takes BVH", unit="clip"):
         write_bvh(out / f"{m.name}.bvh", m, scale=0.01)
     done.write_text("")
@@ -138,6 +143,10 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="runs per corpus; the median run is reported")
     p.add_argument("--corpora", default="bandai,synthetic,takes", help="which rows to run")
+    p.add_argument("--takes-frames", type=int, default=134, help="frames per repeated take")
+    p.add_argument("--takes-idle", default="40,30", help="frames standing before,after each take's action")
+    p.add_argument("--takes-variation", type=float, default=0.1, help="take-to-take joint variation (rad)")
+    p.add_argument("--takes-seed", type=int, default=2)
     p.add_argument("--skip-loader", action="store_true", help="skip the loader vs step comparison")
     p.add_argument("--out", default="results/bench_prepare.json")
     args = p.parse_args()
@@ -151,7 +160,9 @@ def main():
     if "synthetic" in chosen:
         sources[f"synthetic {args.clips} clips"] = (str(synthetic_bvh_corpus(args.clips, args.frames)), {})
     if "takes" in chosen:
-        takes = str(repeated_takes_corpus())
+        takes = str(repeated_takes_corpus(frames=args.takes_frames, variation=args.takes_variation,
+                                          idle=tuple(int(v) for v in args.takes_idle.split(",")),
+                                          seed=args.takes_seed))
         sources["repeated takes"] = (takes, {})
         sources["repeated takes no dedup"] = (takes, {"dedup": False})
     runs = {name: [] for name in sources}
