@@ -18,7 +18,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "deepmimic"        # "deepmimic" (pybullet), "synthetic", or a dir/glob of motion files
-    c.data.dir = "data_cache/deepmimic"  # prepared shards + index.json + stats (made on first use)
+    # Prepared shards + index.json + stats (made on first use). "_clean": prepared with data.clean = "repair";
+    # a directory prepared before cleaning existed holds other settings and is refused, not overwritten.
+    c.data.dir = "data_cache/deepmimic_clean"
     c.data.loader = "grain"            # "grain" (data.pipeline) | "naive" (baseline: numpy, main thread)
     c.data.fps = 30.0                  # every clip is resampled to this rate
     c.data.window = 32                 # frames per window (T); 64 exceeds most DeepMimic train segments

@@ -1,6 +1,6 @@
 """Convert motion files into ArrayRecord shards + index.json + feature stats (motionjax.data.prepare).
 
-    python scripts/prepare_data.py                                  # DeepMimic clips -> data_cache/deepmimic
+    python scripts/prepare_data.py                                  # DeepMimic clips -> data_cache/deepmimic_clean
     python scripts/prepare_data.py --source '../shared/data/bandai-namco-1/data/*.bvh' \\
         --out data_cache/bandai1 \\
         --split train=rest --split validation=stratified:content:0.1 --split test=stratified:content:0.1
@@ -29,7 +29,7 @@ def main(argv=None):
                                     "config (path.py[:variant]); the flags below override it")
     p.add_argument("--source", default=None,
                    help="directory or glob of .bvh/.txt files (default: pybullet's DeepMimic clips)")
-    p.add_argument("--out", default=None, help="output directory (default: data_cache/deepmimic)")
+    p.add_argument("--out", default=None, help="output directory (default: data_cache/deepmimic_clean)")
     p.add_argument("--fps", type=float, default=None, help="every clip is resampled to this rate (30)")
     p.add_argument("--window", type=int, default=None, help="window length of the feature statistics (32)")
     p.add_argument("--units", choices=["auto", *corpus.UNITS], default=None,
@@ -54,7 +54,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 
-    settings, source, out = prepare.Settings(), None, "data_cache/deepmimic"
+    settings, source, out = prepare.Settings(), None, "data_cache/deepmimic_clean"
     if args.config:
         try:
             data = experiments.load(args.config).data

@@ -616,7 +616,7 @@ def _intact(out_dir, settings: Settings, digest: str | None) -> tuple[dict | Non
     return doc, verify_shards(out_dir)
 
 
-def prepare(source=None, out_dir="data_cache/deepmimic", *, settings: Settings | None = None,
+def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Settings | None = None,
             strict: bool = False, records_per_shard: int = 4096, workers: int | None = None,
             progress: bool = True, force: bool = False, **fields) -> DatasetInfo:
     """Convert motion files (see :func:`resolve_sources`) into a prepared directory.
