@@ -1,6 +1,6 @@
 """Convert motion files into ArrayRecord shards + index.json + feature stats (motionjax.data.prepare).
 
-    python scripts/prepare_data.py                                  # DeepMimic clips -> data_cache/deepmimic_clean
+    python scripts/prepare_data.py                         # DeepMimic clips -> data_cache/deepmimic_clean
     python scripts/prepare_data.py --source '../shared/data/bandai-namco-1/data/*.bvh' \\
         --out data_cache/bandai1 \\
         --split train=rest --split validation=stratified:content:0.1 --split test=stratified:content:0.1
