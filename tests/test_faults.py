@@ -341,6 +341,8 @@ BAD = [  # (key, value, expected text)
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
     ("data.observed", 32, "data.observed=32: expected fewer frames than data.window=32"),
     ("data.observed", -1, "data.observed=-1: expected an integer >= 0"),
+    ("model.mlp_ratio", -1, "model.mlp_ratio=-1: expected a number >= 0"),
+    ("model.mlp_ratio", 0, "model.mlp_ratio=0: expected a positive number for model.name="),
     ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
      "one of the splits evaluated during training ('validation',)"),
     ("train.best_metric", "validation/mpjpee", "train.best_metric='validation/mpjpee': expected"),

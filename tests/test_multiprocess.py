@@ -122,6 +122,31 @@ def _launch(tmp_path, n: int, case: str):
     return codes, "\n".join(f"--- worker {i} ---\n" + log.read_text()[-3000:] for i, log in enumerate(logs))
 
 
+def _assert_one_process_matches(tmp_path, config, devices: int, processes: int, steps: int, params: dict,
+                                mesh_shape=None):
+    """One process on ``devices`` devices, the same mesh, fed the same global batches (the
+    concatenation of the ``processes`` shares, in process order = the order of the 'data' axis):
+    its losses equal the workers' ``losses.json`` and its parameters ``params`` (1e-5). Returns its
+    state."""
+    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:devices])
+    if mesh_shape is not None:
+        assert dict(mesh.shape) == mesh_shape
+    info, state, step, window = _setup(config, mesh)
+    shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
+                                           process_count=processes) for i in range(processes)]
+    losses = []
+    for _ in range(steps):
+        parts = [next(it) for it in shares]
+        batch = {k: jax.device_put(np.concatenate([b[k] for b in parts]), window) for k in ("noisy", "clean")}
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    np.testing.assert_allclose(json.loads((tmp_path / "losses.json").read_text()), losses, rtol=0, atol=1e-5)
+    reference = _local_params(state)
+    for k in params:
+        np.testing.assert_allclose(params[k], reference[k], rtol=0, atol=1e-5, err_msg=k)
+    return state
+
+
 @pytest.mark.slow  # two worker subprocesses
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
 def test_two_processes_match_one(tmp_path):
@@ -137,21 +162,7 @@ def test_two_processes_match_one(tmp_path):
     # One process, 4 devices, the same mesh shape, fed the same global batches: the concatenation
     # of the two processes' shares, in process order (= the order of the 'data' axis).
     config = _config()
-    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:4])
-    assert dict(mesh.shape) == {"data": 2, "time": 2}
-    info, state, step, window = _setup(config, mesh)
-    shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
-                                           process_count=2) for i in range(2)]
-    losses = []
-    for _ in range(STEPS):
-        parts = [next(it) for it in shares]
-        batch = {k: jax.device_put(np.concatenate([b[k] for b in parts]), window) for k in ("noisy", "clean")}
-        state, metrics = step(state, batch)
-        losses.append(float(metrics["loss"]))
-    np.testing.assert_allclose(json.loads((tmp_path / "losses.json").read_text()), losses, rtol=0, atol=1e-5)
-    reference = _local_params(state)
-    for k in p0:
-        np.testing.assert_allclose(p0[k], reference[k], rtol=0, atol=1e-5, err_msg=k)
+    state = _assert_one_process_matches(tmp_path, config, 4, 2, STEPS, p0, mesh_shape={"data": 2, "time": 2})
 
     # The 2-process checkpoint restores onto this 1-process mesh.
     mngr = train.make_checkpoint_manager(tmp_path, config.train)
@@ -175,21 +186,7 @@ def test_four_processes_int8_two_level_match_one(tmp_path):
     for p in params[1:]:
         for k in params[0]:
             np.testing.assert_array_equal(p[k], params[0][k], err_msg=k)
-    config = _config("four")
-    mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:8])
-    info, state, step, window = _setup(config, mesh)
-    shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
-                                           process_count=4) for i in range(4)]
-    losses = []
-    for _ in range(FOUR_STEPS):
-        parts = [next(it) for it in shares]
-        batch = {k: jax.device_put(np.concatenate([b[k] for b in parts]), window) for k in ("noisy", "clean")}
-        state, metrics = step(state, batch)
-        losses.append(float(metrics["loss"]))
-    np.testing.assert_allclose(json.loads((tmp_path / "losses.json").read_text()), losses, rtol=0, atol=1e-5)
-    reference = _local_params(state)
-    for k in params[0]:
-        np.testing.assert_allclose(params[0][k], reference[k], rtol=0, atol=1e-5, err_msg=k)
+    _assert_one_process_matches(tmp_path, _config("four"), 8, 4, FOUR_STEPS, params[0])
 
 
 if __name__ == "__main__":

@@ -294,6 +294,46 @@ class _UnionFind:
         self.parent[self.find(i)] = self.find(j)
 
 
+def _pca_projection(x, pca_dim: int, seed: int):
+    """``(project, dim)``: ``x [N, D]``'s projection onto its ``pca_dim`` leading principal axes
+    (the identity where ``D`` or ``N`` is not above ``pca_dim``). An orthonormal projection only
+    shrinks distances, so a KD-tree on it finds every pair within a radius (and some more)."""
+    n, d = x.shape
+    if d <= pca_dim or n <= pca_dim:
+        return (lambda a: a), d
+    # PCA by an eigendecomposition of the covariance of <= 5000 windows ([D, D], D ~ 650):
+    # ~10x faster than a randomized SVD here, and the basis only has to prune well.
+    fit = x[np.random.default_rng(seed).choice(n, size=min(n, 5000), replace=False)].astype(np.float64)
+    center = fit.mean(0)
+    _, vecs = np.linalg.eigh((fit - center).T @ (fit - center))
+    basis = np.ascontiguousarray(vecs[:, ::-1][:, :pca_dim], np.float32)  # [D, k] orthonormal
+    center = center.astype(np.float32)
+    return (lambda a: (a - center) @ basis), pca_dim
+
+
+def _query_batches(descs: list, body: BodyFrame, window: int, subsample: int, idle_m: float, batch: int,
+                   stats: dict):
+    """``(queries [M, D], clip [M], mirrored [M])`` batches of about ``batch`` windows: each clip's
+    moving windows at every start frame, and their mirror images when ``body.mirror`` is known; a
+    clip's queries never straddle two batches."""
+    pending, size = [], 0
+    for k, desc in enumerate(descs):
+        t = max(len(desc), window)
+        q = windows(desc, body, np.arange(t - window + 1), window=window, subsample=subsample)
+        q = q[window_motion(q, body, window=window, subsample=subsample) >= idle_m]
+        stats["query_windows"] += len(q)
+        pending.append((q, np.full(len(q), k), np.zeros(len(q), bool)))
+        size += len(q)
+        if body.mirror is not None and len(q):
+            pending.append((mirror_windows(q, body, window=window, subsample=subsample).astype(np.float32),
+                            np.full(len(q), k), np.ones(len(q), bool)))
+            size += len(q)
+        if size >= batch or k == len(descs) - 1:
+            if size:
+                yield tuple(np.concatenate(a) for a in zip(*pending, strict=True))
+            pending, size = [], 0
+
+
 def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int, stride: int,
                     subsample: int, pca_dim: int, seed: int, stats: dict, idle_m: float,
                     batch: int = 4096):
@@ -323,22 +363,7 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
     if x.shape[0] == 0:
         empty = np.zeros(0, np.int64)
         return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
-    n, d = x.shape
-    if d > pca_dim and n > pca_dim:
-        # PCA by an eigendecomposition of the covariance of <= 5000 windows ([D, D], D ~ 650):
-        # ~10x faster than a randomized SVD here, and the basis only has to prune well.
-        fit = x[np.random.default_rng(seed).choice(n, size=min(n, 5000), replace=False)].astype(np.float64)
-        center = fit.mean(0)
-        _, vecs = np.linalg.eigh((fit - center).T @ (fit - center))
-        basis = np.ascontiguousarray(vecs[:, ::-1][:, :pca_dim], np.float32)  # [D, k] orthonormal
-        center = center.astype(np.float32)
-
-        def project(a):
-            return (a - center) @ basis
-    else:
-        def project(a):
-            return a
-    stats["pca_dim"] = min(pca_dim, d) if n > pca_dim else d
+    project, stats["pca_dim"] = _pca_projection(x, pca_dim, seed)
     tree = cKDTree(project(x))
     # The projection only shrinks distances; the slack covers float32 rounding in it.
     radius = threshold * (1 + 1e-3) + 1e-6
@@ -372,24 +397,10 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         stats["verified_pairs"] += verified
         out.append(found)
 
-    pending, size = [], 0
-    for k, desc in enumerate(descs):
-        t = max(len(desc), window)
-        q = windows(desc, body, np.arange(t - window + 1), window=window, subsample=subsample)
-        q = q[window_motion(q, body, window=window, subsample=subsample) >= idle_m]
-        stats["query_windows"] += len(q)
-        pending.append((q, np.full(len(q), k), np.zeros(len(q), bool)))
-        size += len(q)
-        if body.mirror is not None and len(q):
-            pending.append((mirror_windows(q, body, window=window, subsample=subsample).astype(np.float32),
-                            np.full(len(q), k), np.ones(len(q), bool)))
-            size += len(q)
-        if size >= batch or k == len(descs) - 1:
-            if size:
-                jobs.append(pool.submit(run, *(np.concatenate(a) for a in zip(*pending, strict=True))))
-            pending, size = [], 0
-            if len(jobs) > 2 * threads:
-                collect(jobs.popleft())
+    for queries in _query_batches(descs, body, window, subsample, idle_m, batch, stats):
+        jobs.append(pool.submit(run, *queries))
+        if len(jobs) > 2 * threads:
+            collect(jobs.popleft())
     with pool:
         while jobs:
             collect(jobs.popleft())
@@ -408,6 +419,53 @@ def _min_per_key(i, b, mirrored, dist, num_clips: int):
     first[1:] = key[order][1:] != key[order][:-1]
     sel = order[first]
     return i[sel], b[sel], mirrored[sel], dist[sel]
+
+
+def _hash_edges(names: list, hashes: dict) -> dict:
+    """``{(i, j): pair record}`` of clips with equal :func:`exact_hash` (``i < j``)."""
+    missing = set(names) ^ set(hashes)
+    if missing:
+        raise ValueError(f"descriptors and hashes name different clips: {sorted(missing)[:5]}")
+    by_hash: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        by_hash.setdefault(hashes[name], []).append(i)
+    return {(i, j): {"kind": "exact", "rms_cm": 0.0, "fraction": 1.0, "alike": [i, j], "mirrored": False}
+            for members in by_hash.values() for i, j in itertools.combinations(members, 2)}
+
+
+def _keep_rule(names: list, rank: list, edges: dict) -> tuple[dict, list]:
+    """``(drop {name: reason}, groups [[name, ...]])`` by :func:`find_duplicates`'s keep rule: clips
+    in ``rank`` order, each dropped when it is alike with a partner kept already (the closest kind
+    first: exact, copy, similar); groups are the connected components of ``edges``."""
+    uf = _UnionFind(len(names))
+    linked: dict[int, list[int]] = collections.defaultdict(list)
+    for i, j in edges:
+        uf.union(i, j)
+        linked[i].append(j)
+        linked[j].append(i)
+    kept: set[int] = set()  # the partners of a clip only: no scan of every kept clip per clip
+    place = {i: n for n, i in enumerate(rank)}
+    order = {"exact": 0, "copy": 1, "similar": 2}
+    drop: dict[str, str] = {}
+    for i in rank:
+        # Partners kept already, of which i is a copy (or a similar take when pruning).
+        partners = [(k, edges[(min(i, k), max(i, k))]) for k in sorted(linked[i], key=place.__getitem__)
+                    if k in kept]
+        partners = [(k, e) for k, e in partners if i in e["alike"]]
+        if not partners:
+            kept.add(i)
+            continue
+        k, e = min(partners, key=lambda p: (order[p[1]["kind"]], -p[1]["fraction"], p[1]["rms_cm"]))
+        how = f"RMS {e['rms_cm']:.2f} cm over {100 * e['fraction']:.0f}% of moving windows"
+        drop[names[i]] = ("exact duplicate of " + names[k] if e["kind"] == "exact" else
+                          f"{'mirrored ' if e['mirrored'] else ''}copy of {names[k]} ({how})"
+                          if e["kind"] == "copy" else f"similar take to {names[k]} ({how})")
+    components: dict[int, list[int]] = {}
+    for i in rank:
+        components.setdefault(uf.find(i), []).append(i)
+    groups = sorted(([names[i] for i in g] for g in components.values() if len(g) > 1),
+                    key=lambda g: names.index(g[0]))
+    return drop, groups
 
 
 def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: BodyFrame,
@@ -466,16 +524,7 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     edges: dict[tuple[int, int], dict] = {}  # (i, j) with i < j -> pair record
 
     if hashes is not None:
-        missing = set(names) ^ set(hashes)
-        if missing:
-            raise ValueError(f"descriptors and hashes name different clips: {sorted(missing)[:5]}")
-        by_hash: dict[str, list[int]] = {}
-        for i, name in enumerate(names):
-            by_hash.setdefault(hashes[name], []).append(i)
-        for members in by_hash.values():
-            for i, j in itertools.combinations(members, 2):
-                edges[(i, j)] = {"kind": "exact", "rms_cm": 0.0, "fraction": 1.0, "alike": [i, j],
-                                 "mirrored": False}
+        edges.update(_hash_edges(names, hashes))
 
     if len(names) > 1:
         radius = max(copy_m, threshold_m) if policy == "prune" else copy_m
@@ -489,34 +538,7 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
                                   min_fraction=min_fraction, exact_tol_m=exact_tol_m, policy=policy).items():
             edges.setdefault(key, e)
 
-    uf = _UnionFind(len(names))
-    linked: dict[int, list[int]] = collections.defaultdict(list)
-    for i, j in edges:
-        uf.union(i, j)
-        linked[i].append(j)
-        linked[j].append(i)
-    kept: set[int] = set()  # the partners of a clip only: no scan of every kept clip per clip
-    place = {i: n for n, i in enumerate(rank)}
-    drop: dict[str, str] = {}
-    for i in rank:
-        # Partners kept already, of which i is a copy (or a similar take when pruning).
-        partners = [(k, edges[(min(i, k), max(i, k))]) for k in sorted(linked[i], key=place.__getitem__)
-                    if k in kept]
-        partners = [(k, e) for k, e in partners if i in e["alike"]]
-        if not partners:
-            kept.add(i)
-            continue
-        order = {"exact": 0, "copy": 1, "similar": 2}
-        k, e = min(partners, key=lambda p: (order[p[1]["kind"]], -p[1]["fraction"], p[1]["rms_cm"]))
-        how = f"RMS {e['rms_cm']:.2f} cm over {100 * e['fraction']:.0f}% of moving windows"
-        drop[names[i]] = ("exact duplicate of " + names[k] if e["kind"] == "exact" else
-                          f"{'mirrored ' if e['mirrored'] else ''}copy of {names[k]} ({how})"
-                          if e["kind"] == "copy" else f"similar take to {names[k]} ({how})")
-    components: dict[int, list[int]] = {}
-    for i in rank:
-        components.setdefault(uf.find(i), []).append(i)
-    groups = sorted(([names[i] for i in g] for g in components.values() if len(g) > 1),
-                    key=lambda g: names.index(g[0]))
+    drop, groups = _keep_rule(names, rank, edges)
     pairs = [{"a": names[i], "b": names[j], **e, "alike": [names[k] for k in e["alike"]]}
              for (i, j), e in sorted(edges.items())]
     stats["kinds"] = dict(collections.Counter(e["kind"] for e in edges.values()))

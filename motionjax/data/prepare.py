@@ -384,13 +384,10 @@ def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, s
     return writer
 
 
-def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
-                    sources_digest: str, strict: bool) -> DatasetInfo:
-    """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
-    ``partial`` then replaces ``out``."""
-    from motionjax.data import dedup
-
-    # One tree: the one most clips share (ties: the first seen), never the first file's by order.
+def _one_skeleton(kept, partial: Path, out: Path, strict: bool):
+    """``(skeleton, status, tree count)``: the tree most clips share (ties: the first seen), never the
+    first file's by order, on the per-joint median bones of its clips; clips on another tree get a
+    status saying what differs (``strict``: a ValueError naming each tree's files)."""
     groups = collections.OrderedDict()
     for i, c in enumerate(kept):
         groups.setdefault(corpus.topology(c["skeleton"]), []).append(i)
@@ -413,18 +410,30 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
                     status[i] = f"skeleton tree differs from the dataset's ({why})"
     skeleton = main.replace(offsets=corpus.canonical_offsets(
         [kept[i]["skeleton"].offsets for i in groups[main_key]]))
+    return skeleton, status, len(groups)
 
-    cleaning = []  # per clip with anything found: its report
+
+def _cleaning_reports(kept, status: list) -> list:
+    """The per-clip cleaning reports of clips where anything was found (popped from ``kept``); a clip
+    cleaning dropped gets that reason as its ``status``."""
+    cleaning = []
     for i, c in enumerate(kept):
         report = c.pop("cleaning")
         if report and (report["defects"] or report["sign_flips"]):
             cleaning.append({"file": c.get("path", c["name"]), "clip": c["name"], **report})
         if report and report["dropped"] and status[i] == "kept":
             status[i] = report["dropped"]
-    names = [c["name"] for c in kept]
-    labels = [c["labels"] for c in kept]
+    return cleaning
+
+
+def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules) -> dict:
+    """Copies dropped (their ``status`` says of what), near-identical clips grouped, and every clip
+    assigned to a split with each group whole. Returns ``clip_splits`` and the dedup record."""
+    from motionjax.data import dedup
+
+    names, labels = [c["name"] for c in kept], [c["labels"] for c in kept]
     live = [i for i, s in enumerate(status) if s == "kept"]
-    leakage, near_groups, pairs, dedup_stats = [], [], [], {}
+    leakage, near_groups, pairs, stats = [], [], [], {}
     index_of = {n: i for i, n in enumerate(names)}
     if settings.dedup:
         report = dedup.find_duplicates({names[i]: kept[i]["descriptor"] for i in live},
@@ -434,26 +443,26 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
         for name, reason in report.drop.items():
             status[index_of[name]] = reason
         near_groups = [g for g in report.groups if len(g) > 1]
-        pairs, dedup_stats = report.pairs, report.stats
+        pairs, stats = report.pairs, report.stats
     # Near-identical clips are one unit when splits are drawn (no group straddles two splits).
-    clip_splits = corpus.assign_clips(rules, names, labels,
-                                      [[index_of[n] for n in g] for g in near_groups])
+    clip_splits = corpus.assign_clips(rules, names, labels, [[index_of[n] for n in g] for g in near_groups])
     if settings.dedup and near_groups:  # a check: assignment kept every group whole
         split_of = {n: s for n, s in zip(names, clip_splits, strict=True)}
         split_of, leakage = dedup.resolve_leakage(near_groups, split_of)
         clip_splits = [split_of[n] for n in names]
-    for i, s in enumerate(status):
-        if s != "kept":
-            skipped.append({"path": kept[i].get("path", names[i]), "reason": s})
-    frames = [c["frames"] for c in kept]
-    all_segments = corpus.segments(rules, clip_splits, frames)
-    splits = {k: [seg for seg in _in_spans(v, kept, settings.window) if status[seg[0]] == "kept"]
-              for k, v in all_segments.items()}
-    train = corpus.rest_split(rules)
-    tail = corpus.tail_fraction(rules)
+    return dict(clip_splits=clip_splits, near_groups=near_groups, pairs=pairs, leakage=leakage,
+                stats=stats, index_of=index_of)
+
+
+def _train_statistics(kept, skeleton, splits: dict, train: str, tail, settings: Settings, partial: Path,
+                      out: Path):
+    """``(Moments, train_windows)`` of the ``train`` split's segments from the per-clip moments the
+    workers computed (each clip once; the cut variant where a ``tail`` rule takes its end), and each
+    segment's ``[window count, score sum]`` for dynamics-weighted sampling."""
     moments, train_windows = Moments(features.feature_dim(skeleton)), []
     for clip_id in dict.fromkeys(c for c, _, _ in splits[train]):  # each clip's moments once
-        cut = tail and corpus.train_cut(frames[clip_id], tail) < frames[clip_id]
+        frames = kept[clip_id]["frames"]
+        cut = tail and corpus.train_cut(frames, tail) < frames
         m = Moments(moments.mean.size)
         m.count, m.mean, m.m2 = kept[clip_id]["stats"]["cut" if cut else "whole"]["moments"]
         moments.merge(m)
@@ -465,12 +474,35 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
         longest = max((e - b for _, b, e in splits[train]), default=0)
         raise ValueError(f"{out}: no segment of the '{train}' split holds a {settings.window}-frame window "
                          f"(the longest has {longest} frames); use a shorter config.data.window")
+    return moments, train_windows
 
+
+def _final_shards(shard_files, partial: Path) -> list:
+    """The written shards renamed to their final names, each with its size and CRC32."""
     final = [f"clips-{i:05d}-of-{len(shard_files):05d}.array_record" for i in range(len(shard_files))]
     shards = []
     for a, b in zip(shard_files, final, strict=True):
         os.replace(partial / a, partial / b)
         shards.append({"file": b, "bytes": (partial / b).stat().st_size, "crc32": _crc32(partial / b)})
+    return shards
+
+
+def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
+                    sources_digest: str, strict: bool) -> DatasetInfo:
+    """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
+    ``partial`` then replaces ``out``."""
+    skeleton, status, trees = _one_skeleton(kept, partial, out, strict)
+    cleaning = _cleaning_reports(kept, status)
+    d = _dedup_and_assign(kept, status, skeleton, settings, rules)
+    for i, s in enumerate(status):
+        if s != "kept":
+            skipped.append({"path": kept[i].get("path", kept[i]["name"]), "reason": s})
+    all_segments = corpus.segments(rules, d["clip_splits"], [c["frames"] for c in kept])
+    splits = {k: [seg for seg in _in_spans(v, kept, settings.window) if status[seg[0]] == "kept"]
+              for k, v in all_segments.items()}
+    train = corpus.rest_split(rules)
+    moments, train_windows = _train_statistics(kept, skeleton, splits, train, corpus.tail_fraction(rules),
+                                               settings, partial, out)
     units = collections.Counter(c["units"] for c in kept)
     up_votes = collections.Counter(c["up_axis"] for c in kept)
     doc = {"version": FORMAT_VERSION, "settings": settings.to_json(), "sources": sources_digest,
@@ -478,13 +510,14 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
            "clips": [{"name": c["name"], "frames": c["frames"], "source_fps": c["source_fps"],
                       "labels": c["labels"], "units": c["units"], "status": status[i],
                       "notes": c["notes"]} for i, c in enumerate(kept)],
-           "shards": shards, "splits": {k: [list(s) for s in v] for k, v in splits.items()},
-           "train_windows": train_windows, "duplicate_groups": near_groups, "duplicate_pairs": pairs,
-           "leakage": leakage,
-           "dedup": _dedup_summary(settings, status, near_groups, leakage, dedup_stats, index_of,
-                                   clip_splits),
+           "shards": _final_shards(shard_files, partial),
+           "splits": {k: [list(s) for s in v] for k, v in splits.items()},
+           "train_windows": train_windows, "duplicate_groups": d["near_groups"],
+           "duplicate_pairs": d["pairs"], "leakage": d["leakage"],
+           "dedup": _dedup_summary(settings, status, d["near_groups"], d["leakage"], d["stats"],
+                                   d["index_of"], d["clip_splits"]),
            "detected": {"units": dict(units), "up_axis_votes": {"xyz"[k]: v for k, v in up_votes.items()},
-                        "skeleton_trees": len(groups)},
+                        "skeleton_trees": trees},
            "stats": {"window": settings.window, "frames": moments.count, "mean": moments.mean.tolist(),
                      "std": moments.std().tolist()},
            "skipped": skipped}

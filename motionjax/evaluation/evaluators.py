@@ -238,7 +238,8 @@ def forecast_table(results: dict) -> list[str]:
             for method in order:
                 m = row[method]
                 lines.append(f"{split:11s} {method:18s} "
-                             + " ".join(f"{m.get(f'mpjpe_{h}ms', float('nan')):6.2f}" for h in horizons)
+                             + " ".join(f"{m[f'mpjpe_{h}ms']:6.2f}" if f"mpjpe_{h}ms" in m else f"{'—':>6s}"
+                                        for h in horizons)
                              + f" {m['mpjpe']:6.2f} {m['foot_skate']:10.2f} {m['penetration']:8.2f} "
                              f"{m['jitter']:11.1f} {m['bone_error']:7.3f} {m['force']:10.2f} "
                              f"{m['force_error']:9.2f}")

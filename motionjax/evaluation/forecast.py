@@ -99,11 +99,11 @@ class _Sums:
         self.frame = (s, c) if self.frame is None else (self.frame[0] + s, self.frame[1] + c)
 
     def result(self, horizons: dict[int, int]) -> dict:
-        # nan where nothing was scored (a horizon past every segment's end)
+        # nan where nothing was scored; a horizon past every segment's end of the split is left out (a
+        # split of short clips measures fewer horizons), not nan: nan means a diverged model
         out = {k: s / c if c else float("nan") for k, (s, c) in self.sums.items()}
         s, c = self.frame
-        out.update({f"mpjpe_{h}ms": float(s[t] / c[t]) if c[t] else float("nan")
-                    for h, t in horizons.items()})
+        out.update({f"mpjpe_{h}ms": float(s[t] / c[t]) for h, t in horizons.items() if c[t]})
         return out
 
 

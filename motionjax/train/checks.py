@@ -141,7 +141,7 @@ _RULES = {
     "model.dim": _POSITIVE_INT,
     "model.depth": _POSITIVE_INT,
     "model.heads": _POSITIVE_INT,
-    "model.mlp_ratio": _POSITIVE_NUMBER,
+    "model.mlp_ratio": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: no feature MLP, dct_mlp)"),
     "model.latent_dim": _POSITIVE_INT,
     "model.halo": _NONNEGATIVE_INT,
     "model.kernel": _POSITIVE_INT,
@@ -218,6 +218,9 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="
                         f"{config.train.grad_accum_steps} (one optimizer update)")
+    if "model.mlp_ratio" not in bad and config.model.mlp_ratio == 0 and config.model.name != "dct_mlp":
+        problems.append(f"model.mlp_ratio=0: expected a positive number for model.name={config.model.name!r} "
+                        "(only dct_mlp blocks run without their feature MLP)")
     if problems:
         raise ConfigError(problems)
 
