@@ -281,14 +281,17 @@ def test_bandai_clips_are_clean_and_a_pop_in_one_is_found():
     assert any(d["kind"] == "pop" and d["frames"][0] <= s and e <= d["frames"][1] for d in rep["defects"])
 
 
-def test_settings_from_configs_old_and_bad():
-    import ml_collections
+def test_settings_from_configs_old_and_bad(tmp_path):
+    from motionjax.efficiency import trained
 
-    cfg = base.get_config().data
+    config = base.get_config()
+    cfg = config.data
     assert prepare.Settings.from_config(cfg).clean == "repair"
-    old = ml_collections.ConfigDict({k: v for k, v in cfg.items()
-                                     if k not in ("clean", "clean_limits", "copy_threshold", "dedup_policy")})
-    settings = prepare.Settings.from_config(old)  # a run's config.json from before cleaning
+    old = json.loads(config.to_json_best_effort())  # a run's config.json from before cleaning
+    for key in ("clean", "clean_limits", "copy_threshold", "dedup_policy"):
+        del old["data"][key]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    settings = prepare.Settings.from_config(trained.load_config(tmp_path).data)
     assert settings.clean == "off" and "clean" not in settings.to_json()
     assert "copy_threshold" not in settings.to_json()
     cfg.clean_limits.pop_m = -1.0

@@ -113,13 +113,12 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg) -> Settings:
-        """From ``config.data``. A config without ``clean`` predates cleaning (a run's saved
-        config.json): its data were prepared without it, so it reads as ``"off"``."""
-        mode = cfg.get("clean", "off")
+        """From ``config.data`` (a run's saved config.json gains the keys it predates on load:
+        :func:`motionjax.efficiency.trained.load_config`)."""
+        mode = cfg.clean
         if mode not in clean_mod.MODES:
             raise ValueError(f"config.data.clean={mode!r}: expected one of {clean_mod.MODES}")
-        limits = (dict(cfg.clean_limits) if "clean_limits" in cfg
-                  else dataclasses.asdict(clean_mod.Thresholds()))
+        limits = dict(cfg.clean_limits)
         known = {f.name for f in dataclasses.fields(clean_mod.Thresholds)}
         bad = sorted(k for k, v in limits.items() if k not in known or not isinstance(v, (int, float))
                      or isinstance(v, bool) or v < 0)
@@ -129,8 +128,7 @@ class Settings:
         return cls(fps=float(cfg.fps), window=int(cfg.window), units=cfg.units, up_axis=cfg.up_axis,
                    splits=tuple(dict(cfg.splits).items()), dedup=bool(cfg.dedup),
                    near_threshold=float(cfg.near_threshold), clean=mode,
-                   copy_threshold=float(cfg.get("copy_threshold", cls.copy_threshold)),
-                   dedup_policy=cfg.get("dedup_policy", cls.dedup_policy),
+                   copy_threshold=float(cfg.copy_threshold), dedup_policy=cfg.dedup_policy,
                    clean_limits=tuple(clean_mod.Thresholds(**limits).__dict__.items()))
 
 

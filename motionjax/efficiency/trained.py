@@ -17,7 +17,7 @@ from flax import nnx
 
 from motionjax import models, parallel, train
 from motionjax.core.features import feature_dim
-from motionjax.data import pipeline
+from motionjax.data import clean, pipeline, prepare
 
 
 @dataclasses.dataclass
@@ -47,18 +47,30 @@ def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None
     """A fresh mesh-free model of ``config.model`` for ``info``'s features, in eval mode."""
     model = models.make_model(config.model, feature_dim(info.skeleton), config.data.chunk,
                               nnx.Rngs(config.seed if seed is None else seed), info=info,
-                              # runs of older code (autoencoders all) have no data.observed
-                              observed=config.data.get("observed", 0))
+                              observed=config.data.observed)
     model.eval()
     return model
 
 
+def _keys_added_since() -> dict:
+    """``config.data`` keys added after runs were written, each with what those runs did before it
+    existed (not today's default): forecasting (#28) and cleaning and the copies-only dedup (#31)."""
+    return {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
+            "copy_threshold": prepare.Settings.copy_threshold, "dedup_policy": prepare.Settings.dedup_policy}
+
+
 def load_config(workdir) -> ml_collections.ConfigDict:
+    """A run's ``config.json``, with the keys later code added (:func:`_keys_added_since`) filled in,
+    so library code reads every key plainly."""
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no config.json; expected a run directory written by "
                                 "scripts/train.py")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    for key, value in _keys_added_since().items():
+        if key not in config.data:
+            config.data[key] = value
+    return config
 
 
 def load(workdir, step: int | str = "best") -> Trained:
