@@ -12,7 +12,7 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     c = base.get_config()
-    base.use_bandai(c, window=64)
+    base.use_bandai(c, window=64, ood=True)  # held-out contents too (docs/models.md)
     c.data.batch_size = 64
     c.data.chunk = 16
     c.data.clean_prob = 0.1           # a few clean windows: the correction learns to vanish on clean motion

@@ -179,6 +179,32 @@ def test_split_rules_partition_clips_and_stratify():
             corpus.parse_rules(bad)
 
 
+def test_held_out_contents_never_reach_training():
+    """The OOD protocol (experiments/base.py BANDAI_OOD): whole contents held out before the stratified
+    splits draw; a near-identical group that straddles contents goes whole to the held-out split."""
+    contents = ("walk", "run", "bow", "guide", "kick", "slash")
+    names = [f"{c}_{s}_{i}" for c in contents for s in ("happy", "sad", "old") for i in range(5)]
+    labels = [{"content": n.split("_")[0]} for n in names]
+    rules = corpus.parse_rules({"train": "rest", "ood_validation": "label:content=guide,kick",
+                                "ood_test": "label:content=bow, slash", "validation": "stratified:content:0.2",
+                                "test": "stratified:content:0.2"})
+    assert rules["ood_test"].args == ("content", ("bow", "slash"))
+    group = [names.index("walk_sad_1"), names.index("guide_old_2")]  # alike clips of two contents
+    splits = corpus.assign_clips(rules, names, labels, [group])
+    of = lambda i: labels[i]["content"]
+    assert {of(i) for i, s in enumerate(splits) if s == "ood_validation"} == {"guide", "kick", "walk"}
+    assert {of(i) for i, s in enumerate(splits) if s == "ood_test"} == {"bow", "slash"}
+    assert splits[group[0]] == splits[group[1]] == "ood_validation"
+    for split in ("train", "validation", "test"):  # no held-out content anywhere in distribution
+        assert not {of(i) for i, s in enumerate(splits) if s == split} & {"guide", "kick", "bow", "slash"}
+    for content in ("walk", "run"):  # the stratified quotas count only contents left to draw from
+        of_content = [s for i, s in enumerate(splits) if of(i) == content]
+        assert of_content.count("validation") == 3 and of_content.count("test") == 3
+    segs = corpus.segments(rules, splits, [100] * len(names))
+    clips = [c for v in segs.values() for c, _, _ in v]
+    assert sorted(clips) == list(range(len(names)))  # every clip in exactly one split, whole
+
+
 def test_labels_come_from_sidecars_with_names(tmp_path):
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "content_label.txt").write_text("dataset-1_walk\ndataset-1_run\n")

@@ -343,8 +343,9 @@ BAD = [  # (key, value, expected text)
     ("data.observed", -1, "data.observed=-1: expected an integer >= 0"),
     ("model.mlp_ratio", -1, "model.mlp_ratio=-1: expected a number >= 0"),
     ("model.mlp_ratio", 0, "model.mlp_ratio=0: expected a positive number for model.name="),
-    ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC', SPLIT "
-     "one of the splits evaluated during training ('validation',)"),
+    ("train.best_metric", "test/mpjpe", "train.best_metric='test/mpjpe': expected 'SPLIT/METRIC' or "
+     "'SPLIT+SPLIT/METRIC' (their mean), SPLIT one of the splits evaluated during training ('validation',)"),
+    ("train.best_metric", "validation+test/mpjpe", "train.best_metric='validation+test/mpjpe': expected"),
     ("train.best_metric", "validation/mpjpee", "train.best_metric='validation/mpjpee': expected"),
 ]
 

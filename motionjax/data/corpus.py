@@ -295,6 +295,7 @@ def _label_names(path: str) -> list[str] | None:
 #   "clips:a,b,c"                   named clips (file stems), whole
 #   "pattern:*walk*"                clips whose name matches a glob, whole
 #   "label:style=happy"             clips with that label value, whole
+#   "label:content=bow,slash"       clips with any of those values, whole (held-out contents)
 #   "stratified:content:0.1"        per value of a label, round(fraction × group size) clips drawn
 #   "stratified:content:0.1:seed=3"   with a seeded shuffle (default seed 0), whole
 #   "tail:0.2"                      the last 20% of the frames of every "rest" clip
@@ -320,8 +321,10 @@ def parse_rule(split: str, text: str) -> Rule:
         if kind == "pattern" and rest:
             return Rule(kind, (rest,))
         if kind == "label" and "=" in rest:
-            key, value = rest.split("=", 1)
-            return Rule(kind, (key, value))
+            key, values = rest.split("=", 1)
+            values = tuple(v.strip() for v in values.split(",") if v.strip())
+            if values:
+                return Rule(kind, (key, values))
         if kind == "stratified":
             parts = rest.split(":")
             if len(parts) not in (2, 3):
@@ -391,8 +394,8 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
         elif rule.kind == "pattern":
             take = [i for i in free if fnmatch.fnmatchcase(names[i], rule.args[0])]
         elif rule.kind == "label":
-            key, value = rule.args
-            take = [i for i in free if labels[i].get(key) == value]
+            key, values = rule.args
+            take = [i for i in free if labels[i].get(key) in values]
         elif rule.kind == "stratified":
             _stratified(split, rule.args, labels, out, whole, len(names))
             continue
@@ -414,7 +417,9 @@ def _stratified(split: str, args: tuple, labels: list[dict], out: list, whole, n
     by_value: dict[str, list[int]] = {}
     for i, lab in enumerate(labels):
         by_value.setdefault(lab.get(key, ""), []).append(i)
-    wants = {v: int(round(fraction * len(m))) for v, m in by_value.items()}
+    # A value that earlier rules took whole (a held-out content) has no quota here.
+    wants = {v: int(round(fraction * len(m))) if any(out[i] is None for i in m) else 0
+             for v, m in by_value.items()}
     total_want, total, taken = sum(wants.values()), 0, []
     for value in sorted(by_value):
         members, want = by_value[value], wants[value]

@@ -283,8 +283,9 @@ def _check_evals(config) -> list[str]:
             during_splits += list(splits)
     best = config.train.best_metric
     split, _, metric = str(best).partition("/")
-    if named and (split not in during_splits or metric not in metrics.METRICS):
-        problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC', SPLIT one of the splits "
+    if named and (any(s not in during_splits for s in split.split("+")) or metric not in metrics.METRICS):
+        problems.append(f"train.best_metric={best!r}: expected 'SPLIT/METRIC' or 'SPLIT+SPLIT/METRIC' (their "
+                        "mean), SPLIT one of the splits "
                         f"evaluated during training {tuple(dict.fromkeys(during_splits))!r} (evaluators "
                         f"with during=True) and METRIC one of {metrics.METRICS}")
     return problems

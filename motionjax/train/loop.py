@@ -191,6 +191,10 @@ def _evaluate_heldout(run: _Run, current: int) -> dict:
     """The during-training evaluators' scalars (``SPLIT/METRIC``), logged under ``eval/``."""
     predict = lambda x: run.predict(run.state, x)
     out = evaluators.Metrics.scalars(evaluators.run(run.heldout, predict))
+    splits, _, metric = run.config.train.best_metric.partition("/")
+    if "+" in splits:  # several held-out splits weigh the same in the checkpoint choice
+        values = [out[f"{s}/{metric}"] for s in splits.split("+")]
+        out[run.config.train.best_metric] = sum(values) / len(values)
     run.log(current, out, "eval")
     return out
 
