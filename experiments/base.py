@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
     # clips (docs/data.md "Cleaning": each bound is the corpus's largest value times a stated margin).
     c.data.clean = "repair"
     c.data.clean_limits = ml_collections.ConfigDict()
-    c.data.clean_limits.pop_m = 0.35           # m: a joint this far from its 7-frame median is a pop
+    c.data.clean_limits.pop_m = 0.25           # m: 1-3 frames of a joint this far from the cubic across them
     c.data.clean_limits.twist_rad = 1.5        # rad: a joint rotating this much in one frame (a flip/twist)
     c.data.clean_limits.twist_frames = 60      # frames: a twist or root jump undone within this is one range
     c.data.clean_limits.teleport_m = 0.12      # m: a root step this far from its 7-frame median (a jump)

@@ -48,15 +48,22 @@ def test_step_angles_are_the_rotation_between_frames():
     np.testing.assert_allclose(clean.step_angles(q)[:, 0], [0, 0.1, 0.2, np.pi], atol=1e-6)
 
 
-def test_pop_measure_is_the_spike_on_a_straight_line():
-    t = np.arange(20, dtype=np.float64)
-    pos = np.zeros((20, 1, 3))
-    pos[:, 0, 0] = 0.05 * t  # 1.5 m/s along x: the median of a line is the line
-    pos[9, 0, 1] += 0.4
-    pos[10, 0, 1] += 0.4  # a two-frame pop of 40 cm
+def test_pop_measure_is_the_spike_on_a_curve_and_a_jump_is_not_a_pop():
+    t = np.arange(30, dtype=np.float64) / 30
+    pos = np.zeros((30, 1, 3))
+    pos[:, 0, 0] = 1.5 * t + 2.0 * t**2 - 3.0 * t**3  # fast and accelerating: a cubic is exact on it
+    pos[14:16, 0, 1] += 0.4  # a two-frame pop of 40 cm
     r = clean.pop_measure(pos)[:, 0]
-    np.testing.assert_allclose(r[[9, 10]], 0.4, atol=1e-6)
-    assert np.delete(r, [9, 10]).max() < 1e-6
+    np.testing.assert_allclose(r[[14, 15]], 0.4, atol=1e-5)
+    assert np.delete(r, [14, 15]).max() < 0.25  # the neighbours' cubics lean on the popped frames
+    (d,) = clean._pops(pos, 0.25)
+    assert (d.start, d.end, d.joint) == (14, 16, 0) and abs(d.measure - 0.4) < 1e-5
+    jump = pos.copy()
+    jump[14:16, 0, 1] -= 0.4
+    jump[15:, 0, 1] += 0.8  # a splice: far from the cubic across it, but near the motion after it
+    assert clean.pop_measure(jump).max() < 0.02 and clean._pops(jump, 0.25) == []
+    assert r[:2].max() == r[-2:].max() == 0  # spans need two frames either side
+    assert clean._pops(pos[:5], 0.25) == [] and clean.pop_measure(pos[:3]).shape == (3, 1)
 
 
 def test_teleport_measure_is_the_jump_over_a_walk():

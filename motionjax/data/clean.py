@@ -21,8 +21,10 @@ Bandai-1, see docs/data.md "Cleaning" for the measured distributions and the mar
   ``-q`` are one rotation): made continuous, always; the motion is unchanged, so these frames
   are counted but never flagged as defects (Euler wraps disappear in the quaternion conversion
   the readers do, so they reach here as sign flips at most).
-- ``pop``: a joint's distance from the 7-frame median of its own trajectory (m): a spike of up
-  to 3 frames stands out; smooth motion, even fast, stays near its median.
+- ``pop``: for every span of 1 to 3 frames, how far all of a joint's positions in it lie from the
+  cubic through the two frames either side (m): a spike stands out by its own size, smooth motion,
+  even fast, stays within centimetres of the cubic. Spans are taken greatest first, and a span whose
+  cubic leans on frames already taken is not counted (a pop also drags its neighbours' cubics).
 - ``twist``: a joint's rotation step between frames (rad, sign-free); a twist and its return
   on the same joint within ``twist_frames`` form one range, a step alone is a cut point.
 - ``teleport``: the root's displacement between frames minus its 7-frame median (m); a jump and
@@ -46,7 +48,8 @@ from motionjax.core import rotations as rot
 
 KINDS = ("nonfinite", "sign_flip", "pop", "twist", "teleport", "frozen", "stretch", "floor")
 MODES = ("off", "report", "repair")
-MEDIAN = 7  # frames of the median filters: spikes of up to 3 frames stand out of their median
+MEDIAN = 7  # frames of the median filter of root steps: a jump of up to 3 frames stands out
+POP_FRAMES = 3  # the longest pop: longer defects are twists, freezes or floor contacts
 STILL_RAD = 1e-6  # a joint whose rotation step is below this is not moving (float32 noise ~1e-7)
 STILL_M = 1e-6  # a root step below this is not moving
 CONTACT_SPEED = 0.3  # m/s: a slower lowest joint is planted on the floor (as loss.contact_speed)
@@ -56,7 +59,7 @@ CONTACT_SPEED = 0.3  # m/s: a slower lowest joint is planted on the floor (as lo
 class Thresholds:
     """The detectors' bounds (config ``data.clean_limits.*``, where each is explained)."""
 
-    pop_m: float = 0.35
+    pop_m: float = 0.25
     twist_rad: float = 1.5
     twist_frames: int = 60
     teleport_m: float = 0.12
@@ -168,15 +171,64 @@ def step_angles(rotations):
     return out
 
 
-def pop_measure(positions):
-    """``positions [T, J, 3]`` -> ``[T, J]``: distance (m) of each joint from the per-coordinate
-    median of its trajectory over :data:`MEDIAN` frames (edges: nearest)."""
+def _cubic_weights(n: int) -> np.ndarray:
+    """``[n, 4]`` Lagrange weights at frames ``0..n-1`` of the cubic through frames ``-2, -1, n, n+1``."""
+    xs = np.array([-2.0, -1.0, n, n + 1.0])
+    k = np.arange(n, dtype=np.float64)[:, None]
+    w = np.ones((n, 4))
+    for i in range(4):
+        for m in range(4):
+            if m != i:
+                w[:, i] *= (k[:, 0] - xs[m]) / (xs[i] - xs[m])
+    return w
+
+
+def pop_spans(positions):
+    """``positions [T, J, 3]`` -> ``{n: [T - n - 3, J]}`` for span lengths ``n = 1..POP_FRAMES``:
+    row ``i`` is the span ``[i + 2, i + 2 + n)``, the value the smallest distance (m) of its frames
+    from the cubic through the two frames either side of it (spans that lack them are not scored)."""
     p = np.asarray(positions, np.float32)
-    h = MEDIAN // 2
-    pad = np.concatenate([np.repeat(p[:1], h, 0), p, np.repeat(p[-1:], h, 0)])
-    win = np.lib.stride_tricks.sliding_window_view(pad, MEDIAN, axis=0)  # [T, J, 3, MEDIAN]
-    med = np.partition(win, h, axis=-1)[..., h]
-    return np.linalg.norm(p - med, axis=-1)
+    t, out = p.shape[0], {}
+    for n in range(1, POP_FRAMES + 1):
+        count = t - n - 3
+        if count <= 0:
+            break
+        support = np.stack([p[0:count], p[1:count + 1], p[n + 2:n + 2 + count], p[n + 3:n + 3 + count]])
+        est = np.einsum("ki,itjc->ktjc", _cubic_weights(n).astype(np.float32), support)  # [n, count, J, 3]
+        frames = np.stack([p[2 + k:2 + k + count] for k in range(n)])
+        # A pop leaves and comes back: its first frame is far from where the motion before it was
+        # heading, its last from where the motion after it comes from. A jump (a splice, the end of
+        # a held pose) stays near one side, so it is not a pop.
+        left = frames[0] - (2 * p[1:count + 1] - p[0:count])
+        right = frames[-1] - (2 * p[n + 2:n + 2 + count] - p[n + 3:n + 3 + count])
+        out[n] = np.minimum(np.linalg.norm(frames - est, axis=-1).min(0),
+                            np.minimum(np.linalg.norm(left, axis=-1), np.linalg.norm(right, axis=-1)))
+    return out
+
+
+def pop_measure(positions):
+    """``positions [T, J, 3]`` -> ``[T, J]``: each frame's largest :func:`pop_spans` value over the
+    spans that cover it (m; 0 at the two frames of each end)."""
+    out = np.zeros(np.shape(positions)[:2], np.float32)
+    for n, r in pop_spans(positions).items():
+        for k in range(n):
+            np.maximum(out[2 + k:2 + k + len(r)], r, out=out[2 + k:2 + k + len(r)])
+    return out
+
+
+def _pops(positions, thr: float) -> list[Defect]:
+    """The pops of a clip: spans over ``thr`` taken greatest first, each unless its frames or the
+    frames its cubic leans on were taken already (they are then the pop's shadow, not another)."""
+    spans = pop_spans(positions)
+    cands = [(float(r[i].max()), i + 2, n, int(r[i].argmax())) for n, r in spans.items()
+             for i in np.flatnonzero(r.max(-1) > thr)]
+    taken = np.zeros(np.shape(positions)[0], bool)
+    found = []
+    for value, start, n, joint in sorted(cands, reverse=True):
+        if not taken[start - 2:start + n + 2].any():
+            taken[start:start + n] = True
+            found.append(Defect("pop", start, start + n, value, joint))
+    return found
 
 
 def teleport_measure(root_position):
@@ -263,11 +315,9 @@ def detect(root_position, rotations, positions, *, fps: float, up_axis: int, th:
         found += [Defect("nonfinite", s, e, float(e - s)) for s, e in runs(nonfinite)]
     if t < 3:
         return found
-    pop = pop_measure(positions)
-    for d in _peaks(pop.max(-1), th.pop_m, "pop"):
-        d.joint = int(np.argmax(pop[d.start:d.end].max(0)))
-        # One more frame each side: a pop's edge frames can sit under the bound and must not anchor
-        # the interpolation.
+    for d in _pops(positions, th.pop_m):
+        # One more frame each side: a real pop's edge frames can sit under the bound and must not
+        # anchor the interpolation.
         d.start, d.end = max(d.start - 1, 0), min(d.end + 1, t)
         found.append(d)
 
