@@ -182,7 +182,8 @@ BANDAI_SOURCE = "../shared/data/bandai-namco-1/data"
 # Contents never trained on (docs/models.md "Off the training distribution"): each set is one
 # everyday gesture (15 clips, one per style) and the rarest combat and reply contents (1-2 clips), so
 # the two are alike in kind and disjoint; the mirrored pair walk-left/walk-right stays in training.
-BANDAI_OOD = {"ood_validation": "label:content=guide,punch,kick", "ood_test": "label:content=bow,slash,respond"}
+BANDAI_OOD = {"ood_validation": "label:content=guide,punch,kick",
+              "ood_test": "label:content=bow,slash,respond"}
 
 
 def use_bandai(c: ml_collections.ConfigDict, window: int | None = None, ood: bool = False
@@ -203,7 +204,8 @@ def use_bandai(c: ml_collections.ConfigDict, window: int | None = None, ood: boo
     c.data.dir = (f"data_cache/bandai1_w{c.data.window}" + ("_ood" if ood else "")
                   + ("_clean" if c.data.clean == "repair" else ""))
     held_out = BANDAI_OOD if ood else {}
-    c.data.splits = ml_collections.ConfigDict({"train": "rest", **held_out, "validation": "stratified:content:0.1",
+    c.data.splits = ml_collections.ConfigDict({"train": "rest", **held_out,
+                                               "validation": "stratified:content:0.1",
                                                "test": "stratified:content:0.1"})
     if ood:
         c.evals.heldout.splits = ("validation", "ood_validation")

@@ -186,8 +186,8 @@ def test_held_out_contents_never_reach_training():
     names = [f"{c}_{s}_{i}" for c in contents for s in ("happy", "sad", "old") for i in range(5)]
     labels = [{"content": n.split("_")[0]} for n in names]
     rules = corpus.parse_rules({"train": "rest", "ood_validation": "label:content=guide,kick",
-                                "ood_test": "label:content=bow, slash", "validation": "stratified:content:0.2",
-                                "test": "stratified:content:0.2"})
+                                "ood_test": "label:content=bow, slash",
+                                "validation": "stratified:content:0.2", "test": "stratified:content:0.2"})
     assert rules["ood_test"].args == ("content", ("bow", "slash"))
     group = [names.index("walk_sad_1"), names.index("guide_old_2")]  # alike clips of two contents
     splits = corpus.assign_clips(rules, names, labels, [group])
