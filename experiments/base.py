@@ -70,6 +70,9 @@ def get_config() -> ml_collections.ConfigDict:
     # (its input's later frames hold the last observed one) and the loss scores the rest; 0 = every frame.
     c.data.observed = 0
     c.data.eval_stride = 16            # frames between eval windows (make_eval_batches)
+    # >0: features whose training std is below this standardize with it instead (channels that barely move
+    # in training, e.g. toes, would otherwise amplify any motion they make on new data by 1/std).
+    c.data.std_floor = 0.0
     c.data.floor_align = True          # lowest joint of each window at height 0
     c.data.canonical_height = 0.0      # >0: retarget bodies to this standing root height (m); 0 = off
     # "clip": each window carries its clip's rest offsets (batch["offsets"] [B, J, 3]) and FK in the

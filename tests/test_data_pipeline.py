@@ -318,3 +318,15 @@ def features_of(x, mean, std, skeleton):
     root, quats = features.unpack(skeleton, features.destandardize(x.reshape(x.shape[0], -1, x.shape[-1]),
                                                                    mean, std))
     return np.asarray(root), np.asarray(rotations.quat_to_matrix(quats))
+
+
+def test_std_floor_raises_only_the_smallest_stds(cfg, info):
+    """``data.std_floor``: features that barely move in training standardize with the floor (#34)."""
+    floored = cfg.copy_and_resolve_references()
+    floored.std_floor = 0.05
+    got = pipeline.dataset_info(floored)
+    low = info.std < 0.05
+    assert low.any() and (~low).any()
+    np.testing.assert_array_equal(got.std[~low], info.std[~low])
+    np.testing.assert_array_equal(got.std[low], np.float32(0.05))
+    np.testing.assert_array_equal(got.mean, info.mean)

@@ -33,6 +33,7 @@ mirrored and retargeted with the window), for FK in losses and metrics. ``"canon
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import grain
@@ -46,12 +47,18 @@ from motionjax.data.info import DatasetInfo
 
 
 def dataset_info(cfg) -> DatasetInfo:
-    """The dataset ``cfg`` (``config.data``) names, preparing the shards first if needed (idempotent)."""
+    """The dataset ``cfg`` (``config.data``) names, preparing the shards first if needed (idempotent),
+    with its feature std raised to ``cfg.std_floor`` (training, evaluation and inference all read it
+    here, so they standardize alike)."""
     if cfg.source == "synthetic":
-        return synthetic.synthetic_info(cfg.synthetic_clips, window=cfg.window, frames=cfg.synthetic_frames,
+        info = synthetic.synthetic_info(cfg.synthetic_clips, window=cfg.window, frames=cfg.synthetic_frames,
                                         fps=cfg.fps, seed=cfg.synthetic_seed)
-    return prep.prepare(cfg.source, cfg.dir, settings=prep.Settings.from_config(cfg), strict=cfg.strict,
-                        workers=cfg.prepare_workers, progress=False)
+    else:
+        info = prep.prepare(cfg.source, cfg.dir, settings=prep.Settings.from_config(cfg), strict=cfg.strict,
+                            workers=cfg.prepare_workers, progress=False)
+    if cfg.std_floor > 0:
+        info = dataclasses.replace(info, std=np.maximum(info.std, np.float32(cfg.std_floor)))
+    return info
 
 
 BONES = ("clip", "canonical")

@@ -54,9 +54,11 @@ def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None
 
 def _keys_added_since() -> dict:
     """``config.data`` keys added after runs were written, each with what those runs did before it
-    existed (not today's default): forecasting (#28) and cleaning and the copies-only dedup (#31)."""
+    existed (not today's default): forecasting (#28), cleaning and the copies-only dedup (#31), the
+    std floor (#34)."""
     return {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
-            "copy_threshold": prepare.Settings.copy_threshold, "dedup_policy": prepare.Settings.dedup_policy}
+            "copy_threshold": prepare.Settings.copy_threshold, "dedup_policy": prepare.Settings.dedup_policy,
+            "std_floor": 0.0}
 
 
 def load_config(workdir) -> ml_collections.ConfigDict:

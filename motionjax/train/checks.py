@@ -131,6 +131,7 @@ _RULES = {
     "data.worker_count": _NONNEGATIVE_INT,
     "data.prefetch": _NONNEGATIVE_INT,
     "data.eval_stride": _POSITIVE_INT,
+    "data.std_floor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
     "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "data.clean": (lambda v: v in ("off", "report", "repair"), "'off', 'report' or 'repair'"),
