@@ -8,6 +8,11 @@ of each kind: exact, noised, mirrored, resampled, re-exported).
 
     python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
         [--corpora bandai,synthetic,takes] [--skip-loader] [--out results/bench_prepare.json]
+    python scripts/bench_prepare.py --corpora scale --scale 3000,30000 --repeats 1 --skip-loader \
+        --out results/bench_prepare_scale.json     # docs/scale.md: the 30,000-clip prepare
+
+``scale``: the synthetic corpus at each ``--scale`` size, with and without dedup (frames/s against the
+smallest size, peak RSS growth against the clip count, dedup's share of the CPU).
 
 Each prepare runs in a fresh subprocess (``--force`` into a temporary directory), so its peak RSS is
 its own: the main process's and the largest worker's are reported, and their sum bounds the total.
@@ -136,6 +141,30 @@ def loader_vs_step(batches: int = 30) -> dict:
     return {"loader_frames_per_s": loader, "step_frames_per_s": step_fps, "ratio": loader / step_fps}
 
 
+def _scale_ratios(rows: dict, sizes: list[int]) -> dict:
+    """Per size against the smallest: frames/s, peak RSS (main + largest worker) and clips; dedup's CPU."""
+    base = rows[f"scale {sizes[0]}"]
+    rss = lambda r: r["rss_main_mb"] + r["rss_worker_mb"]
+    out = {}
+    for n in sizes:
+        on, off = rows[f"scale {n}"], rows[f"scale {n} no dedup"]
+        cpu_on, cpu_off = (r["cpu_main_s"] + r["cpu_workers_s"] for r in (on, off))
+        out[n] = {"frames": on["frames"], "frames_per_s": on["frames_per_s"],
+                  "frames_per_s_vs_smallest": on["frames_per_s"] / base["frames_per_s"],
+                  "rss_mb": rss(on), "rss_vs_smallest": rss(on) / rss(base),
+                  "clips_vs_smallest": n / sizes[0],
+                  "rss_no_dedup_mb": rss(off), "dedup_cpu_share": 1 - cpu_off / cpu_on,
+                  "dedup_cpu_s": cpu_on - cpu_off, "wall_s": on["wall_s"]}
+        r = out[n]
+        print(f"scale {n} clips ({r['frames']:,} frames): {r['frames_per_s']:,.0f} frames/s "
+              f"({r['frames_per_s_vs_smallest']:.2f}x the {sizes[0]}-clip rate), peak RSS "
+              f"{r['rss_mb']:.0f} MB "
+              f"({r['rss_vs_smallest']:.2f}x at {r['clips_vs_smallest']:.0f}x the clips; "
+              f"{r['rss_no_dedup_mb']:.0f} MB without dedup), dedup {100 * r['dedup_cpu_share']:.1f}% of "
+              f"the CPU ({r['dedup_cpu_s']:.0f} s)")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clips", type=int, default=3000)
@@ -147,6 +176,7 @@ def main():
     p.add_argument("--takes-idle", default="40,30", help="frames standing before,after each take's action")
     p.add_argument("--takes-variation", type=float, default=0.1, help="take-to-take joint variation (rad)")
     p.add_argument("--takes-seed", type=int, default=2)
+    p.add_argument("--scale", default="3000,30000", help="clip counts of the 'scale' rows")
     p.add_argument("--skip-loader", action="store_true", help="skip the loader vs step comparison")
     p.add_argument("--out", default="results/bench_prepare.json")
     args = p.parse_args()
@@ -159,6 +189,11 @@ def main():
         sources["bandai-1 clean off"] = (str(BANDAI / "*.bvh"), {"clean": "off"})
     if "synthetic" in chosen:
         sources[f"synthetic {args.clips} clips"] = (str(synthetic_bvh_corpus(args.clips, args.frames)), {})
+    sizes = [int(v) for v in args.scale.split(",")] if "scale" in chosen else []
+    for n in sizes:
+        corpus = str(synthetic_bvh_corpus(n, args.frames))
+        sources[f"scale {n}"] = (corpus, {})
+        sources[f"scale {n} no dedup"] = (corpus, {"dedup": False})
     if "takes" in chosen:
         takes = str(repeated_takes_corpus(frames=args.takes_frames, variation=args.takes_variation,
                                           idle=tuple(int(v) for v in args.takes_idle.split(",")),
@@ -200,6 +235,8 @@ def main():
         print(f"repeated takes: dedup {100 * ratios['dedup_cpu_share']:.1f}% of prepare CPU (target <= 25%), "
               f"+{ratios['dedup_rss_main_extra_mb']:.0f} MB peak RSS (target <= 300); kept {on['kept']} of "
               f"{on['clips']}; splits {on['split_clips']}; dedup {on['dedup']}")
+    if sizes:
+        ratios["scale"] = _scale_ratios(rows, sizes)
     load = None if args.skip_loader else loader_vs_step()
     if load:
         print(f"Bandai-1 loader {load['loader_frames_per_s']:,.0f} frames/s vs train step "
