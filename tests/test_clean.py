@@ -58,6 +58,7 @@ def test_pop_measure_is_the_spike_on_a_curve_and_a_jump_is_not_a_pop():
     assert np.delete(r, [14, 15]).max() < 0.25  # the neighbours' cubics lean on the popped frames
     (d,) = clean._pops(pos, 0.25)
     assert (d.start, d.end, d.joint) == (14, 16, 0) and abs(d.measure - 0.4) < 1e-5
+    assert all(type(v) is int for v in (d.start, d.end, d.joint))  # the report is JSON
     jump = pos.copy()
     jump[14:16, 0, 1] -= 0.4
     jump[15:, 0, 1] += 0.8  # a splice: far from the cubic across it, but near the motion after it

@@ -220,7 +220,7 @@ def _pops(positions, thr: float) -> list[Defect]:
     """The pops of a clip: spans over ``thr`` taken greatest first, each unless its frames or the
     frames its cubic leans on were taken already (they are then the pop's shadow, not another)."""
     spans = pop_spans(positions)
-    cands = [(float(r[i].max()), i + 2, n, int(r[i].argmax())) for n, r in spans.items()
+    cands = [(float(r[i].max()), int(i) + 2, n, int(r[i].argmax())) for n, r in spans.items()
              for i in np.flatnonzero(r.max(-1) > thr)]
     taken = np.zeros(np.shape(positions)[0], bool)
     found = []
