@@ -18,6 +18,8 @@ from pathlib import Path
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 
 from motionjax import parallel
 from motionjax.data import pipeline
@@ -140,7 +142,7 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
     by on_eval)``. Metrics are read one step late, so the device always has a step queued."""
     cfg, chrono, pending = run.config.train, run.chrono, None
     current, stopped_early = run.start, False
-    while current < cfg.steps and stop["signal"] is None and not stopped_early:
+    while current < cfg.steps and not _stop_agreed(stop, current, cfg.log_every) and not stopped_early:
         with chrono.data_wait():
             batch = next(run.iterator)
         if chrono.compile_s is None:
@@ -172,6 +174,21 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
     if pending is not None:
         _read(run, pending, dispatched=current)
     return current, stopped_early
+
+
+def _stop_agreed(stop: dict, current: int, every: int) -> bool:
+    """Whether the run stops before step ``current + 1``. One process: once a signal came. Several:
+    every ``every`` steps the processes share whether any got one, and all stop at that step (the
+    checkpoint is a collective: a process that stopped alone would leave the others waiting in the
+    next step); the others take the signal's name, so every process saves and exits alike."""
+    if jax.process_count() == 1:
+        return stop["signal"] is not None
+    if current % every:
+        return False
+    got = multihost_utils.process_allgather(np.int32(stop["signal"] is not None))
+    if got.any() and stop["signal"] is None:
+        stop["signal"] = f"a signal to process {int(np.argmax(got))}"
+    return bool(got.any())
 
 
 def _read(run: _Run, pending, dispatched: int) -> None:
