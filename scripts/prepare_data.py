@@ -4,7 +4,7 @@
     python scripts/prepare_data.py --source '../shared/data/bandai-namco-1/data/*.bvh' \\
         --out data_cache/bandai1 \\
         --split train=rest --split validation=stratified:content:0.1 --split test=stratified:content:0.1
-    python scripts/prepare_data.py --config experiments/bandai_autoencoder.py  # a config's data settings
+    python scripts/prepare_data.py --config experiments/autoencoder.py  # a config's data settings
     python scripts/prepare_data.py --synthetic 128000 --out data_cache/synthetic   # I/O benchmarks
 
 Units are detected from the bone lengths (``--units`` overrides), a placeholder root joint is
