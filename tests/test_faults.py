@@ -366,6 +366,18 @@ def test_bad_config_value_is_named(tmp_path, key, value, expected):
     assert len(e.value.problems) == 1, e.value.problems
 
 
+def test_two_output_heads_are_one_config_error(tmp_path):
+    """Found by an ablation that asked for both: a traceback from model building before this check."""
+    config = runlocal_config(tmp_path)
+    config.data.update(batch_size=8, window=32, chunk=8)
+    config.model.update(stride=2, position_head=True)
+    checks.check_config(config, num_devices=8)  # one head: fine
+    config.model.global_rotations = True
+    with pytest.raises(checks.ConfigError, match="two output heads") as e:
+        checks.check_config(config, num_devices=8)
+    assert len(e.value.problems) == 1
+
+
 def test_window_longer_than_every_training_segment(data_dir):
     config = runlocal_config(data_dir)
     info = pipeline.dataset_info(config.data)

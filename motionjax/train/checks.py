@@ -222,6 +222,9 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
     if "model.mlp_ratio" not in bad and config.model.mlp_ratio == 0 and config.model.name != "dct_mlp":
         problems.append(f"model.mlp_ratio=0: expected a positive number for model.name={config.model.name!r} "
                         "(only dct_mlp blocks run without their feature MLP)")
+    if config.model.global_rotations and config.model.position_head:
+        problems.append("model.global_rotations=True with model.position_head=True: two output heads; "
+                        "expected one of them")
     if problems:
         raise ConfigError(problems)
 
