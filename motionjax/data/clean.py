@@ -22,9 +22,10 @@ Bandai-1, see docs/data.md "Cleaning" for the measured distributions and the mar
   are counted but never flagged as defects (Euler wraps disappear in the quaternion conversion
   the readers do, so they reach here as sign flips at most).
 - ``pop``: for every span of 1 to 3 frames, how far all of a joint's positions in it lie from the
-  cubic through the two frames either side (m): a spike stands out by its own size, smooth motion,
-  even fast, stays within centimetres of the cubic. Spans are taken greatest first, and a span whose
-  cubic leans on frames already taken is not counted (a pop also drags its neighbours' cubics).
+  cubic through the two frames either side, and its first and last frame from where the motion on
+  each side was heading (m): a spike stands out by its own size, smooth motion, even fast, stays
+  within centimetres, and a jump stays near one side. Spans are taken greatest first, and a span
+  whose cubic leans on frames already taken is not counted (a pop also drags its neighbours' cubics).
 - ``twist``: a joint's rotation step between frames (rad, sign-free); a twist and its return
   on the same joint within ``twist_frames`` form one range, a step alone is a cut point.
 - ``teleport``: the root's displacement between frames minus its 7-frame median (m); a jump and
@@ -185,22 +186,25 @@ def _cubic_weights(n: int) -> np.ndarray:
 
 def pop_spans(positions):
     """``positions [T, J, 3]`` -> ``{n: [T - n - 3, J]}`` for span lengths ``n = 1..POP_FRAMES``:
-    row ``i`` is the span ``[i + 2, i + 2 + n)``, the value the smallest distance (m) of its frames
-    from the cubic through the two frames either side of it (spans that lack them are not scored)."""
+    row ``i`` is the span ``[i + 2, i + 2 + n)``, the value (m) the smallest of: its frames' distances
+    from the cubic through the two frames either side of it, its first frame's from the line through
+    the two before, its last frame's from the line through the two after (spans that lack them are
+    not scored)."""
     p = np.asarray(positions, np.float32)
     t, out = p.shape[0], {}
     for n in range(1, POP_FRAMES + 1):
         count = t - n - 3
         if count <= 0:
             break
+        # Frames -2, -1 before each span and n, n + 1 after it: [4, count, J, 3].
         support = np.stack([p[0:count], p[1:count + 1], p[n + 2:n + 2 + count], p[n + 3:n + 3 + count]])
         est = np.einsum("ki,itjc->ktjc", _cubic_weights(n).astype(np.float32), support)  # [n, count, J, 3]
         frames = np.stack([p[2 + k:2 + k + count] for k in range(n)])
         # A pop leaves and comes back: its first frame is far from where the motion before it was
         # heading, its last from where the motion after it comes from. A jump (a splice, the end of
         # a held pose) stays near one side, so it is not a pop.
-        left = frames[0] - (2 * p[1:count + 1] - p[0:count])
-        right = frames[-1] - (2 * p[n + 2:n + 2 + count] - p[n + 3:n + 3 + count])
+        left = frames[0] - (2 * support[1] - support[0])
+        right = frames[-1] - (2 * support[2] - support[3])
         out[n] = np.minimum(np.linalg.norm(frames - est, axis=-1).min(0),
                             np.minimum(np.linalg.norm(left, axis=-1), np.linalg.norm(right, axis=-1)))
     return out
