@@ -50,7 +50,8 @@ if __name__ == "__main__":
                       "frames": sum(info.frames), "skipped": len(info.skipped),
                       "cpu_main_s": me.ru_utime + me.ru_stime, "cpu_workers_s": kids.ru_utime + kids.ru_stime,
                       "split_clips": {k: len({c for c, _, _ in v}) for k, v in info.splits.items()},
-                      "dedup": info.dedup, "cleaning": info.cleaning,
+                      "dedup": info.dedup,
+                      "cleaning": info.cleaning and prepare.cleaning_line(info.cleaning).strip(),
                       "rss_main_mb": me.ru_maxrss / 1024, "rss_worker_mb": kids.ru_maxrss / 1024}))
 """
 
