@@ -192,9 +192,9 @@ def test_four_processes_int8_two_level_match_one(tmp_path):
 @pytest.mark.slow  # scripts/launch_local.sh: four trainer processes, twice
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)
 def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_path, deepmimic_dir, env):
-    """``scripts/launch_local.sh 4`` on the runlocal trainer (150 steps): SIGTERM to process 2 alone makes every
-    process stop at one step, save that checkpoint together and exit 0; the same command resumes it
-    to the end."""
+    """``scripts/launch_local.sh 4`` on the runlocal trainer (150 steps): SIGTERM to process 2 alone
+    makes every process stop at one step, save that checkpoint together and exit 0; the same command
+    resumes it to the end."""
     from runs import REPO, committed, train_cmd, wait_for_checkpoint
 
     workdir = tmp_path / "run"
@@ -231,7 +231,7 @@ def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_
     assert resumed.returncode == 0, resumed.stdout[-3000:] + logs()
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 150
-    # The loss curve went on from the checkpoint: one logged value per step, none repeated.
+    # The loss curve went on from the checkpoint: every logged step once, none repeated.
     logged = [s for s, _ in summary["history"]["train/loss"]]
     assert logged == sorted(set(logged)) and logged[-1] == 150 and stopped + 10 in logged
 
