@@ -23,13 +23,14 @@ Variants (``--config experiments/predict.py:VARIANT``), comma-separated:
   ``simlpe``: the siMLPe-style reference alone (every DCT frequency of the forecast kept; the default
   run trains it beside the model, ``train.reference_models``);
   ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian), with a no-dynamics reference run;
+  ``alone``: the model without the siMLPe-style reference run beside it (sweeps);
   ``runlocal``: a tiny model and a few steps (seconds; the tests).
 """
 import ml_collections
 
 from experiments import base
 
-FLAGS = ("bandai", "deepmimic", "long", "simlpe", "dynamics", "runlocal")
+FLAGS = ("bandai", "deepmimic", "long", "simlpe", "dynamics", "alone", "runlocal")
 
 
 def get_config(arg: str | None = None):
@@ -72,7 +73,7 @@ def get_config(arg: str | None = None):
                    checkpoint_every=500, references=(), best_metric="validation/mpjpe")
     if corpus == "deepmimic":
         c.train.update(steps=1000, eval_every=250, checkpoint_every=250)
-    if not plain:
+    if not plain and "alone" not in parts:
         # The siMLPe-style reference, same data, loss and steps: every DCT frequency, as siMLPe.
         c.train.reference_models.simlpe = dict(dct_keep=0)
     horizons = (80, 160, 320, 400, 560, 1000) + ((2000,) if "long" in parts else ())
