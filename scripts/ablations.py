@@ -3,13 +3,14 @@
     python scripts/ablations.py --config experiments/autoencoder.py --steps 1500 \\
         --ablate no_head=model.position_head=False --ablate no_aug=data.mirror_prob=0,data.speed_range=1 \\
         [--set KEY=VALUE ...] [--seeds 0,1,2] [--devices 8] [--metric validation/mpjpe ...] \\
-        [--target 2.3] [--out results/ablations]
+        [--target 2.3] [--out results/ablations] [--report-only]
 
 Each (ablation, seed) is a ``scripts/train.py`` run of the config with its overrides (``KEY=VALUE``,
 comma separated) in ``--out/NAME[_sSEED]``; ``base`` (no override) always runs first; ``--set``
 overrides apply to every run; ``--devices N`` runs each on N virtual CPU devices (XLA's
 ``--xla_force_host_platform_device_count``). A finished run (its ``summary.json``) is reused, so the
-command resumes. Metrics (history keys after ``eval/``; default ``validation/mpjpe`` and, where the
+command resumes; ``--report-only`` runs nothing and reports the finished runs (a sweep cut short).
+Metrics (history keys after ``eval/``; default ``validation/mpjpe`` and, where the
 run has it, ``ood_validation/mpjpe``) are read at each run's best checkpoint (the config's
 ``train.best_metric``); the test splits are never read. ``--target T``: also the step at which the
 best metric first reaches T, linearly interpolated between evaluations. Prints the table (the mean
@@ -143,6 +144,7 @@ def main():
     p.add_argument("--metric", action="append", default=None, help="history key after eval/ (repeatable)")
     p.add_argument("--target", type=float, default=None, help="report steps to best metric <= target")
     p.add_argument("--out", default="results/ablations")
+    p.add_argument("--report-only", action="store_true", help="run nothing: report the finished runs")
     args = p.parse_args()
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",")]
     metrics = tuple(args.metric or DEFAULT_METRICS)
@@ -158,13 +160,17 @@ def main():
     docs, rows = {}, {}
     for seed in seeds:  # seed by seed: a sweep cut short still compares every ablation
         for name, overrides in ablations.items():
+            if args.report_only and not (workdir(name, seed) / "summary.json").exists():
+                continue
             doc = _run(args.config, workdir(name, seed), args.steps, seed, args.set + overrides, args.devices)
             doc["best_metric"] = _best_key(doc)
-            docs.setdefault(name, []).append(doc)
+            docs.setdefault(name, []).append((seed, doc))
     for name, overrides in ablations.items():
-        runs = [dict(seed=s, **scores(d, metrics, args.target))
-                for s, d in zip(seeds, docs[name], strict=True)]
+        runs = [dict(seed=s, **scores(d, metrics, args.target)) for s, d in docs.get(name, [])]
         rows[name] = {"overrides": overrides, "runs": runs}
+    rows = {name: row for name, row in rows.items() if row["runs"]}
+    if "base" not in rows:
+        raise SystemExit(f"error: {out}: no finished base run to compare with")
     lines = table(rows, metrics, args.target)
     print("\n".join(lines))
     out.mkdir(parents=True, exist_ok=True)
@@ -173,8 +179,9 @@ def main():
     (out / "ablations.json").write_text(json.dumps(doc, indent=1))
     (out / "ablations.md").write_text("\n".join(lines) + "\n")
     written = [out / "ablations.json", out / "ablations.md"]
-    if any(len(d["history"].get(f"eval/{d['best_metric']}", [])) > 1 for runs in docs.values() for d in runs):
-        plot(docs, out / "ablations.png", args.target)
+    curves = {name: [d for _, d in runs] for name, runs in docs.items()}
+    if any(len(d["history"].get(f"eval/{d['best_metric']}", [])) > 1 for ds in curves.values() for d in ds):
+        plot(curves, out / "ablations.png", args.target)
         written.append(out / "ablations.png")
     print("wrote " + ", ".join(map(str, written)))
 
