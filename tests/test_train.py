@@ -305,3 +305,27 @@ def test_grad_accum_steps_average_micro_batches_into_one_update():
         updates, state = plain.update(jax.tree.map(lambda x, y: (x + y) / 2, a, b), state, p_plain)
         p_plain = optax.apply_updates(p_plain, updates)
     np.testing.assert_allclose(p_accum["w"], p_plain["w"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["lion", "muon"])
+def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refused(name):
+    """``train.optimizer``: the chain is clipping then the named optax optimizer on the schedule (the
+    first update after no warmup equals the bare optax one), and a misspelt name is a config error."""
+    from experiments.base import get_config
+
+    config = get_config()
+    config.train.update(optimizer=name, steps=10, warmup_steps=0, learning_rate=0.01, grad_clip=1e9)
+    params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": jnp.array([0.5, -0.5, 1.0])}
+    grads = jax.tree.map(lambda p: jnp.sin(3 * p) + 0.1, params)
+    ours = train.make_optimizer(config.train)
+    updates, _ = ours.update(grads, ours.init(params), params)
+    cfg = config.train
+    bare = (optax.lion(0.01, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay) if name == "lion" else
+            optax.contrib.muon(0.01, adam_b1=cfg.b1, adam_b2=cfg.b2, weight_decay=cfg.weight_decay,
+                               adam_weight_decay=cfg.weight_decay))
+    expected, _ = bare.update(grads, bare.init(params), params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), updates, expected)
+    assert float(jnp.abs(updates["w"]).sum()) > 0
+    config.train.optimizer = "adam"
+    with pytest.raises(ValueError, match="train.optimizer"):
+        train.check_config(config, 1, 1)

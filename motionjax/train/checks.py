@@ -150,6 +150,7 @@ _RULES = {
     "model.dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
     "model.param_dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
     "train.steps": _POSITIVE_INT,
+    "train.optimizer": (lambda v: v in ("adamw", "lion", "muon"), "'adamw', 'lion' or 'muon'"),
     "train.learning_rate": _POSITIVE_NUMBER,
     "train.warmup_steps": _NONNEGATIVE_INT,
     "train.grad_accum_steps": _POSITIVE_INT,
