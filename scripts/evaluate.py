@@ -43,7 +43,7 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     name = Path(info.data_dir).name
-    table = evaluators.results_table(results)
+    table = evaluators.forecast_table(results) or evaluators.results_table(results)
     print(f"{_WORKDIR.value} step {run.step} on {info.data_dir} ({_SPLIT.value}: "
           f"{len(info.splits[_SPLIT.value])} segments, {info.split_frames(_SPLIT.value)} frames)")
     print("\n".join(table))

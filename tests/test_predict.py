@@ -159,3 +159,14 @@ def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(deepmimic_dir
     assert "eval/validation/mpjpe" in summary["history"]
     table = capsys.readouterr().out
     assert "zero_velocity" in table and "1000ms" not in table and "400ms" in table
+    # scripts/evaluate.py's path: the restored best checkpoint scores test as the run's final table did.
+    from motionjax.efficiency import trained
+    from motionjax.evaluation import runs
+
+    run = trained.load(tmp_path / "run")
+    assert run.step == summary["evaluated_step"]
+    again = runs.evaluate(run, runs.corpus_for(run, deepmimic_dir), "test")["test"]["clean"]
+    for method in ("model", "zero_velocity", "truth"):
+        for key, value in rows[method].items():
+            np.testing.assert_allclose(again[method][key], value, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{method} {key}")

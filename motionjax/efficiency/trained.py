@@ -53,12 +53,13 @@ def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None
 
 
 def _keys_added_since() -> dict:
-    """``config.data`` keys added after runs were written, each with what those runs did before it
-    existed (not today's default): forecasting (#28), cleaning and the copies-only dedup (#31), the
-    std floor (#34)."""
-    return {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
-            "copy_threshold": prepare.Settings.copy_threshold, "dedup_policy": prepare.Settings.dedup_policy,
-            "std_floor": 0.0}
+    """``{section: {key: value}}``: config keys added after runs were written, each with what those runs
+    did before it existed (not today's default): in ``data``, forecasting (#28), cleaning and the
+    copies-only dedup (#31), the std floor (#34); in ``train``, the optimizer's name (#32)."""
+    return {"data": {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
+                     "copy_threshold": prepare.Settings.copy_threshold,
+                     "dedup_policy": prepare.Settings.dedup_policy, "std_floor": 0.0},
+            "train": {"optimizer": "adamw"}}
 
 
 def load_config(workdir) -> ml_collections.ConfigDict:
@@ -69,9 +70,10 @@ def load_config(workdir) -> ml_collections.ConfigDict:
         raise FileNotFoundError(f"{path}: no config.json; expected a run directory written by "
                                 "scripts/train.py")
     config = ml_collections.ConfigDict(json.loads(path.read_text()))
-    for key, value in _keys_added_since().items():
-        if key not in config.data:
-            config.data[key] = value
+    for section, keys in _keys_added_since().items():
+        for key, value in keys.items():
+            if key not in config[section]:
+                config[section][key] = value
     return config
 
 

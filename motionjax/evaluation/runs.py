@@ -45,15 +45,20 @@ def corpus_for(run, data, split: str = "test", cache_dir="data_cache/eval", log=
 
 
 def evaluate(run, info, split: str = "test") -> dict:
-    """``{split: {input: {"model" | "input" | "pca": {metric: value}}}}``: the run's model on ``info``'s
+    """``{split: {input: {"model" | "input" | "pca": {metric: value}}}}`` (a forecasting run's
+    ``evals.final.kind = "forecast"``: ``{split: {"clean": {"model" | BASELINE | "truth": ...}}}``,
+    :class:`.evaluators.Forecast`): the run's model on ``info``'s
     ``split`` as its final evaluation scores it (``config.evals.final``: inputs, noise level,
     references, labels), the features standardized with the run's statistics (whatever window
     ``info`` was prepared with: its clips are cut into the run's windows) and the PCA reference fitted
     on the run's training frames."""
     final = dict(run.config.evals.final)
-    for key in ("kind", "during", "splits"):
+    kind = final.pop("kind", "metrics")
+    for key in ("during", "splits"):
         final.pop(key, None)
     scored = dataclasses.replace(info, mean=run.info.mean, std=run.info.std, window=run.config.data.window)
+    if kind == "forecast":  # a predictor: its horizon table beside the baselines
+        return evaluators.Forecast(run.config, scored, splits=(split,), **final)(run.predict)
     metrics = evaluators.Metrics(run.config, scored, splits=(split,), reference_info=run.info, **final)
     return metrics(run.predict)
 
