@@ -8,7 +8,9 @@ prepared on first use with the run's settings (frame rate, window, units, joint 
 ``data_cache/eval/`` with every clip in ``--split``; a file that does not read or has another
 skeleton is named and left out. The model is the run's checkpoint ``--step`` (default: the best on
 validation), its input standardized with the run's own statistics; the table has the model, its
-input and the per-frame PCA reference (fitted on the run's training data), as the trainer prints.
+input and the per-frame PCA reference (fitted on the run's training data), as the trainer prints; a
+forecasting run's (``experiments/predict.py``) is its horizon table beside the zero- and
+constant-velocity baselines and the truth.
 The JSON goes to ``--out`` (default ``RUN/eval/<corpus>_<split>.json``).
 """
 import json
