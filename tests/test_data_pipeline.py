@@ -73,19 +73,27 @@ def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
         restored.close()
 
 
-@pytest.mark.parametrize("count", [2, 3])
-def test_process_shards_are_disjoint_and_complete(info, cfg, count):
-    total = len(pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling))
-    seen = []
-    for index in range(count):
-        ds = pipeline.slot_dataset(info, cfg, seed=0, process_index=index, process_count=count)
-        epoch = len(range(index, total, count))
-        seen.append({int(ds[i][0]) for i in range(epoch)})  # one shuffled epoch of this shard
-        assert len(seen[-1]) == epoch
-    assert sum(len(s) for s in seen) == total and set().union(*seen) == set(range(total))
-    local = pipeline.train_dataset(cfg, info, seed=0, process_index=1, process_count=2)
-    batch = next(iter(local))
-    assert batch["noisy"].shape[0] == cfg.batch_size // 2
+@pytest.mark.parametrize("count", [2, 4])
+def test_process_blocks_are_the_one_process_batches(info, cfg, count):
+    """Each process's blocks are disjoint, together complete, and concatenated in process order they
+    are the one-process run's global batches (the windows; per-batch noise is drawn per process)."""
+    stream = pipeline.slot_dataset(info, cfg, seed=0)
+    total = 3 * cfg.batch_size
+    blocks = [pipeline.ProcessBlocks(stream, cfg.batch_size, i, count) for i in range(count)]
+    seen = [int(b[m][0]) for b in blocks for m in range(total // count)]
+    assert sorted(seen) == sorted(int(stream[g][0]) for g in range(total))  # disjoint and complete
+    with pytest.raises(ValueError, match="does not split over 3 processes"):
+        pipeline.ProcessBlocks(stream, cfg.batch_size, 0, 3)
+
+    plain = cfg.copy_and_resolve_references()
+    plain.mirror_prob = 0.0  # drawn per batch, in each process (it would mirror other windows)
+    one = pipeline.train_dataset(plain, info, seed=0)
+    shares = [pipeline.train_dataset(plain, info, seed=0, process_index=i, process_count=count)
+              for i in range(count)]
+    for want, *parts in zip(_take(iter(one), 2), *(_take(iter(s), 2) for s in shares), strict=True):
+        assert all(p["clean"].shape[0] == cfg.batch_size // count for p in parts)
+        np.testing.assert_array_equal(np.concatenate([p["clean"] for p in parts]), want["clean"])
+        np.testing.assert_array_equal(np.concatenate([p["valid"] for p in parts]), want["valid"])
 
 
 def test_device_prefetch_builds_global_sharded_batches(cfg, info):

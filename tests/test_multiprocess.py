@@ -42,6 +42,10 @@ def _config(case: str = "two"):
     if case == "four":
         config.mesh.shape = (("data", -1), ("time", 1))
         config.data.batch_size = 8
+        # No per-batch draws (noise, masks, mirroring: each process draws its own), so the one-process
+        # run's own stream holds the same batches as the four processes' blocks.
+        config.data.update(rot_noise=0.0, pos_noise=0.0, joint_mask_prob=0.0, frame_mask_prob=0.0,
+                           time_warp=0.0, mirror_prob=0.0)
         config.train.update(grad_reduce="int8", grad_reduce_levels=2, grad_reduce_host_size=2,
                             grad_bucket_mb=0.01)
     config.model.update(dim=32, depth=1, heads=2, halo=4, latent_dim=8, stride=2)
@@ -123,17 +127,18 @@ def _launch(tmp_path, n: int, case: str):
 
 
 def _assert_one_process_matches(tmp_path, config, devices: int, processes: int, steps: int, params: dict,
-                                mesh_shape=None):
+                                mesh_shape=None, own_stream: bool = False):
     """One process on ``devices`` devices, the same mesh, fed the same global batches (the
-    concatenation of the ``processes`` shares, in process order = the order of the 'data' axis):
-    its losses equal the workers' ``losses.json`` and its parameters ``params`` (1e-5). Returns its
-    state."""
+    concatenation of the ``processes`` shares, in process order = the order of the 'data' axis; with
+    ``own_stream``, the one-process pipeline's own batches, which hold the same windows): its losses
+    equal the workers' ``losses.json`` and its parameters ``params`` (1e-5). Returns its state."""
     mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:devices])
     if mesh_shape is not None:
         assert dict(mesh.shape) == mesh_shape
     info, state, step, window = _setup(config, mesh)
     shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
-                                           process_count=processes) for i in range(processes)]
+                                           process_count=n) for i, n in
+              ([(0, 1)] if own_stream else [(i, processes) for i in range(processes)])]
     losses = []
     for _ in range(steps):
         parts = [next(it) for it in shares]
@@ -179,14 +184,15 @@ def test_four_processes_int8_two_level_match_one(tmp_path):
     """4 processes x 2 CPU devices, int8 with error feedback, two levels (an fp32 reduce-scatter inside
     each process, int8 across the 4 over gloo, an all-gather inside): every process ends with the same
     parameters and residual-fed losses, equal to one process on 8 devices with the same settings
-    (the compressed sums are the same arithmetic, only the transport differs)."""
+    (the compressed sums are the same arithmetic, only the transport differs), which reads its own
+    data stream: the pipeline gives the processes the blocks of its global batches."""
     codes, tails = _launch(tmp_path, 4, "four")
     assert codes == [0] * 4, tails
     params = [dict(np.load(tmp_path / f"params_{i}.npz")) for i in range(4)]
     for p in params[1:]:
         for k in params[0]:
             np.testing.assert_array_equal(p[k], params[0][k], err_msg=k)
-    _assert_one_process_matches(tmp_path, _config("four"), 8, 4, FOUR_STEPS, params[0])
+    _assert_one_process_matches(tmp_path, _config("four"), 8, 4, FOUR_STEPS, params[0], own_stream=True)
 
 
 @pytest.mark.slow  # scripts/launch_local.sh: four trainer processes, twice

@@ -4,11 +4,13 @@ Training graph (:func:`train_dataset`)::
 
   slots: training segments, each repeated   (train_slots; ints, pickle in bytes)
          by its share of the windows
-    -> [process_index::process_count]        per-process shard, disjoint and complete
-    -> shuffle(seed) -> repeat()             reshuffled every epoch
+    -> shuffle(seed) -> repeat()             reshuffled every epoch; one stream for any process count
     -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic), check
                                              it (bad ones: skipped, counted, warned; strict raises),
-                                             draw a start (uniform/dynamics-score mixture)
+                                             draw a start (uniform/dynamics-score mixture); lazy:
+                                             a process reads only the windows it takes
+    -> ProcessBlocks                         this process's B / process_count windows of every
+                                             global batch (disjoint and complete)
     -> batch(B / process_count)
     -> random_map(MakeExample)               draw the noise, then canonicalize, mirror, noise,
                                              standardize, mask, chunk: vectorized over the batch
@@ -157,12 +159,37 @@ def train_slots(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.
     return np.concatenate([np.arange(len(slots))[:, None], np.asarray(slots, np.int64)], axis=1)
 
 
-def slot_dataset(info: DatasetInfo, cfg, *, seed: int, process_index: int,
-                 process_count: int) -> grain.MapDataset:
-    """This process's share of the slots (every ``process_count``-th), shuffled, repeated forever."""
+def slot_dataset(info: DatasetInfo, cfg, *, seed: int) -> grain.MapDataset:
+    """The training slots, shuffled (anew each epoch) and repeated forever: the global stream, the same
+    for any number of processes (:class:`ProcessBlocks` takes each one's part)."""
     slots = grain.MapDataset.source(train_slots(info, cfg.window, cfg.dynamics_sampling))
-    slots = slots[process_index::process_count]
     return slots.shuffle(seed=seed).repeat()
+
+
+class ProcessBlocks(grain.MapDataset):
+    """Process ``index`` of ``count``'s block of every global batch of ``batch_size`` elements.
+
+    Its element ``m`` is the parent's ``(m // b)·batch_size + index·b + m % b`` with ``b = batch_size /
+    count``. The blocks are disjoint and complete, and concatenated in process order (the order of
+    the mesh's ``data`` axis) they are the one-process stream's global batches, so a run on N
+    processes sees the windows of the run on one (what lets a 4-process run equal a 1-process run;
+    per-batch noise, drawn in each process, still differs)."""
+
+    def __init__(self, parent: grain.MapDataset, batch_size: int, index: int, count: int):
+        super().__init__(parent)
+        self._batch, self._block, self._index = batch_size, _local_batch_size(batch_size, count), index
+
+    def __len__(self) -> int:
+        return len(self._parent) // self._batch * self._block
+
+    def __getitem__(self, m):
+        if isinstance(m, slice):
+            return self.slice(m)
+        q, r = divmod(int(m), self._block)
+        return self._parent[q * self._batch + self._index * self._block + r]
+
+    def __str__(self) -> str:
+        return f"ProcessBlocks({self._index}, {self._block} of {self._batch})"
 
 
 class SampleWindow:
@@ -268,10 +295,10 @@ class MakeExample:
         return out
 
 
-def _local_batch(cfg, process_count: int) -> int:
-    if cfg.batch_size % process_count:
-        raise ValueError(f"batch_size={cfg.batch_size} does not split over {process_count} processes")
-    return cfg.batch_size // process_count
+def _local_batch_size(batch_size: int, process_count: int) -> int:
+    if batch_size % process_count:
+        raise ValueError(f"data.batch_size={batch_size} does not split over {process_count} processes")
+    return batch_size // process_count
 
 
 def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
@@ -280,11 +307,14 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    ds = slot_dataset(info, cfg, seed=seed, process_index=pi, process_count=pc)
+    ds = slot_dataset(info, cfg, seed=seed)
+    # A window's generator is a function of its place in the global stream, before the blocks are taken.
     ds = ds.random_map(SampleWindow(ClipSource(info), info, cfg), seed=seed)
+    if pc > 1:
+        ds = ProcessBlocks(ds, cfg.batch_size, pi, pc)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
     ds = ds.filter(_is_window).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    ds = ds.batch(_local_batch(cfg, pc), drop_remainder=True)
+    ds = ds.batch(_local_batch_size(cfg.batch_size, pc), drop_remainder=True)
     # Batch i's noise generator: a function of (seed, process, i), so processes draw different noise.
     noise_seed = int(np.random.SeedSequence([seed, pi]).generate_state(1)[0])
     ds = ds.random_map(MakeExample(info, cfg, transforms.Noise.from_config(cfg)), seed=noise_seed)
