@@ -170,6 +170,26 @@ def stepper(step, state, batch):
     return call
 
 
+def train_step_cost(config, info, rounds: int = 5, weight: float = 0.005) -> dict:
+    """What the dynamics loss costs a task's train step: milliseconds per step of ``config`` with the
+    loss off and on (``weight``) with each Jacobian of :data:`motionjax.core.dynamics.JACOBIANS`,
+    timed round-robin (:func:`measure.interleaved_rounds`, so load changes hit every variant alike),
+    and each one's time over the step without the loss."""
+    from motionjax.core import dynamics
+    calls = {}
+    for name in ("off", *dynamics.JACOBIANS):
+        c = copy.deepcopy(config)
+        c.loss.dynamics_weight = 0.0 if name == "off" else weight
+        c.loss.jacobian = "blocked" if name == "off" else name
+        step, state, batch, _, _ = compiled_step(c, info)
+        calls[name] = stepper(step, state, batch)
+        log(f"train step compiled: dynamics {name}")
+    times = measure.interleaved_rounds(calls, rounds=rounds, repeats=3, warmup=1)
+    ms = {k: 1e3 * float(np.median(v)) for k, v in times.items()}
+    return {"ms": ms, "vs_off": {k: v / ms["off"] for k, v in ms.items()},
+            "rounds_ms": {k: [1e3 * t for t in v] for k, v in times.items()}}
+
+
 # ---------------------------------------------------------------------------------------------
 # (a) + (b): end to end, optimized vs baseline
 

@@ -6,8 +6,14 @@ J × frames per batch × dtype (:mod:`benchmarks.dynamics_grid`). Prints a table
 
 The whole grid (4 J × 4 sizes × 2 dtypes) takes hours on 2 cores, most of it XLA compiling three
 programs per row; ``--grid-budget`` starts no row after that many seconds (target rows run first).
+
+    .venv/bin/python scripts/bench_dynamics.py --train-step experiments/predict.py:alone [--weight 0.005]
+
+times instead a task's whole train step (its config, a batch of its shape) with the loss off and on with
+each backend, round-robin (``benchmarks.suite.train_step_cost``), and writes ``train_step.json``.
 """
 import argparse
+import importlib
 import json
 from pathlib import Path
 
@@ -26,10 +32,15 @@ def main():
     parser.add_argument("--joints", default=None, help="subset of J, e.g. 52,100")
     parser.add_argument("--frames", default=None, help="subset of frames per batch, e.g. 256,1024")
     parser.add_argument("--dtypes", default=None, help="subset of float32,bfloat16")
+    parser.add_argument("--train-step", default=None, metavar="CONFIG[:VARIANT]",
+                        help="time this experiment's train step per backend instead of the grid")
+    parser.add_argument("--weight", type=float, default=0.005, help="dynamics weight for --train-step")
     args = parser.parse_args()
     print(f"dynamics loss + grad, backend {jax.default_backend()}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.train_step:
+        return train_step(args.train_step, args.weight, out)
     ints = lambda text: [int(x) for x in text.split(",")] if text else None
     results = run(args.quick, args.budget, partial=out / "bench_dynamics.partial.json",
                   joints=ints(args.joints), frames=ints(args.frames),
@@ -39,6 +50,26 @@ def main():
     print("\n".join(markdown(results)))
     print(f"targets: {results['targets']}")
     print(f"wrote {out}/bench_dynamics.json, dynamics.png")
+
+
+def train_step(spec: str, weight: float, out: Path) -> None:
+    """``--train-step``: the table of :func:`benchmarks.suite.train_step_cost` for one experiment."""
+    from benchmarks.suite import train_step_cost
+    from motionjax.data import pipeline
+
+    path, _, variant = spec.partition(":")
+    module = importlib.import_module(Path(path).with_suffix("").as_posix().replace("/", "."))
+    config = module.get_config(variant or None)
+    result = train_step_cost(config, pipeline.dataset_info(config.data), weight=weight)
+    print(f"{spec}: train step, batch {config.data.batch_size} x {config.data.window} frames, "
+          f"dynamics weight {weight}")
+    print("dynamics  ms/step  x off")
+    for name, ms in result["ms"].items():
+        print(f"{name:8} {ms:8.1f} {result['vs_off'][name]:6.2f}")
+    doc = {"config": spec, "weight": weight, "batch": config.data.batch_size, "window": config.data.window,
+           "backend": jax.default_backend(), **result}
+    (out / "train_step.json").write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}/train_step.json")
 
 
 if __name__ == "__main__":
