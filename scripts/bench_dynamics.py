@@ -13,7 +13,6 @@ times instead a task's whole train step (its config, a batch of its shape) with 
 each backend, round-robin (``benchmarks.suite.train_step_cost``), and writes ``train_step.json``.
 """
 import argparse
-import importlib
 import json
 from pathlib import Path
 
@@ -54,12 +53,11 @@ def main():
 
 def train_step(spec: str, weight: float, out: Path) -> None:
     """``--train-step``: the table of :func:`benchmarks.suite.train_step_cost` for one experiment."""
+    import experiments
     from benchmarks.suite import train_step_cost
     from motionjax.data import pipeline
 
-    path, _, variant = spec.partition(":")
-    module = importlib.import_module(Path(path).with_suffix("").as_posix().replace("/", "."))
-    config = module.get_config(variant or None)
+    config = experiments.load(spec)
     result = train_step_cost(config, pipeline.dataset_info(config.data), weight=weight)
     print(f"{spec}: train step, batch {config.data.batch_size} x {config.data.window} frames, "
           f"dynamics weight {weight}")
