@@ -16,11 +16,15 @@ resumed comparison does not use (fewer levers or seeds) stay in the partial reco
 """
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from motionjax import malloc
 
-import experiments
+malloc.keep_freed_memory()  # before numpy/jax start threads (motionjax/malloc.py)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import experiments  # noqa: E402
 
 
 def _recorded_runs(out: Path, args) -> dict:

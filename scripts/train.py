@@ -14,16 +14,20 @@ device: PATH``) exits 1; a run that ends non-finite (no held-out evaluation with
 ``train.best_metric``, or non-finite final results) exits 3. No tracebacks for any. Ctrl-C (or
 SIGTERM) says where the checkpoint it saved is; a second Ctrl-C exits at once.
 """
-import ast
-import os
-import re
-import sys
+from motionjax import malloc
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+malloc.keep_freed_memory()  # before numpy/jax start threads: no page faults per step (motionjax/malloc.py)
 
-import experiments
-from motionjax import parallel
+import ast  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+import experiments  # noqa: E402
+from motionjax import parallel  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)",
                                           lock_config=True)
