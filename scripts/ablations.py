@@ -15,7 +15,8 @@ run has it, ``ood_validation/mpjpe``) are read at each run's best checkpoint (th
 ``train.best_metric``); the test splits are never read. ``--target T``: also the step at which the
 best metric first reaches T, linearly interpolated between evaluations. Prints the table (the mean
 over seeds, the range in brackets) and writes ``ablations.json``, ``ablations.md`` and, with several
-evaluations per run, ``ablations.png`` (the best metric against steps, one line per run).
+evaluations per run, ``ablations.png`` (the best metric against steps, one line per run); with two
+metrics, ``ablations_tradeoff.png`` (the second against the first, one point per ablation).
 """
 from __future__ import annotations
 
@@ -132,6 +133,31 @@ def plot(docs: dict, path: Path, target: float | None) -> None:
     plt.close(fig)
 
 
+def tradeoff_plot(rows: dict, x: str, y: str, path: Path) -> None:
+    """Each ablation's mean ``y`` against its mean ``x`` (e.g. ood_validation against validation),
+    with lines of constant ratio y / x: how far each setting is from an equal error on both."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    points = {name: [float(np.mean([r[m] for r in row["runs"]])) for m in (x, y)]
+              for name, row in rows.items() if all(m in r for r in row["runs"] for m in (x, y))}
+    xs, ys = np.array(list(points.values())).T
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    grid = np.linspace(0.9 * xs.min(), 1.1 * xs.max(), 2)
+    for ratio, ls in ((1.0, "-"), (1.15, "--"), (1.5, ":"), (2.0, "-.")):
+        ax.plot(grid, ratio * grid, color="0.6", lw=0.8, ls=ls, label=f"ratio {ratio:g}×")
+    ax.scatter(xs, ys, color=["C3" if n == "base" else "C0" for n in points], zorder=3)
+    for name, (px, py) in points.items():
+        ax.annotate(f"{name} ({py / px:.2f}×)", (px, py), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    ax.set(xlabel=x, ylabel=y, title=f"{y} ÷ {x} per ablation",
+           ylim=(0.9 * min(xs.min(), ys.min()), 1.08 * ys.max()))
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
@@ -183,6 +209,10 @@ def main():
     if any(len(d["history"].get(f"eval/{d['best_metric']}", [])) > 1 for ds in curves.values() for d in ds):
         plot(curves, out / "ablations.png", args.target)
         written.append(out / "ablations.png")
+    present = [m for m in metrics if all(m in r for r in rows["base"]["runs"])]
+    if len(present) >= 2:
+        tradeoff_plot(rows, present[0], present[1], out / "ablations_tradeoff.png")
+        written.append(out / "ablations_tradeoff.png")
     print("wrote " + ", ".join(map(str, written)))
 
 

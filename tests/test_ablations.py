@@ -26,3 +26,10 @@ def test_table_gives_the_mean_and_range_over_seeds_and_the_change_against_base()
     assert "ood_validation" not in head  # no run has it
     assert "| 2.000 [1.000–3.000] | 200 [100–300] | - |" in base
     assert "| 3.000 | - (1 not reached) | +50.0% |" in x
+
+
+def test_tradeoff_plot_skips_an_ablation_without_both_metrics(tmp_path):
+    rows = {"base": {"overrides": [], "runs": [{"validation/mpjpe": 1.0, "ood_validation/mpjpe": 1.7}]},
+            "x": {"overrides": ["a=1"], "runs": [{"validation/mpjpe": 1.2}]}}
+    ablations.tradeoff_plot(rows, "validation/mpjpe", "ood_validation/mpjpe", tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
