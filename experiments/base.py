@@ -88,6 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.clean_prob = 0.0            # chance a window's input is left clean (denoiser learns to keep it)
     c.data.speed_range = 1.0           # >1: each training window plays at a speed in [1/r, r] (log-uniform)
     c.data.reverse_prob = 0.0          # chance a training window plays backwards (time reversed)
+    c.data.pose_offset = 0.0           # >0: each training window's joints turned by one N(0, this) rad offset
     c.data.synthetic_clips = 128_000   # source="synthetic": corpus size (generated on the fly, never stored)
     c.data.synthetic_frames = 240      # frames per synthetic clip
     c.data.synthetic_seed = 0          # synthetic clip i is a function of (synthetic_seed, i)

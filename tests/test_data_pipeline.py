@@ -251,6 +251,29 @@ def test_reverse_augmentation_plays_windows_backwards(cfg, info):
         np.testing.assert_array_equal(bwd[key], expected, err_msg=key)
 
 
+def test_pose_offset_turns_each_joint_by_one_rotation_for_the_whole_window(cfg, info):
+    """``data.pose_offset``: the window is the plain one (same start draw) with each non-root joint
+    turned by one rotation in every frame; the root, its trajectory and the validity are untouched.
+    The angle between the two rotations, 2·acos|⟨q, q'⟩|, is the relative rotation's whatever the
+    quaternion convention: the same in every frame, zero at the root."""
+    clip_id, begin, end = info.splits["train"][0]
+    slot = (0, clip_id, begin, end)
+    assert cfg.pose_offset == 0.0
+    plain = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
+    turned_cfg = cfg.copy_and_resolve_references()
+    turned_cfg.pose_offset = 0.2
+    turned = pipeline.SampleWindow(pipeline.ClipSource(info), info, turned_cfg)
+    a, b = plain(slot, np.random.default_rng(7)), turned(slot, np.random.default_rng(7))
+    np.testing.assert_array_equal(a["root_position"], b["root_position"])
+    np.testing.assert_array_equal(a["valid"], b["valid"])
+    dot = np.abs(np.sum(a["rotations"].astype(np.float64) * b["rotations"], axis=-1))  # [T, J]
+    angle = 2 * np.arccos(np.clip(dot, 0.0, 1.0))
+    assert np.all(angle[:, 0] < 1e-3)
+    np.testing.assert_allclose(angle, np.broadcast_to(angle[:1], angle.shape), atol=2e-3)
+    moved = angle[0, info.skeleton.ball_mask.astype(bool)][1:]
+    assert 0.05 < np.median(moved) < 1.0, moved  # ~ 0.2·√3 for a ball joint
+
+
 def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog):
     from array_record.python.array_record_module import ArrayRecordWriter
     motions = [read_deepmimic(p) for p in deepmimic_clip_paths()[:2]]

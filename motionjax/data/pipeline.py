@@ -206,6 +206,7 @@ class SampleWindow:
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.log_speed = float(np.log(cfg.speed_range))
         self.reverse_prob = float(cfg.reverse_prob)
+        self.pose_offset = float(cfg.pose_offset)
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
@@ -241,6 +242,9 @@ class SampleWindow:
         # No draw when off, so configs without it keep their random stream.
         if self.reverse_prob and rng.random() < self.reverse_prob:
             window = _reverse(window)
+        if self.pose_offset:  # no draw when off, as above
+            eps = rng.normal(0.0, self.pose_offset, (self.skeleton.num_joints, 3))
+            window = _offset_pose(window, self.skeleton, eps)
         return window
 
 
@@ -266,6 +270,16 @@ def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: fl
 def _reverse(window: dict) -> dict:
     """The window played backwards (time axis flipped; ``offsets`` are per clip and stay)."""
     return {k: (v if k == "offsets" else v[::-1].copy()) for k, v in window.items()}
+
+
+def _offset_pose(window: dict, skeleton, eps) -> dict:
+    """Every frame's joint rotations turned by the same rotation vectors ``eps [J, 3]`` (rad, in each
+    joint's tangent space; the root's left alone, so heading and trajectory stay): the same motion
+    from a pose the corpus may not hold (``data.pose_offset``, #34)."""
+    eps = np.asarray(eps, np.float32).copy()
+    eps[0] = 0.0
+    rotations = transforms.rotation_noise(skeleton, window["rotations"], eps[None])
+    return dict(window, rotations=rotations.astype(window["rotations"].dtype))
 
 
 def _is_window(x) -> bool:
