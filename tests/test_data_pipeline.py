@@ -233,17 +233,22 @@ def test_speed_augmentation_plays_windows_faster_or_slower(cfg, info):
     assert not np.array_equal(win["rotations"], rots[start:start + cfg.window])
 
 
+def _plain_and_augmented(cfg, info, slot, seed: int, **augmentation) -> tuple[dict, dict]:
+    """The window of ``slot`` sampled with the config as is (each augmentation off) and with
+    ``augmentation`` set, from the same random draws."""
+    assert all(cfg[k] == 0.0 for k in augmentation)
+    augmented_cfg = cfg.copy_and_resolve_references()
+    augmented_cfg.update(augmentation)
+    return tuple(pipeline.SampleWindow(pipeline.ClipSource(info), info, c)(slot, np.random.default_rng(seed))
+                 for c in (cfg, augmented_cfg))
+
+
 def test_reverse_augmentation_plays_windows_backwards(cfg, info):
     """``data.reverse_prob``: a reversed window is the forward window (same start draw) with its
     frames, root and validity flipped in time (off by default)."""
     clip_id, begin, end = info.splits["train"][0]
     slot = (0, clip_id, begin, begin + cfg.window // 2)  # shorter than a window: padded, flipped too
-    assert cfg.reverse_prob == 0.0
-    forward = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
-    backward_cfg = cfg.copy_and_resolve_references()
-    backward_cfg.reverse_prob = 1.0
-    backward = pipeline.SampleWindow(pipeline.ClipSource(info), info, backward_cfg)
-    fwd, bwd = forward(slot, np.random.default_rng(5)), backward(slot, np.random.default_rng(5))
+    fwd, bwd = _plain_and_augmented(cfg, info, slot, 5, reverse_prob=1.0)
     assert fwd.keys() == bwd.keys() and "valid" in fwd
     assert not fwd["valid"].all()  # the window runs past the segment: its padding moves to the front
     for key in fwd:
@@ -258,12 +263,7 @@ def test_pose_offset_turns_each_joint_by_one_rotation_for_the_whole_window(cfg, 
     quaternion convention: the same in every frame, zero at the root."""
     clip_id, begin, end = info.splits["train"][0]
     slot = (0, clip_id, begin, end)
-    assert cfg.pose_offset == 0.0
-    plain = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
-    turned_cfg = cfg.copy_and_resolve_references()
-    turned_cfg.pose_offset = 0.2
-    turned = pipeline.SampleWindow(pipeline.ClipSource(info), info, turned_cfg)
-    a, b = plain(slot, np.random.default_rng(7)), turned(slot, np.random.default_rng(7))
+    a, b = _plain_and_augmented(cfg, info, slot, 7, pose_offset=0.2)
     np.testing.assert_array_equal(a["root_position"], b["root_position"])
     np.testing.assert_array_equal(a["valid"], b["valid"])
     dot = np.abs(np.sum(a["rotations"].astype(np.float64) * b["rotations"], axis=-1))  # [T, J]
