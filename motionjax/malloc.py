@@ -3,7 +3,7 @@
 XLA:CPU allocates an executable's temporary buffer (~94 MB for the headline autoencoder's step) with
 ``malloc`` on every execution and frees it at the end. glibc serves a request that large with its own
 ``mmap`` (above its 32 MB ceiling on the mmap threshold) and unmaps it at ``free``, so every step
-touches ~24,000 fresh pages: 25,000 minor page faults a step, ~15% of the run's CPU time in the kernel
+touches ~24,000 fresh pages: 25,000 minor page faults a step, 7-15% of the run's CPU time in the kernel
 (docs/time_to_target.md, "Page faults"). With one arena, no ``mmap`` and a high trim threshold the
 buffer is carved from the heap once and reused.
 
