@@ -81,6 +81,8 @@ LEVERS: dict[str, tuple[str, Callable]] = {
     "batch2x": ("batch ×2, learning rate ×√2, half the steps (same frames)", _batch2x),
     "dynamics_loss": ("the dynamics loss toggled (off if on, 0.005 if off)", _toggle_dynamics_loss),
     "bf16": ("bfloat16 activations and compute (model.dtype)", _set("model", "dtype", "bfloat16")),
+    "loss_aware": ("loss-aware sampling (data.loss_sampling = 0.5: half of each draw by the segment's "
+                   "latest window error)", _set("data", "loss_sampling", 0.5)),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 

@@ -33,6 +33,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
     c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform
+    # Loss-aware sampling (motionjax.data.priority): weight of each segment's latest window error in the
+    # draw, against the share above; 0 = off. Every segment keeps at least (1 - this) of its share.
+    c.data.loss_sampling = 0.0
+    c.data.loss_block = 250            # steps drawn from one snapshot of the error table
+    c.data.loss_staleness = 2000       # steps: an older error counts as unknown (the mean); 0 = never stale
     c.data.strict = False              # True: a bad file/record raises instead of being skipped+counted
     # Corpus conventions (motionjax.data.corpus); a change needs a new data.dir (prepared data is immutable).
     c.data.units = "auto"              # "auto" (from bone lengths) | "m" | "cm" | "mm" | "inch"

@@ -52,7 +52,7 @@ def foot_contacts(positions, skeleton: Skeleton, fps: float, max_speed: float,
 
 def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean, std,
                         time_axis_name: str | None = None, batch_axis_name: str | None = None,
-                        offsets=None, valid=None):
+                        offsets=None, valid=None, per_window: bool = False):
     """Weighted loss of predicted vs clean standardized windows.
 
     Args:
@@ -66,9 +66,12 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
       valid: optional ``[B, T]`` (1 = a real frame, 0 = edge padding past the end of a short
         segment): every term averages over real frames only, a time difference only where its whole
         stencil is real. ``None``: every frame is real.
+      per_window: also return each window's root-relative position error (m, the ``pose`` term of
+        that window alone; what loss-aware sampling ranks windows by).
 
     Returns:
-      ``(loss, metrics)``: scalar total and a dict of the unweighted terms.
+      ``(loss, metrics)``: scalar total and a dict of the unweighted terms; with ``per_window``,
+      ``(loss, metrics, window_pose [B])`` (``[B_local]`` inside ``shard_map``, summed over time).
     """
     axes = tuple(a for a in (batch_axis_name, time_axis_name) if a is not None)
     valid = jnp.ones(pred.shape[:2], bool) if valid is None else valid.astype(bool)
@@ -91,7 +94,8 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
     # The pose alone (root-relative, what MPJPE scores): the global term also asks for the root
     # trajectory, metres of travel whose errors would otherwise dominate the gradient.
     rel = lambda pos, root: pos - root[..., None, :]
-    terms["pose"] = masked_mean(_norm(rel(p_pos, p_root) - rel(t_pos, t_root)), frame, axes)
+    pose_error = _norm(rel(p_pos, p_root) - rel(t_pos, t_root))  # [B, T, J]
+    terms["pose"] = masked_mean(pose_error, frame, axes)
 
     p_feet, _ = velocity(p_pos[..., skeleton.foot_joints, :], fps, time_axis_name)
     _, planted = foot_contacts(t_pos, skeleton, fps, cfg.contact_speed, time_axis_name)
@@ -106,4 +110,7 @@ def reconstruction_loss(cfg, skeleton: Skeleton, fps: float, pred, target, mean,
             offsets=None if offsets is None else offsets[:, 0], valid=valid)
         terms["dynamics"] = dyn
         loss = loss + cfg.dynamics_weight * dyn
+    if per_window:
+        time_axes = (time_axis_name,) if time_axis_name is not None else ()
+        return loss, terms, masked_mean(pose_error, frame, time_axes, axis=(1, 2))
     return loss, terms

@@ -120,6 +120,7 @@ BATCH_AXES: dict[str, tuple[str | None, ...]] = {
     "clean": ("batch", "chunk", "frame", "feature"),   # [B, N, C, F] the target
     "valid": ("batch", "chunk", "frame", "feature"),   # [B, N, C, 1] 0 = padding frame
     "offsets": ("batch", "joint", None),               # [B, J, 3] each window's clip bones
+    "segment": ("batch",),                             # [B] int32 each window's training segment
     # Objectives other than reconstruction (train.step's `objective` hook; distillation):
     "target": ("batch", "chunk", "frame", "feature"),  # [B, N, C, F] another target (a teacher's output)
     "target_weight": ("batch",),                       # [B] its weight against the clean target
@@ -191,6 +192,14 @@ def global_batch(local_batch, mesh: Mesh):
         lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(x)), np.asarray(x)),
         local_batch,
     )
+
+
+def to_host(x) -> np.ndarray:
+    """A global array -> the whole of it as numpy in every process (small arrays: per-window values)."""
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
 
 
 # --------------------------------------------------------------------------------------------

@@ -95,6 +95,10 @@ def test_padding_frames_weigh_nothing_in_any_term_sharded_or_not():
     for name in ("rotation", "position", "pose", "foot", "dynamics"):
         np.testing.assert_allclose(float(one[name]), float(alone[0][name]), rtol=1e-5, err_msg=name)
     both = loss(pred, target, valid)[1]
+    # Each window's own error (loss-aware sampling): the pose term of that window alone.
+    window = jax.jit(lambda p, g, v: losses.reconstruction_loss(cfg, SKELETON, 30.0, p, g, mean, std, valid=v,
+                                                                per_window=True)[2])(pred, target, valid)
+    np.testing.assert_allclose(window, [float(a["pose"]) for a in alone], rtol=1e-5)
     for name in ("rotation", "position", "pose"):  # means over frames: weighted by 24 and 32 frames
         expected = (float(alone[0][name]) * real + float(alone[1][name]) * t) / (real + t)
         np.testing.assert_allclose(float(both[name]), expected, rtol=1e-5, err_msg=name)
@@ -107,3 +111,7 @@ def test_padding_frames_weigh_nothing_in_any_term_sharded_or_not():
     sharded = jax.jit(loss_fn)(chunk(pred), chunk(target), None, chunk(valid))[1]
     for name in both:
         np.testing.assert_allclose(float(sharded[name]), float(both[name]), rtol=1e-4, err_msg=name)
+    config.data.loss_sampling = 0.5  # the step then also returns each window's error, over data
+    loss_fn = step.make_loss_fn(config, stand_in(SKELETON), parallel.make_mesh(config.mesh))
+    terms = jax.jit(loss_fn)(chunk(pred), chunk(target), None, chunk(valid))[1]
+    np.testing.assert_allclose(terms["window_pose"], window, rtol=1e-4)

@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 
 
-def masked_sum(x, where=None):
-    """``(Σ x over where, count of where)``; ``where``: bool broadcastable to ``x`` (None: all).
-    The count has ``x``'s dtype (float32 counts are exact up to 2**24 elements per shard)."""
+def masked_sum(x, where=None, axis=None):
+    """``(Σ x over where, count of where)`` over ``axis`` (None: every axis); ``where``: bool
+    broadcastable to ``x`` (None: all). The count has ``x``'s dtype (float32 counts are exact up to
+    2**24 elements per shard)."""
     where = jnp.ones_like(x, bool) if where is None else jnp.broadcast_to(where, x.shape)
-    return jnp.sum(jnp.where(where, x, 0.0)), jnp.sum(where, dtype=jnp.promote_types(x.dtype, jnp.float32))
+    return (jnp.sum(jnp.where(where, x, 0.0), axis=axis),
+            jnp.sum(where, axis=axis, dtype=jnp.promote_types(x.dtype, jnp.float32)))
 
 
 def mean_of(total, count):
@@ -25,10 +27,11 @@ def mean_of(total, count):
     return total / jnp.maximum(count, 1.0)
 
 
-def masked_mean(x, where=None, axis_names=()):
+def masked_mean(x, where=None, axis_names=(), axis=None):
     """Mean of ``x`` over the elements where ``where`` (bool broadcastable to ``x``; None: all),
-    global over the mesh axes ``axis_names`` when called inside ``shard_map``."""
-    total, count = masked_sum(x, where)
+    over ``axis`` (None: every axis), global over the mesh axes ``axis_names`` when called inside
+    ``shard_map``."""
+    total, count = masked_sum(x, where, axis)
     if axis_names:
         total, count = jax.lax.psum((total, count), axis_names)
     return mean_of(total, count)

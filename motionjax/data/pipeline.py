@@ -139,24 +139,39 @@ def _window_totals(info: DatasetInfo) -> tuple[int, float]:
     return sum(n for n, _ in info.train_windows), sum(s for _, s in info.train_windows)
 
 
-def train_slots(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.ndarray:
-    """``[S, 4]`` (slot id, clip, begin, end): one epoch of training draws.
-
-    Segment ``c`` fills ``max(1, round(SLOTS·p(c)))`` slots with ``p(c)`` its share of the window
-    distribution (:func:`transforms.window_weights`); :class:`SampleWindow` then draws the start
-    from ``p(start | c)``, so windows follow the global uniform/dynamics mixture. A segment
-    shorter than a window is one padded window (:func:`transforms.segment_windows`)."""
+def segment_shares(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.ndarray:
+    """``[S]`` each training segment's share ``p(c)`` of the window distribution (the uniform/dynamics
+    mixture of :func:`transforms.window_weights`; 0 for a segment holding no window), in the order of
+    ``info.splits[info.train_split]``."""
     num, total = _window_totals(info)
     if num == 0:
         raise ValueError(f"no training segment of {info.data_dir or 'the synthetic corpus'} "
                          f"holds {window} frames")
-    slots = []
-    for seg, (n, score_sum) in zip(info.splits[info.train_split], info.train_windows, strict=True):
-        if n:
-            hot = score_sum / total if total > 0 else n / num
-            share = (1 - dynamics_sampling) * n / num + dynamics_sampling * hot
-            slots += [seg] * max(1, round(SLOTS * share))
-    return np.concatenate([np.arange(len(slots))[:, None], np.asarray(slots, np.int64)], axis=1)
+    n, score_sum = (np.array(c, np.float64) for c in zip(*info.train_windows, strict=True))
+    hot = score_sum / total if total > 0 else n / num
+    return np.where(n > 0, (1 - dynamics_sampling) * n / num + dynamics_sampling * hot, 0.0)
+
+
+def train_slots(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.ndarray:
+    """``[S, 4]`` (slot id, clip, begin, end): one epoch of training draws.
+
+    Segment ``c`` fills ``max(1, round(SLOTS·p(c)))`` slots with ``p(c)`` its share of the window
+    distribution (:func:`segment_shares`); :class:`SampleWindow` then draws the start from
+    ``p(start | c)``, so windows follow the global uniform/dynamics mixture. A segment shorter than a
+    window is one padded window (:func:`transforms.segment_windows`)."""
+    shares = segment_shares(info, window, dynamics_sampling)
+    segments = np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
+    slots = np.repeat(segments, [max(1, round(SLOTS * p)) if p > 0 else 0 for p in shares], axis=0)
+    return np.concatenate([np.arange(len(slots))[:, None], slots], axis=1)
+
+
+def segment_rows(info: DatasetInfo, segments) -> np.ndarray:
+    """``[K, 4]`` (segment, clip, begin, end) rows of the training segments ``segments [K]`` (indices
+    into ``info.splits[info.train_split]``): draws :class:`SampleWindow` takes like slots, naming the
+    segment in each window (loss-aware sampling, :mod:`motionjax.data.priority`)."""
+    table = np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
+    segments = np.asarray(segments, np.int64)
+    return np.concatenate([segments[:, None], table[segments]], axis=1)
 
 
 def slot_dataset(info: DatasetInfo, cfg, *, seed: int) -> grain.MapDataset:
@@ -201,8 +216,8 @@ class SampleWindow:
 
     CACHE = 256  # segments kept decoded with their start distribution (a small corpus stays resident)
 
-    def __init__(self, source: ClipSource, info: DatasetInfo, cfg):
-        self.source, self.skeleton = source, info.skeleton
+    def __init__(self, source: ClipSource, info: DatasetInfo, cfg, name_segment: bool = False):
+        self.source, self.skeleton, self.name_segment = source, info.skeleton, name_segment
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.log_speed = float(np.log(cfg.speed_range))
         self.reverse_prob = float(cfg.reverse_prob)
@@ -229,7 +244,7 @@ class SampleWindow:
         return self._cache[key]
 
     def __call__(self, slot, rng: np.random.Generator):
-        _, clip_id, begin, end = (int(v) for v in slot)
+        first, clip_id, begin, end = (int(v) for v in slot)
         try:
             clip, cdf = self._segment(clip_id, begin, end)
         except records.BadRecordError as e:
@@ -245,6 +260,8 @@ class SampleWindow:
         if self.pose_offset:  # no draw when off, as above
             eps = rng.normal(0.0, self.pose_offset, (self.skeleton.num_joints, 3))
             window = _offset_pose(window, self.skeleton, eps)
+        if self.name_segment:  # rows of segment_rows: the first column is the segment
+            window["segment"] = np.int32(first)
         return window
 
 
@@ -306,6 +323,8 @@ class MakeExample:
                                       self.std, chunk_size=self.chunk, floor=self.floor, scale=self.scale,
                                       offsets=w.get("offsets"), observed=self.observed)
         out["valid"] = transforms.chunk(w["valid"][..., None], self.chunk)
+        if "segment" in w:
+            out["segment"] = np.asarray(w["segment"], np.int32)
         return out
 
 
@@ -316,14 +335,16 @@ def _local_batch_size(batch_size: int, process_count: int) -> int:
 
 
 def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
-                  process_count: int | None = None) -> grain.IterDataset:
-    """The host-side training stream of this process (numpy batches of ``batch_size / processes``)."""
+                  process_count: int | None = None, rows: np.ndarray | None = None) -> grain.IterDataset:
+    """The host-side training stream of this process (numpy batches of ``batch_size / processes``):
+    over :func:`slot_dataset`, or over ``rows`` (:func:`segment_rows`, repeated; batches then hold
+    each window's ``"segment" [B]``)."""
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    ds = slot_dataset(info, cfg, seed=seed)
+    ds = slot_dataset(info, cfg, seed=seed) if rows is None else grain.MapDataset.source(rows).repeat()
     # A window's generator is a function of its place in the global stream, before the blocks are taken.
-    ds = ds.random_map(SampleWindow(ClipSource(info), info, cfg), seed=seed)
+    ds = ds.random_map(SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None), seed=seed)
     if pc > 1:
         ds = ProcessBlocks(ds, cfg.batch_size, pi, pc)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
@@ -362,12 +383,13 @@ def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -
 
 
 def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
-                        process_index=None, process_count=None) -> grain.DatasetIterator:
+                        process_index=None, process_count=None, rows=None) -> grain.DatasetIterator:
     """The training iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
-    key. Call ``.close()`` when done."""
-    ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count)
+    key. ``rows``: see :func:`train_dataset`. Call ``.close()`` when done."""
+    ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count,
+                       rows=rows)
     return iter(device_prefetch(ds, shardings, cfg.prefetch))
 
 

@@ -134,6 +134,9 @@ _RULES = {
     "data.std_floor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
     "data.dynamics_sampling": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "data.loss_sampling": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1): 0 = off"),
+    "data.loss_block": _POSITIVE_INT,
+    "data.loss_staleness": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: never stale)"),
     "data.clean": (lambda v: v in ("off", "report", "repair"), "'off', 'report' or 'repair'"),
     "data.dedup_policy": (lambda v: v in ("copies", "prune"), "'copies' or 'prune'"),
     "model.name": (lambda v: v in ("transformer", "tconv", "dct_mlp"), "'transformer', 'tconv' or 'dct_mlp'"),
@@ -216,6 +219,15 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
                         "(the rest of each window is the forecast)")
     problems += _check_evals(config)
     problems += _check_grad_reduce(config, sizes, bad, num_processes)
+    if "data.loss_sampling" not in bad and d.loss_sampling > 0:
+        if d.loader != "grain":
+            problems.append(f"data.loss_sampling={d.loss_sampling} with data.loader={d.loader!r}: loss-aware "
+                            "sampling is built on the Grain loader; expected data.loader='grain'")
+        if config.train.grad_reduce != "fp32" or config.train.grad_reduce_levels != 1:
+            problems.append(f"data.loss_sampling={d.loss_sampling} with train.grad_reduce="
+                            f"{config.train.grad_reduce!r}, levels={config.train.grad_reduce_levels}: the "
+                            "explicit reductions return scalars only, not each window's error; expected "
+                            "XLA's fp32 all-reduce (grad_reduce='fp32', levels=1)")
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="

@@ -22,16 +22,19 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from motionjax import parallel
-from motionjax.data import pipeline
+from motionjax.data import pipeline, priority
 from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, faults, logs, step
 
 
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
-    Grain pipeline, or (``data.loader = "naive"``, the baseline) numpy batches from the main thread
-    placed on the mesh per step."""
+    Grain pipeline (loss-aware with ``data.loss_sampling``: :mod:`motionjax.data.priority`), or
+    (``data.loader = "naive"``, the baseline) numpy batches from the main thread placed on the mesh
+    per step."""
     shardings = parallel.batch_shardings(mesh, step.batch_keys(config))
+    if config.data.loader == "grain" and step.uses_window_errors(config):
+        return priority.LossAwareIterator(config.data, info, shardings=shardings, seed=config.seed)
     if config.data.loader == "grain":
         return pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
     if config.data.loader == "naive":
@@ -192,8 +195,12 @@ def _stop_agreed(stop: dict, current: int, every: int) -> bool:
 
 
 def _read(run: _Run, pending, dispatched: int) -> None:
-    """Log a dispatched step's metrics and let the non-finite guard act on them."""
-    cfg, (done_step, metrics, _) = run.config.train, pending
+    """Log a dispatched step's metrics, hand its window errors to a loss-aware sampler and let the
+    non-finite guard act on them."""
+    cfg, (done_step, metrics, batch) = run.config.train, pending
+    window_error = metrics.pop("window_pose", None)  # [B]: per window, not a scalar to log
+    if window_error is not None:
+        run.iterator.record(done_step, parallel.to_host(batch["segment"]), parallel.to_host(window_error))
     metrics = jax.device_get(metrics)
     if done_step % cfg.log_every == 0 or done_step == cfg.steps:
         run.log(done_step, {k: v for k, v in metrics.items() if k != "nonfinite_run"}, "train")

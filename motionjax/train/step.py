@@ -27,8 +27,10 @@ from motionjax.train import grad_reduce
 
 def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The batch leaves the step reads (and the loader puts on the mesh): the input window, the target,
-    their ``valid`` mask, and with ``data.bones = "clip"`` each window's clip ``offsets``."""
-    return ("noisy", "clean", "valid") + (("offsets",) if config.data.bones == "clip" else ())
+    their ``valid`` mask, with ``data.bones = "clip"`` each window's clip ``offsets``, and with
+    loss-aware sampling each window's training ``segment`` (the step passes it by; the loop reads it)."""
+    return (("noisy", "clean", "valid") + (("offsets",) if config.data.bones == "clip" else ())
+            + (("segment",) if uses_window_errors(config) else ()))
 
 
 OPTIMIZERS = ("adamw", "lion", "muon")
@@ -69,11 +71,14 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
                              mean=np.asarray(info.mean, np.float32), std=np.asarray(info.std, np.float32),
                              time_axis_name=parallel.TIME_AXIS, batch_axis_name=parallel.DATA_AXIS)
     frames = P(parallel.DATA_AXIS, parallel.TIME_AXIS)  # [B, T, F]: windows over data, frames over time
+    # Loss-aware sampling ranks windows by their own error: [B] out, over data.
+    per_window = uses_window_errors(config)
     # Per-window offsets [B, J, 3] over data only (every time shard of a window needs all its bones);
     # None (an empty tree) matches any spec.
-    local = lambda p, t, o, v: loss(p, t, offsets=o, valid=v)  # noqa: E731
+    local = lambda p, t, o, v: loss(p, t, offsets=o, valid=v, per_window=per_window)  # noqa: E731
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(frames, frames, P(parallel.DATA_AXIS), frames),
-                            out_specs=P(), check_vma=False)
+                            out_specs=(P(), P(), P(parallel.DATA_AXIS)) if per_window else P(),
+                            check_vma=False)
 
     observed = config.data.observed
 
@@ -85,9 +90,19 @@ def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
             valid = jnp.broadcast_to(scored, (b, n * c)) if valid is None else valid * scored
         # Inside the step's own shard_map (an explicit gradient reduction) the arrays are already local.
         run = local if parallel.manual_axes() else sharded
-        return run(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
+        out = run(pred.reshape(b, n * c, f), clean.reshape(b, n * c, f), offsets, valid)
+        if per_window:  # the step's metrics carry it to the loop (train.loop._read), which takes it out
+            loss, terms, window = out
+            return loss, dict(terms, window_pose=window)
+        return out
 
     return loss_fn
+
+
+def uses_window_errors(config: ml_collections.ConfigDict) -> bool:
+    """Whether the step returns each window's error (``metrics["window_pose"] [B]``) and the batch
+    names each window's segment (``"segment" [B]``): loss-aware sampling (``data.loss_sampling``)."""
+    return config.data.loss_sampling > 0
 
 
 def _all_finite(tree):
@@ -222,9 +237,10 @@ def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
     d = config.data
     window = (d.batch_size, d.window // d.chunk, d.chunk)
     shapes = {"noisy": (*window, feature_dim(info.skeleton)), "clean": (*window, feature_dim(info.skeleton)),
-              "valid": (*window, 1), "offsets": (d.batch_size, info.skeleton.num_joints, 3)}
+              "valid": (*window, 1), "offsets": (d.batch_size, info.skeleton.num_joints, 3),
+              "segment": (d.batch_size,)}
     keys = batch_keys(config)
-    return {k: jax.ShapeDtypeStruct(shapes[k], np.float32, sharding=s)
+    return {k: jax.ShapeDtypeStruct(shapes[k], np.int32 if k == "segment" else np.float32, sharding=s)
             for k, s in parallel.batch_shardings(mesh, keys).items()}
 
 
