@@ -83,6 +83,11 @@ LEVERS: dict[str, tuple[str, Callable]] = {
     "bf16": ("bfloat16 activations and compute (model.dtype)", _set("model", "dtype", "bfloat16")),
     "loss_aware": ("loss-aware sampling (data.loss_sampling = 0.5: half of each draw by the segment's "
                    "latest window error)", _set("data", "loss_sampling", 0.5)),
+    "schedule_free": ("schedule-free AdamW (train.optimizer = 'schedule_free': the same warmup and "
+                      "peak rate, no cosine; evaluation reads its averaged iterate)",
+                      _set("train", "optimizer", "schedule_free")),
+    "ema": ("a parameter EMA (train.ema_decay = 0.999), which evaluation reads",
+            _set("train", "ema_decay", 0.999)),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 

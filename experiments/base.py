@@ -140,7 +140,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000
-    c.train.optimizer = "adamw"        # or "lion", "muon" (train.step.make_optimizer; not yet compared)
+    c.train.optimizer = "adamw"        # or "lion", "muon", "schedule_free" (train.step.make_optimizer)
     c.train.learning_rate = 1e-3       # peak learning rate
     c.train.warmup_steps = 50          # linear warmup (optimizer updates), then cosine decay
     c.train.final_lr_fraction = 0.05   # cosine ends at this fraction of the peak

@@ -329,3 +329,36 @@ def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refus
     config.train.optimizer = "adam"
     with pytest.raises(ValueError, match="train.optimizer"):
         train.check_config(config, 1, 1)
+
+
+def test_schedule_free_takes_optax_updates_and_evaluation_reads_its_average():
+    """``train.optimizer = "schedule_free"``: clipping then ``optax.contrib.schedule_free_adamw`` (the
+    same updates as the bare optax one over a few steps), and :func:`evaluated_params` is its averaged
+    iterate ``x = (y - (1 - b1)·z) / b1``, computed here by hand from the state; with an EMA it is refused."""
+    from experiments.base import get_config
+
+    config = get_config()
+    config.train.update(optimizer="schedule_free", steps=10, warmup_steps=2, learning_rate=0.01,
+                        grad_clip=1e9)
+    cfg = config.train
+    params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": jnp.array([0.5, -0.5, 1.0])}
+    ours, bare = train.make_optimizer(cfg), optax.contrib.schedule_free_adamw(
+        0.01, warmup_steps=2, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+    (p_ours, s_ours), (p_bare, s_bare) = (params, ours.init(params)), (params, bare.init(params))
+    for k in range(4):
+        grads = jax.tree.map(lambda p, k=k: jnp.sin(3 * p + k) + 0.1, p_ours)
+        u, s_ours = ours.update(grads, s_ours, p_ours)
+        p_ours = optax.apply_updates(p_ours, u)
+        u, s_bare = bare.update(grads, s_bare, p_bare)
+        p_bare = optax.apply_updates(p_bare, u)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # noqa: E731
+    jax.tree.map(close, p_ours, p_bare)
+    state = {"params": p_ours, "opt_state": s_ours}
+    z = s_bare.z
+    by_hand = jax.tree.map(lambda y, zi: (y - (1 - cfg.b1) * zi) / cfg.b1, p_bare, z)
+    jax.tree.map(close, train.evaluated_params(state), by_hand)
+    assert not np.allclose(by_hand["w"], p_ours["w"])  # x differs from the trained y
+    assert train.evaluated_params({"params": params, "opt_state": optax.adamw(0.1).init(params)}) is params
+    config.train.ema_decay = 0.99
+    with pytest.raises(ValueError, match="schedule_free"):
+        train.check_config(config, 1, 1)

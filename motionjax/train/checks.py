@@ -153,7 +153,8 @@ _RULES = {
     "model.dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
     "model.param_dtype": (_is_float_dtype, f"one of {FLOAT_DTYPES}"),
     "train.steps": _POSITIVE_INT,
-    "train.optimizer": (lambda v: v in ("adamw", "lion", "muon"), "'adamw', 'lion' or 'muon'"),
+    "train.optimizer": (lambda v: v in ("adamw", "lion", "muon", "schedule_free"),
+                        "'adamw', 'lion', 'muon' or 'schedule_free'"),
     "train.learning_rate": _POSITIVE_NUMBER,
     "train.warmup_steps": _NONNEGATIVE_INT,
     "train.grad_accum_steps": _POSITIVE_INT,
@@ -228,6 +229,10 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
                             f"{config.train.grad_reduce!r}, levels={config.train.grad_reduce_levels}: the "
                             "explicit reductions return scalars only, not each window's error; expected "
                             "XLA's fp32 all-reduce (grad_reduce='fp32', levels=1)")
+    if config.train.optimizer == "schedule_free" and "train.ema_decay" not in bad and config.train.ema_decay:
+        problems.append(f"train.ema_decay={config.train.ema_decay} with train.optimizer='schedule_free': it "
+                        "averages its iterates itself, and evaluation reads that average; "
+                        "expected ema_decay=0")
     if {"train.steps", "train.grad_accum_steps"}.isdisjoint(bad) and \
             config.train.steps < config.train.grad_accum_steps:
         problems.append(f"train.steps={config.train.steps}: expected at least train.grad_accum_steps="

@@ -33,14 +33,17 @@ def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
             + (("segment",) if uses_window_errors(config) else ()))
 
 
-OPTIMIZERS = ("adamw", "lion", "muon")
+OPTIMIZERS = ("adamw", "lion", "muon", "schedule_free")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """``cfg.optimizer`` with linear warmup + cosine decay and global-norm clipping; ``cfg`` =
     ``config.train``. ``"adamw"``; ``"lion"`` (``optax.lion``, sign updates: its peak learning rate is
     usually 3-10x below adamw's); ``"muon"`` (``optax.contrib.muon``: orthogonalized momentum for the
-    2-D weight matrices, adam for the rest), each with decoupled ``weight_decay``.
+    2-D weight matrices, adam for the rest), each with decoupled ``weight_decay``;
+    ``"schedule_free"`` (``optax.contrib.schedule_free_adamw``: the same linear warmup, then a
+    constant peak rate, no cosine: it averages its iterates instead, and evaluation reads that
+    average, :func:`evaluated_params`).
 
     With ``grad_accum_steps = k > 1`` every optimizer update averages ``k`` micro-batches
     (``optax.MultiSteps``); ``steps`` counts micro-batches, so the schedule has ``steps // k``.
@@ -49,7 +52,11 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.learning_rate, min(cfg.warmup_steps, updates - 1), updates,
         end_value=cfg.learning_rate * cfg.final_lr_fraction)
-    if cfg.optimizer == "lion":
+    if cfg.optimizer == "schedule_free":
+        update = optax.contrib.schedule_free_adamw(cfg.learning_rate,
+                                                   warmup_steps=min(cfg.warmup_steps, updates - 1), b1=cfg.b1,
+                                                   b2=cfg.b2, weight_decay=cfg.weight_decay)
+    elif cfg.optimizer == "lion":
         update = optax.lion(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     elif cfg.optimizer == "muon":
         update = optax.contrib.muon(schedule, adam_b1=cfg.b1, adam_b2=cfg.b2, weight_decay=cfg.weight_decay,
@@ -260,8 +267,20 @@ def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
 
 
 def evaluated_params(state):
-    """The parameters evaluation and export use: the moving average when the run keeps one."""
-    return state.get("ema", state["params"])
+    """The parameters evaluation and export use: the moving average when the run keeps one
+    (``train.ema_decay``); with ``train.optimizer = "schedule_free"`` the averaged iterate ``x`` its
+    optimizer keeps (the trained ``params`` are its interpolation ``y``, not what it evaluates)."""
+    if "ema" in state:
+        return state["ema"]
+    free = [s for s in jax.tree.leaves(state["opt_state"], is_leaf=_is_schedule_free)
+            if _is_schedule_free(s)]
+    if free:  # one, wherever the chain (clipping, MultiSteps) put it
+        return optax.contrib.schedule_free_eval_params(free[0], state["params"])
+    return state["params"]
+
+
+def _is_schedule_free(x) -> bool:
+    return isinstance(x, optax.contrib.ScheduleFreeState)
 
 
 def make_predict(eval_graphdef, mesh, state_shardings):
