@@ -242,3 +242,28 @@ def test_pruning_similar_takes_is_an_opt_in():
     assert pruned.drop and all(r.startswith("similar take to") for r in pruned.drop.values())
     with pytest.raises(ValueError, match="dedup policy"):
         _find(descs, body, policy="all")
+
+
+def test_descriptors_spilled_to_disk_give_the_same_report(tmp_path):
+    """Prepare spills each clip's descriptor to a :class:`~motionjax.data.dedup.DescriptorFile` as it
+    arrives: read back it is the same array, and dedup over the file (a subset view, in another
+    order) reports exactly what it reports over the in-memory arrays."""
+    pos, body = _deepmimic()
+    src = pos["dance_b"]
+    clips = {"dance_a": pos["dance_a"], "walk": pos["walk"], "dance_b": src, "trim": src[5:],
+             "kick": pos["kick"]}
+    descs = {k: dedup.clip_descriptor(p, body) for k, p in clips.items()}
+    spill = dedup.DescriptorFile(tmp_path / "d.f32")
+    for k in reversed(list(descs)):
+        spill.append(k, descs[k])
+    with pytest.raises(ValueError, match="twice"):
+        spill.append("walk", descs["walk"])
+    spill.close()
+    for k, d in descs.items():
+        np.testing.assert_array_equal(spill[k], d)
+    hashes = {k: dedup.exact_hash(d, body) for k, d in descs.items()}
+    names = [k for k in descs if k != "walk"]
+    want = dedup.find_duplicates({k: descs[k] for k in names}, {k: hashes[k] for k in names}, body=body)
+    got = dedup.find_duplicates(spill.subset(names), {k: hashes[k] for k in names}, body=body)
+    assert got.to_dict() == want.to_dict()
+    assert list(got.drop) == ["trim"]

@@ -48,6 +48,7 @@ byte-identical copies cheaply, including clips too short for a window.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import concurrent.futures
 import dataclasses
 import functools
@@ -165,6 +166,69 @@ def clip_descriptor(positions, body: BodyFrame):
         raise ValueError(f"positions have {pos.shape[1]} joints; the body frame uses joint "
                          f"{max(body.joints)}")
     return pos[:, body.joints].astype(np.float32)
+
+
+class DescriptorFile(collections.abc.Mapping):
+    """Clip descriptors (:func:`clip_descriptor`) spilled to one file as clips arrive, read back one
+    clip at a time: a ``{name: [T, Jb, 3] float32}`` mapping whose values live on disk. Prepare used
+    to hold every descriptor until dedup ran (~250 bytes a frame, ~40 KB a Bandai clip: ~5 GB of the
+    main process at 128k clips); :func:`find_duplicates` reads each clip when it cuts its windows.
+    Reads go through the page cache (``np.fromfile``), not a memory map, so they add nothing to RSS."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self._where: dict[str, tuple[int, tuple]] = {}  # name -> (byte offset, shape)
+
+    def append(self, name: str, desc) -> None:
+        a = np.ascontiguousarray(desc, np.float32)
+        if name in self._where:
+            raise ValueError(f"{self.path}: clip {name!r} appended twice")
+        self._where[name] = (self._file.tell(), a.shape)
+        self._file.write(a.tobytes())
+
+    def shape(self, name: str) -> tuple:
+        return self._where[name][1]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        offset, shape = self._where[name]
+        if not self._file.closed:
+            self._file.flush()
+        return np.fromfile(self.path, np.float32, count=int(np.prod(shape)), offset=offset).reshape(shape)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def subset(self, names) -> DescriptorFile:
+        """A view of the clips ``names`` (in that order), on the same file."""
+        view = object.__new__(DescriptorFile)
+        view.path, view._file = self.path, self._file
+        view._where = {n: self._where[n] for n in names}
+        return view
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Clips(collections.abc.Sequence):
+    """``descriptors`` (a mapping) in the order of ``names``, each read when indexed (a
+    :class:`DescriptorFile` reads it from disk), with its shape known without reading it."""
+
+    def __init__(self, descriptors, names):
+        self._d, self._names = descriptors, names
+
+    def shape(self, k: int) -> tuple:
+        d, name = self._d, self._names[k]
+        return tuple(d.shape(name) if isinstance(d, DescriptorFile) else np.shape(d[name]))
+
+    def __getitem__(self, k):
+        return np.asarray(self._d[self._names[k]], np.float32)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def window_starts(num_frames: int, window: int = WINDOW, stride: int = STRIDE):
@@ -351,15 +415,19 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
     """
     from scipy.spatial import cKDTree
 
-    starts = [window_starts(len(d), window, stride) for d in descs]
-    parts = [windows(d, body, st, window=window, subsample=subsample)
-             for d, st in zip(descs, starts, strict=True)]
+    # Clip by clip (each read once), idle windows dropped before anything is concatenated: the
+    # index is the one array of the corpus's size that dedup keeps.
+    parts, idle = [], 0
+    for d in descs:
+        w = windows(d, body, window_starts(len(d), window, stride), window=window, subsample=subsample)
+        moving = window_motion(w, body, window=window, subsample=subsample) >= idle_m
+        idle += int((~moving).sum())
+        parts.append(w[moving])
     owner = np.repeat(np.arange(len(descs)), [len(p) for p in parts])
     x = np.concatenate(parts)
-    moving = window_motion(x, body, window=window, subsample=subsample) >= idle_m
-    x, owner = x[moving], owner[moving]
+    del parts
     stats["index_windows"] = int(x.shape[0])
-    stats["idle_index_windows"] = int((~moving).sum())
+    stats["idle_index_windows"] = idle
     if x.shape[0] == 0:
         empty = np.zeros(0, np.int64)
         return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
@@ -477,7 +545,8 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     """Copies and near-identical clips of a corpus.
 
     Args:
-      descriptors: clip name -> :func:`clip_descriptor` ``[T, Jb, 3]``, in corpus order. All on
+      descriptors: clip name -> :func:`clip_descriptor` ``[T, Jb, 3]``, in corpus order (a dict, or
+        a :class:`DescriptorFile`, read one clip at a time). All on
         skeletons with the same :class:`BodyFrame` ``body`` (bone lengths may differ); call once
         per skeleton group.
       hashes: clip name -> :func:`exact_hash`; ``None`` skips hash matching.
@@ -510,12 +579,13 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     if policy not in POLICIES:
         raise ValueError(f"dedup policy {policy!r}: expected one of {POLICIES}")
     names = list(descriptors)
-    descs = [np.asarray(descriptors[k], np.float32) for k in names]
-    width = {d.shape[1:] for d in descs}
-    if len(width) > 1 or (descs and descs[0].shape[1] != len(body.joints)):
+    descs = _Clips(descriptors, names)  # read clip by clip (from disk for a DescriptorFile)
+    shapes = [descs.shape(k) for k in range(len(names))]
+    width = {sh[1:] for sh in shapes}
+    if len(width) > 1 or (shapes and shapes[0][1:] != (len(body.joints), 3)):
         raise ValueError(f"descriptors must all be [T, {len(body.joints)}, 3] for this body frame; "
                          f"got shapes {sorted(width)}")
-    frames = [len(d) for d in descs]
+    frames = [sh[0] for sh in shapes]
     rank = sorted(range(len(names)), key=lambda i: (-frames[i], i))
     stats = {"clips": len(names), "frames": int(sum(frames)), "index_windows": 0, "query_windows": 0,
              "candidate_pairs": 0, "verified_pairs": 0, "copy_m": copy_m, "threshold_m": threshold_m,

@@ -77,6 +77,7 @@ DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
 # level (to 78%) at a third of the write time, which is the writer process's largest cost.
 RECORD_OPTIONS = "group_size:1,zstd:1"
 CLEANING = "cleaning.json"  # the per-clip cleaning report: file, frames, kind, measure, action
+DESCRIPTORS = "dedup_descriptors.f32"  # scratch while building: every clip's dedup descriptor
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +319,12 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     skipped = [] if skipped is None else skipped
     kept: list[dict] = []  # per written record: summaries (the record bytes are on disk)
     shard_files, writer, seen = [], None, set()
+    # What stays in memory per clip is what the index and the statistics need (~20 KB): the record is
+    # written to its shard, the dedup descriptor to a scratch file (dropped before the rename), and
+    # clips on the same skeleton share one Skeleton.
+    from motionjax.data import dedup
+    spill = dedup.DescriptorFile(partial / DESCRIPTORS) if settings.dedup else None
+    skeletons: dict = {}
     # Clips whose label sidecar did not read: kept with unknown labels unless a rule splits by labels.
     by_label = [f"{k}={v}" for k, v in dict(settings.splits).items()
                 if rules[k].kind in ("label", "stratified")]
@@ -331,9 +338,11 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
                                 clip["label_error"])
                 clip["notes"] = [*clip["notes"], f"labels unknown: {clip['label_error']}"]
             writer = _write_clip(clip, partial, writer, shard_files, kept, seen, skipped, strict,
-                                 records_per_shard)
+                                 records_per_shard, spill, skeletons)
         if writer is not None:
             writer.close()
+        if spill is not None:
+            spill.close()
     except (RuntimeError, OSError) as e:  # ArrayRecord reports a failed write as RuntimeError
         shutil.rmtree(partial, ignore_errors=True)  # frees what it took; out is untouched
         failed = _os_error(e, partial / shard_files[-1] if shard_files else partial)
@@ -343,7 +352,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     if not kept:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(f"{out}: no clip converted; skipped: {skipped}")
-    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources_digest, strict)
+    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources_digest, strict,
+                           spill)
 
 
 def _os_error(e: BaseException, path) -> OSError | None:
@@ -357,8 +367,11 @@ def _os_error(e: BaseException, path) -> OSError | None:
     return None
 
 
-def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, strict, records_per_shard):
-    """Append one converted clip (or list why it is skipped); returns the open shard writer."""
+def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, strict, records_per_shard,
+                spill=None, skeletons: dict | None = None):
+    """Append one converted clip (or list why it is skipped); returns the open shard writer. Its
+    dedup descriptor goes to ``spill`` (a :class:`~motionjax.data.dedup.DescriptorFile`; ``None``:
+    dedup is off, it is dropped); an equal skeleton already in ``skeletons`` replaces its own."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     if "error" in clip or clip["name"] in seen:
@@ -377,6 +390,13 @@ def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, s
         shard_files.append(f"clips-{len(shard_files):05d}.array_record")
         writer = ArrayRecordWriter(str(partial / shard_files[-1]), RECORD_OPTIONS)
     writer.write(clip.pop("record"))
+    descriptor = clip.pop("descriptor")
+    if spill is not None:
+        spill.append(clip["name"], descriptor)
+    if skeletons is not None:
+        sk = clip["skeleton"]
+        key = (corpus.topology(sk), sk.offsets.tobytes(), sk.masses.tobytes())
+        clip["skeleton"] = skeletons.setdefault(key, sk)
     seen.add(clip["name"])
     kept.append(clip)
     return writer
@@ -424,9 +444,10 @@ def _cleaning_reports(kept, status: list) -> list:
     return cleaning
 
 
-def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules) -> dict:
+def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules, spill=None) -> dict:
     """Copies dropped (their ``status`` says of what), near-identical clips grouped, and every clip
-    assigned to a split with each group whole. Returns ``clip_splits`` and the dedup record."""
+    assigned to a split with each group whole; ``spill``: the clips' dedup descriptors (a
+    :class:`~motionjax.data.dedup.DescriptorFile`). Returns ``clip_splits`` and the dedup record."""
     from motionjax.data import dedup
 
     names, labels = [c["name"] for c in kept], [c["labels"] for c in kept]
@@ -434,7 +455,7 @@ def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules) -
     leakage, near_groups, pairs, stats = [], [], [], {}
     index_of = {n: i for i, n in enumerate(names)}
     if settings.dedup:
-        report = dedup.find_duplicates({names[i]: kept[i]["descriptor"] for i in live},
+        report = dedup.find_duplicates(spill.subset([names[i] for i in live]),
                                        {names[i]: kept[i]["hash"] for i in live},
                                        body=dedup.body_frame(skeleton), threshold_m=settings.near_threshold,
                                        copy_m=settings.copy_threshold, policy=settings.dedup_policy)
@@ -486,12 +507,14 @@ def _final_shards(shard_files, partial: Path) -> list:
 
 
 def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
-                    sources_digest: str, strict: bool) -> DatasetInfo:
+                    sources_digest: str, strict: bool, spill=None) -> DatasetInfo:
     """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
     ``partial`` then replaces ``out``."""
     skeleton, status, trees = _one_skeleton(kept, partial, out, strict)
     cleaning = _cleaning_reports(kept, status)
-    d = _dedup_and_assign(kept, status, skeleton, settings, rules)
+    d = _dedup_and_assign(kept, status, skeleton, settings, rules, spill)
+    if spill is not None:
+        os.remove(spill.path)  # scratch: not part of the dataset
     for i, s in enumerate(status):
         if s != "kept":
             skipped.append({"path": kept[i].get("path", kept[i]["name"]), "reason": s})
