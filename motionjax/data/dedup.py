@@ -276,6 +276,11 @@ def windows(desc, body: BodyFrame, starts, *, window: int = WINDOW, subsample: i
     return (w.reshape(n, -1) / np.sqrt(f * j)).astype(np.float32)
 
 
+def window_dim(body: BodyFrame, window: int = WINDOW, subsample: int = SUBSAMPLE) -> int:
+    """``D``, the length of a canonical window (:func:`windows`): ``ceil(window/subsample)·Jb·3``."""
+    return -(-window // subsample) * len(body.joints) * 3
+
+
 def window_motion(w, body: BodyFrame, *, window: int = WINDOW, subsample: int = SUBSAMPLE):
     """``[n]`` how much each canonical window ``w [n, D]`` (:func:`windows`) moves: the RMS distance
     (m) of its poses from their mean pose. Below :data:`IDLE_M` a window is idle (standing still):
@@ -372,7 +377,11 @@ def _pca_projection(x, pca_dim: int, seed: int):
     _, vecs = np.linalg.eigh((fit - center).T @ (fit - center))
     basis = np.ascontiguousarray(vecs[:, ::-1][:, :pca_dim], np.float32)  # [D, k] orthonormal
     center = center.astype(np.float32)
-    return (lambda a: (a - center) @ basis), pca_dim
+
+    def project(a):  # in row blocks: no full-size temporary of the index
+        return np.concatenate([(a[i:i + 65536] - center) @ basis for i in range(0, max(len(a), 1), 65536)])
+
+    return project, pca_dim
 
 
 def _query_batches(descs: list, body: BodyFrame, window: int, subsample: int, idle_m: float, batch: int,
@@ -415,17 +424,24 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
     """
     from scipy.spatial import cKDTree
 
-    # Clip by clip (each read once), idle windows dropped before anything is concatenated: the
-    # index is the one array of the corpus's size that dedup keeps.
-    parts, idle = [], 0
-    for d in descs:
+    # The index is the one array of the corpus's size dedup keeps (~2 KB a window): it is filled
+    # clip by clip in place, in two passes (count, then fill: cutting a clip's index windows costs
+    # a fraction of its queries), never as a list of parts and their concatenation.
+    def index_windows(d):
         w = windows(d, body, window_starts(len(d), window, stride), window=window, subsample=subsample)
-        moving = window_motion(w, body, window=window, subsample=subsample) >= idle_m
-        idle += int((~moving).sum())
-        parts.append(w[moving])
-    owner = np.repeat(np.arange(len(descs)), [len(p) for p in parts])
-    x = np.concatenate(parts)
-    del parts
+        return w, window_motion(w, body, window=window, subsample=subsample) >= idle_m
+
+    counts, idle = np.zeros(len(descs), np.int64), 0
+    for k, d in enumerate(descs):
+        w, moving = index_windows(d)
+        counts[k], idle = moving.sum(), idle + int((~moving).sum())
+    owner = np.repeat(np.arange(len(descs)), counts)
+    x = np.empty((int(counts.sum()), window_dim(body, window, subsample)), np.float32)
+    at = 0
+    for d in descs:
+        w, moving = index_windows(d)
+        x[at:at + int(moving.sum())] = w[moving]
+        at += int(moving.sum())
     stats["index_windows"] = int(x.shape[0])
     stats["idle_index_windows"] = idle
     if x.shape[0] == 0:
