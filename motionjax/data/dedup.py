@@ -437,11 +437,9 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         counts[k], idle = moving.sum(), idle + int((~moving).sum())
     owner = np.repeat(np.arange(len(descs)), counts)
     x = np.empty((int(counts.sum()), window_dim(body, window, subsample)), np.float32)
-    at = 0
-    for d in descs:
+    for d, a, b in zip(descs, np.cumsum(counts) - counts, np.cumsum(counts), strict=True):
         w, moving = index_windows(d)
-        x[at:at + int(moving.sum())] = w[moving]
-        at += int(moving.sum())
+        x[a:b] = w[moving]
     stats["index_windows"] = int(x.shape[0])
     stats["idle_index_windows"] = idle
     if x.shape[0] == 0:

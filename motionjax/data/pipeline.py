@@ -160,8 +160,8 @@ def train_slots(info: DatasetInfo, window: int, dynamics_sampling: float) -> np.
     ``p(start | c)``, so windows follow the global uniform/dynamics mixture. A segment shorter than a
     window is one padded window (:func:`transforms.segment_windows`)."""
     shares = segment_shares(info, window, dynamics_sampling)
-    segments = np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
-    slots = np.repeat(segments, [max(1, round(SLOTS * p)) if p > 0 else 0 for p in shares], axis=0)
+    slots = np.repeat(_train_segments(info), [max(1, round(SLOTS * p)) if p > 0 else 0 for p in shares],
+                      axis=0)
     return np.concatenate([np.arange(len(slots))[:, None], slots], axis=1)
 
 
@@ -169,9 +169,13 @@ def segment_rows(info: DatasetInfo, segments) -> np.ndarray:
     """``[K, 4]`` (segment, clip, begin, end) rows of the training segments ``segments [K]`` (indices
     into ``info.splits[info.train_split]``): draws :class:`SampleWindow` takes like slots, naming the
     segment in each window (loss-aware sampling, :mod:`motionjax.data.priority`)."""
-    table = np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
     segments = np.asarray(segments, np.int64)
-    return np.concatenate([segments[:, None], table[segments]], axis=1)
+    return np.concatenate([segments[:, None], _train_segments(info)[segments]], axis=1)
+
+
+def _train_segments(info: DatasetInfo) -> np.ndarray:
+    """``[S, 3]`` (clip, begin, end) of the training segments, in ``info.splits`` order."""
+    return np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
 
 
 def slot_dataset(info: DatasetInfo, cfg, *, seed: int) -> grain.MapDataset:
