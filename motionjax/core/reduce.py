@@ -77,7 +77,10 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
     slices in fp32, compresses ``sum + server`` and all-gathers it. int8 block scales travel in the
     same messages (one all-to-all and one all-gather per call). What each compression dropped is
     the new ``worker`` / ``server`` residual, added back next step (error feedback, as in
-    DoubleSqueeze), so the rounding does not accumulate. fp32: one exact ``psum``, residuals untouched.
+    DoubleSqueeze), so the rounding does not accumulate. fp32: the same two collectives uncompressed,
+    residuals untouched. Every sum is taken by the device that owns the slice, in device order, so it
+    has the same bits whatever carries the messages (a ``psum`` does not: XLA:CPU in one process and
+    gloo across processes add in different orders, and training amplifies the last bit).
 
     Args:
       x: ``[L]`` fp32, ``L`` a multiple of ``n * BLOCK`` (``n`` devices per group).
@@ -87,18 +90,21 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
     Returns:
       ``(sum [L], worker [L], server [L / n])``; the sum is the same on every device of a group.
     """
-    if wire == "fp32":
-        return jax.lax.psum(x, axis_name, axis_index_groups=groups), worker, server
+    exact = wire == "fp32"
     n = len(groups[0]) if groups else jax.lax.axis_size(axis_name)
-    y = x + worker
+    y = x if exact else x + worker
     q, s = quantize(y, wire)
-    worker = y - dequantize(q, s, wire)
+    if not exact:
+        worker = y - dequantize(q, s, wire)
     # [n, L / n]: row k goes to device k; row j of the result came from device j. int8 scales ride in
     # the same message (their bytes appended to each row): one collective per stage, not two.
     m = x.shape[0] // n
     sent = _pack(q.reshape(n, m), s, n)
     sent = jax.lax.all_to_all(sent, axis_name, 0, 0, axis_index_groups=groups, tiled=True)
-    z = jnp.sum(dequantize(*_unpack(sent, m, wire), wire), axis=0) + server  # [L / n] fp32
+    z = jnp.sum(dequantize(*_unpack(sent, m, wire), wire), axis=0)  # [L / n] fp32, in device order
+    if exact:
+        return jax.lax.all_gather(z, axis_name, axis_index_groups=groups, tiled=True), worker, server
+    z = z + server
     q, s = quantize(z, wire)
     server = z - dequantize(q, s, wire)
     got = jax.lax.all_gather(_pack(q[None], s, 1), axis_name, axis_index_groups=groups, tiled=True)  # [n, .]
