@@ -155,6 +155,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_reduce = "fp32"
     c.train.grad_reduce_levels = 1     # 2: reduce-scatter inside each host, the 1/d slices across, all-gather
     c.train.grad_reduce_host_size = 0  # 'data' devices per host for 2 levels; 0 = those of one process
+    # fp32 two-level, across hosts: True sums each slice on its owner in device order (the same bits
+    # however the devices are spread over processes; one more collective per bucket), False a psum.
+    # bf16/int8 are always summed in device order.
+    c.train.grad_reduce_ordered = False
     c.train.grad_bucket_mb = 4.0       # explicit reductions: leaves summed in buckets of about this (fp32)
     c.train.retain_host_memory = True  # glibc: reuse freed host memory (parallel.retain_host_memory)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint

@@ -8,18 +8,19 @@ holds the short one in ``make test``).
 Per mode, ``scripts/train.py`` runs the config twice: in one process on 8 virtual CPU devices, and
 through ``scripts/launch_local.sh 4`` (2 devices each, gloo collectives). ``fp32``: XLA's all-reduce
 over ``data`` (its sum order is the transport's: XLA:CPU's in one process, gloo's across four);
-``fp32_two_level``: the explicit fp32 sum over two levels (2 devices a host in both runs: a
-reduce-scatter inside a process, across the 4 each slice summed by its owner in device order, an
-all-gather inside); ``int8``: the same with int8 and error feedback across the 4. The Grain pipeline
-gives each process its block of every global batch (``pipeline.ProcessBlocks``), so both runs train on
-the same windows; mirroring is turned off, since it is drawn per batch in each process. Every process of
-both runs gets the same XLA:CPU compute pool (``--threads``, through ``NPROC``): XLA sizes it max(cores,
-devices in the process), 8 threads in the one-process run and 2 in each of the four on a 2-core host,
-and a matmul's work is split by it, so the same jitted dot on the same inputs differs in its last bits
-between the two runs (the rotation head's gradient did, from step 1). Prints, per mode, the largest
-|loss difference| over the logged steps, the validation MPJPE of both runs at each evaluation and their
-largest difference, and the wall time of each; writes ``bench_multiprocess.json``. Targets (#27): fp32
-losses to 1e-5; compressed, the same validation MPJPE to 1e-3 cm.
+``fp32_two_level``: the explicit fp32 sum over two levels, ordered (``train.grad_reduce_ordered``) (2
+devices a host in both runs: a reduce-scatter inside a process, across the 4 each slice summed by its
+owner in device order, an all-gather inside); ``int8``: the same with int8 and error feedback across the
+4. The Grain pipeline gives each process its block of every global batch (``pipeline.ProcessBlocks``),
+so both runs train on the same windows; mirroring is turned off, since it is drawn per batch in each
+process. Every process of both runs gets the same XLA:CPU compute pool (``--threads``, through
+``NPROC``): XLA sizes it max(cores, devices in the process), 8 threads in the one-process run and 2 in
+each of the four on a 2-core host, and a matmul's work is split by it, so the same jitted dot on the
+same inputs differs in its last bits between the two runs (the rotation head's gradient did, from step
+1). Prints, per mode, the largest |loss difference| over the logged steps, the validation MPJPE of both
+runs at each evaluation and their largest difference, and the wall time of each; writes
+``bench_multiprocess.json``. Targets (#27): fp32 losses to 1e-5; compressed, the same validation MPJPE
+to 1e-3 cm.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TWO_LEVELS = ["train.grad_reduce_levels=2", "train.grad_reduce_host_size=2"]
 MODES = {"fp32": [],
-         "fp32_two_level": TWO_LEVELS,
+         "fp32_two_level": [*TWO_LEVELS, "train.grad_reduce_ordered=True"],
          "int8": ["train.grad_reduce=int8", *TWO_LEVELS]}
 
 

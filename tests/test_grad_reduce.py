@@ -27,16 +27,16 @@ def _mesh(data=N, time=1):
 
 
 @functools.cache
-def _sum(wire: str, hosts: int = 0):
+def _sum(wire: str, hosts: int = 0, ordered: bool = False):
     """jit(x [8, L], worker, server) -> (sum [L], worker, server): one device's bucket per row of x;
     ``hosts`` > 0: two levels over ``hosts`` blocks of devices."""
     mesh = _mesh()
 
     def body(x, worker, server):
         if hosts:
-            out = reduce.two_level_psum(x[0], worker[0], server[0], wire, "data", hosts)
+            out = reduce.two_level_psum(x[0], worker[0], server[0], wire, "data", hosts, ordered)
         else:
-            out = reduce.compressed_psum(x[0], worker[0], server[0], wire, "data")
+            out = reduce.compressed_psum(x[0], worker[0], server[0], wire, "data", ordered=ordered)
         return out[0], out[1][None], out[2][None]
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=(P(), P("data"), P("data")),
@@ -62,6 +62,15 @@ def test_sums_equal_numpy_and_two_levels_cut_the_cross_host_bytes_by_the_devices
     for hosts in (0, 2):
         got, *_ = _sum("fp32", hosts)[0](x, *_zeros(hosts))
         np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-5)
+    # Ordered fp32: each slice summed on its owner, row by row in device order: numpy's float32 adds
+    # in that order, bit for bit (flat; and over 4 hosts of 2, whose in-host sum is one addition).
+    for hosts in (0, 4):
+        ordered, *_ = _sum("fp32", hosts, ordered=True)[0](x, *_zeros(hosts))
+        rows = x if not hosts else x[0::2] + x[1::2]
+        expect = rows[0].copy()
+        for row in rows[1:]:
+            expect += row
+        np.testing.assert_array_equal(ordered, expect)
         for wire, tol in (("bf16", 2**-8), ("int8", 1 / 127)):
             got, *_ = _sum(wire, hosts)[0](x, *_zeros(hosts))
             # One rounding of each device's value and one of the sum: relative to the block's max.

@@ -67,7 +67,7 @@ def dequantize(payload, scales, wire: str):
     return (blocks * scales[..., None]).reshape(payload.shape)
 
 
-def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
+def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None, ordered: bool = False):
     """``Σ x`` over ``axis_name`` (within each of ``groups``, lists of axis indices; ``None``: the
     whole axis) sent in ``wire`` format, with error feedback; call inside ``shard_map``.
 
@@ -77,10 +77,11 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
     slices in fp32, compresses ``sum + server`` and all-gathers it. int8 block scales travel in the
     same messages (one all-to-all and one all-gather per call). What each compression dropped is
     the new ``worker`` / ``server`` residual, added back next step (error feedback, as in
-    DoubleSqueeze), so the rounding does not accumulate. fp32: the same two collectives uncompressed,
-    residuals untouched. Every sum is taken by the device that owns the slice, in device order, so it
-    has the same bits whatever carries the messages (a ``psum`` does not: XLA:CPU in one process and
-    gloo across processes add in different orders, and training amplifies the last bit).
+    DoubleSqueeze), so the rounding does not accumulate. Every sum is taken by the device that owns the
+    slice, in device order, so it has the same bits whatever carries the messages (a ``psum`` does
+    not: XLA:CPU in one process and gloo across processes add in different orders, and training
+    amplifies the last bit). fp32: with ``ordered``, the same two collectives uncompressed; without,
+    one ``psum`` (one collective's latency instead of two); residuals untouched either way.
 
     Args:
       x: ``[L]`` fp32, ``L`` a multiple of ``n * BLOCK`` (``n`` devices per group).
@@ -91,6 +92,8 @@ def compressed_psum(x, worker, server, wire: str, axis_name: str, groups=None):
       ``(sum [L], worker [L], server [L / n])``; the sum is the same on every device of a group.
     """
     exact = wire == "fp32"
+    if exact and not ordered:
+        return jax.lax.psum(x, axis_name, axis_index_groups=groups), worker, server
     n = len(groups[0]) if groups else jax.lax.axis_size(axis_name)
     y = x if exact else x + worker
     q, s = quantize(y, wire)
@@ -128,19 +131,19 @@ def _unpack(packed, m: int, wire: str):
     return packed[:, :m], jax.lax.bitcast_convert_type(raw, jnp.float32)
 
 
-def two_level_psum(x, worker, server, wire: str, axis_name: str, hosts: int):
+def two_level_psum(x, worker, server, wire: str, axis_name: str, hosts: int, ordered: bool = False):
     """``Σ x`` over ``axis_name`` laid out as ``hosts`` consecutive blocks of ``d`` devices (one block
     per host): an fp32 reduce-scatter inside each host (fast links), :func:`compressed_psum` of each
     device's ``1/d`` slice across the hosts (the slow network carries ``1/d`` of the bytes, in
     ``wire`` format), an fp32 all-gather inside the host. Call inside ``shard_map``.
 
     ``x [L]`` (``L`` a multiple of ``n * BLOCK``), ``worker [L / d]``, ``server [L / n]`` ->
-    ``(sum [L], worker, server)``.
+    ``(sum [L], worker, server)``; ``ordered``: as in :func:`compressed_psum` (fp32 only).
     """
     n = jax.lax.axis_size(axis_name)
     d = n // hosts
     inside = [list(range(h * d, (h + 1) * d)) for h in range(hosts)]
     across = [list(range(i, n, d)) for i in range(d)]
     part = jax.lax.psum_scatter(x, axis_name, scatter_dimension=0, axis_index_groups=inside, tiled=True)
-    part, worker, server = compressed_psum(part, worker, server, wire, axis_name, across)
+    part, worker, server = compressed_psum(part, worker, server, wire, axis_name, across, ordered)
     return jax.lax.all_gather(part, axis_name, axis_index_groups=inside, tiled=True), worker, server

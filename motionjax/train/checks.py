@@ -161,6 +161,7 @@ _RULES = {
     "train.grad_reduce": (lambda v: v in ("fp32", "bf16", "int8"), "'fp32', 'bf16' or 'int8'"),
     "train.grad_reduce_levels": (lambda v: v in (1, 2), "1 (flat) or 2 (inside hosts, then across)"),
     "train.grad_reduce_host_size": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: per process)"),
+    "train.grad_reduce_ordered": (lambda v: isinstance(v, bool), "True or False"),
     "train.grad_bucket_mb": (lambda v: _is_number(v) and v > 0, "a positive number of MiB"),
     "train.ema_decay": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1): 0 = off"),
     "train.max_nonfinite_steps": _POSITIVE_INT,

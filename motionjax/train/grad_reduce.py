@@ -43,6 +43,7 @@ class Plan:
     host_size: int                         # data devices per host (levels 2)
     buckets: tuple[tuple[int, ...], ...]   # indices into jax.tree.leaves(params), per bucket
     sizes: tuple[int, ...]                 # elements per bucket, padded to a multiple of data * BLOCK
+    ordered: bool = False                  # fp32 two-level: across hosts in device order, not a psum
 
     @property
     def explicit(self) -> bool:
@@ -59,7 +60,8 @@ class Plan:
             return f"gradient reduction: fp32 all-reduce over data ({self.data} devices), XLA's (exact)"
         where = (f"two-level: reduce-scatter inside {self.hosts} hosts of {self.host_size}, {self.wire} "
                  f"across hosts, all-gather inside" if self.levels == 2 else f"flat, {self.wire}")
-        feedback = ", error feedback" if self.wire != "fp32" else ""
+        ordered = ", summed in device order" if self.ordered else ""
+        feedback = ", error feedback" if self.wire != "fp32" else ordered
         mib = sum(self.sizes) * 4 / 2**20
         return (f"gradient reduction: {where} over data ({self.data} devices), {len(self.sizes)} buckets "
                 f"({mib:.2f} MiB fp32){feedback}")
@@ -86,7 +88,8 @@ def make_plan(cfg: ml_collections.ConfigDict, mesh, params) -> Plan:
     shapes = [leaf.shape for leaf in jax.tree.leaves(params)]
     unit = data * reduce.BLOCK
     sizes = tuple(-(-sum(math.prod(shapes[i]) for i in b) // unit) * unit for b in buckets)
-    return Plan(cfg.grad_reduce, cfg.grad_reduce_levels, data, host_size, tuple(buckets), sizes)
+    return Plan(cfg.grad_reduce, cfg.grad_reduce_levels, data, host_size, tuple(buckets), sizes,
+                cfg.get("grad_reduce_ordered", False))
 
 
 def init_residual(plan: Plan) -> dict:
@@ -121,9 +124,9 @@ def _reducer(plan: Plan, mesh):
                 flat = jax.lax.psum(flat, time)
             w, s = (residual["worker"][key][0], residual["server"][key][0]) if residual else (None, None)
             if plan.levels == 2:
-                total, w, s = reduce.two_level_psum(flat, w, s, plan.wire, data, plan.hosts)
+                total, w, s = reduce.two_level_psum(flat, w, s, plan.wire, data, plan.hosts, plan.ordered)
             else:
-                total, w, s = reduce.compressed_psum(flat, w, s, plan.wire, data)
+                total, w, s = reduce.compressed_psum(flat, w, s, plan.wire, data, ordered=plan.ordered)
             if residual:
                 worker[key], server[key] = w[None], s[None]
             offset = 0
