@@ -64,6 +64,16 @@ def _toggle_dynamics_loss(c):
     return c
 
 
+def _schedule_free_rate(factor: float):
+    """Schedule-free AdamW at ``factor`` × the config's peak rate (its averaged iterate usually
+    tolerates a higher one than a cosine schedule)."""
+    def apply(c):
+        c.train.optimizer = "schedule_free"
+        c.train.learning_rate *= factor
+        return c
+    return apply
+
+
 def _set(section: str, key: str, value):
     def apply(c):
         c[section][key] = value
@@ -86,6 +96,8 @@ LEVERS: dict[str, tuple[str, Callable]] = {
     "schedule_free": ("schedule-free AdamW (train.optimizer = 'schedule_free': the same warmup and "
                       "peak rate, no cosine; evaluation reads its averaged iterate)",
                       _set("train", "optimizer", "schedule_free")),
+    "schedule_free_lr2x": ("schedule-free AdamW at twice the peak rate (the same warmup)",
+                           _schedule_free_rate(2.0)),
     "ema": ("a parameter EMA (train.ema_decay = 0.999), which evaluation reads",
             _set("train", "ema_decay", 0.999)),
 }

@@ -55,6 +55,9 @@ def test_side_by_side_alternates_seed_by_seed_and_keeps_misses(tmp_path, monkeyp
     configs = ttt.variants(_config(tmp_path), ["optimized", "uniform", "batch2x"])
     assert configs["uniform"].data.dynamics_sampling == 0 and configs["optimized"].data.dynamics_sampling > 0
     assert configs["batch2x"].data.batch_size == 16 and configs["batch2x"].train.eval_every == 1
+    base, sf2 = ttt.variants(_config(tmp_path), ["optimized", "schedule_free_lr2x"]).values()
+    assert sf2.train.optimizer == "schedule_free" and base.train.optimizer != "schedule_free"
+    assert sf2.train.learning_rate == 2 * base.train.learning_rate
     order = []
 
     def fake_run(config, workdir, target, **_):  # uniform misses at seed 1; others reach at 0.1 s/step
