@@ -62,6 +62,10 @@ def test_sums_equal_numpy_and_two_levels_cut_the_cross_host_bytes_by_the_devices
     for hosts in (0, 2):
         got, *_ = _sum("fp32", hosts)[0](x, *_zeros(hosts))
         np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-5)
+        for wire, tol in (("bf16", 2**-8), ("int8", 1 / 127)):
+            got, *_ = _sum(wire, hosts)[0](x, *_zeros(hosts))
+            # One rounding of each device's value and one of the sum: relative to the block's max.
+            assert np.max(np.abs(got - exact)) < 2 * tol * N * np.max(np.abs(x)), (wire, hosts)
     # Ordered fp32: each slice summed on its owner, row by row in device order: numpy's float32 adds
     # in that order, bit for bit (flat; and over 4 hosts of 2, whose in-host sum is one addition).
     for hosts in (0, 4):
@@ -71,10 +75,6 @@ def test_sums_equal_numpy_and_two_levels_cut_the_cross_host_bytes_by_the_devices
         for row in rows[1:]:
             expect += row
         np.testing.assert_array_equal(ordered, expect)
-        for wire, tol in (("bf16", 2**-8), ("int8", 1 / 127)):
-            got, *_ = _sum(wire, hosts)[0](x, *_zeros(hosts))
-            # One rounding of each device's value and one of the sum: relative to the block's max.
-            assert np.max(np.abs(got - exact)) < 2 * tol * N * np.max(np.abs(x)), (wire, hosts)
     # Wire format: all-to-all + all-gather of int8 (with block scales) / bf16 against fp32 ring sums.
     fp32 = sum(c.wire_bytes for c in _sent("fp32"))
     assert {c.dtype for c in _sent("int8")} == {"s8"} and {c.dtype for c in _sent("bf16")} == {"bf16"}

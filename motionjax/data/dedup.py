@@ -437,7 +437,8 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         counts[k], idle = moving.sum(), idle + int((~moving).sum())
     owner = np.repeat(np.arange(len(descs)), counts)
     x = np.empty((int(counts.sum()), window_dim(body, window, subsample)), np.float32)
-    for d, a, b in zip(descs, np.cumsum(counts) - counts, np.cumsum(counts), strict=True):
+    ends = np.cumsum(counts)
+    for d, a, b in zip(descs, ends - counts, ends, strict=True):
         w, moving = index_windows(d)
         x[a:b] = w[moving]
     stats["index_windows"] = int(x.shape[0])

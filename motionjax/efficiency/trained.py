@@ -55,11 +55,12 @@ def build_model(config: ml_collections.ConfigDict, info, seed: int | None = None
 def _keys_added_since() -> dict:
     """``{section: {key: value}}``: config keys added after runs were written, each with what those runs
     did before it existed (not today's default): in ``data``, forecasting (#28), cleaning and the
-    copies-only dedup (#31), the std floor (#34); in ``train``, the optimizer's name (#32)."""
+    copies-only dedup (#31), the std floor (#34); in ``train``, the optimizer's name (#32) and the
+    ordered fp32 sum (#27)."""
     return {"data": {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
                      "copy_threshold": prepare.Settings.copy_threshold,
                      "dedup_policy": prepare.Settings.dedup_policy, "std_floor": 0.0},
-            "train": {"optimizer": "adamw"}}
+            "train": {"optimizer": "adamw", "grad_reduce_ordered": False}}
 
 
 def load_config(workdir) -> ml_collections.ConfigDict:
