@@ -100,6 +100,8 @@ LEVERS: dict[str, tuple[str, Callable]] = {
                            _schedule_free_rate(2.0)),
     "ema": ("a parameter EMA (train.ema_decay = 0.999), which evaluation reads",
             _set("train", "ema_decay", 0.999)),
+    "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms, "
+              "optimizer and initial weights, fp32; a torch DataLoader", lambda c: c),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 
@@ -165,6 +167,37 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
             "status": summary["status"], "seed": c.seed}
 
 
+def run_torch_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
+                        max_seconds: float | None = None, metric: str = METRIC) -> dict:
+    """:func:`run_to_target` for the PyTorch twin (:func:`benchmarks.torch_peer.run_to_target`),
+    from the initial weights motionjax draws for ``config.seed``, at its best (torch threads,
+    DataLoader workers) of a short probe (not counted, like initialization); ``workdir`` is unused
+    (no checkpoints)."""
+    import torch
+    from flax import nnx
+
+    from benchmarks import torch_peer
+    from motionjax import models
+    from motionjax.data import pipeline
+
+    info = pipeline.dataset_info(config.data)
+    model = models.make_model(config.model, info.feature_dim, config.data.chunk, nnx.Rngs(config.seed),
+                              info=info)
+    init = nnx.state(model, nnx.Param)
+    # On a busy machine OpenMP threads spin and one thread can beat all cores; a worker overlaps the data.
+    settings = sorted({(torch.get_num_threads(), 0), (1, 0), (1, 1)})
+    probe = {s: torch_peer.train(config, info, 4, params=init, threads=s[0], workers=s[1])["frames_per_s"]
+             for s in settings}
+    threads, workers = max(probe, key=probe.get)
+    run = torch_peer.run_to_target(config, target, max_seconds=max_seconds, metric=metric, params=init,
+                                   threads=threads, workers=workers)
+    return dict(run, probe_frames_per_s={f"{t} threads, {w} workers": v for (t, w), v in probe.items()})
+
+
+# Levers that are another trainer, not a change of the config.
+RUNNERS: dict[str, Callable] = {"torch": run_torch_to_target}
+
+
 def _split(timing: dict) -> dict:
     return {"compile_s": timing["compile_s"], "compute_s": timing["train_s"] - timing["data_wait_s"],
             "data_wait_s": timing["data_wait_s"], "eval_s": timing["eval_s"],
@@ -219,8 +252,8 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
                 continue
             c = copy.deepcopy(configs[name])
             c.seed = int(seed)
-            r = run_to_target(c, out / "runs" / name / f"seed{seed}", target, max_seconds=max_seconds,
-                              metric=metric)
+            r = RUNNERS.get(name, run_to_target)(c, out / "runs" / name / f"seed{seed}", target,
+                                                 max_seconds=max_seconds, metric=metric)
             runs[name].append(r)
             log(f"{name} seed {seed}: {'reached' if r['reached'] else 'MISSED'} {r['value']:.3f} cm at step "
                 f"{r['step']}, {r['wall_s']:.1f} s counted ({time.perf_counter() - start:.0f} s elapsed)")

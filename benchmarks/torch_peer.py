@@ -1,13 +1,17 @@
 """The PyTorch eager peer of the motionjax trainer: what a user would otherwise write.
 
-Same model (:class:`motionjax.models.MotionTransformer`, layer for layer; weights can be copied
-from the Flax model), same loss (:func:`motionjax.losses.reconstruction_loss` with
-:func:`motionjax.core.dynamics.dynamics_loss`, in either Jacobian form: ``"dense"`` with
-``torch.autograd.functional.jacobian`` or ``"blocked"`` with the tree prefix/subtree sums), same
-windows, noise and numpy transforms (:mod:`motionjax.data`, read through a ``torch.utils.data``
-``DataLoader``), same optimizer (AdamW, warmup + cosine, global-norm clipping). Eager fp32, the
-way the PyTorch tutorials train. ``tests/test_bench.py`` checks that model and loss compute the same
-numbers as motionjax, so the benchmark compares speed of one computation.
+Same models (:mod:`motionjax.models`' chunked autoencoders, layer for layer, parameters named
+alike so the Flax weights copy over: the transformer, and the temporal-conv autoencoder of
+``experiments/autoencoder.py`` with its stages, interpolating decoder, FK input positions and IK
+position head), same loss (:func:`motionjax.losses.reconstruction_loss` on each window's bones and
+real frames, with :func:`motionjax.core.dynamics.dynamics_loss` in either Jacobian form:
+``"dense"`` with ``torch.autograd.functional.jacobian`` or ``"blocked"`` with the tree
+prefix/subtree sums), same windows, noise and numpy transforms (:mod:`motionjax.data`, read through
+a ``torch.utils.data`` ``DataLoader``), same optimizer (AdamW, warmup + cosine, global-norm
+clipping). Eager fp32, the way the PyTorch tutorials train. ``tests/test_bench.py`` checks that
+models, IK and loss compute the same numbers as motionjax, so the benchmarks compare the speed of
+one computation; :func:`run_to_target` is the twin's time to a validation target
+(``scripts/time_to_target.py --levers optimized,torch``).
 
 torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip install torch==2.13.0``).
 """
@@ -23,9 +27,10 @@ from torch import nn
 
 from motionjax.core.dynamics import GRAVITY, HALO
 from motionjax.core.features import rotating_joints
-from motionjax.core.kinematics import dof_layout, tree_plan
+from motionjax.core.kinematics import dof_layout, ik_plan, tree_plan
 from motionjax.core.skeleton import BALL, HINGE, Skeleton
 from motionjax.data import pipeline, transforms
+from motionjax.models import POSITION_SCALE, stage_strides
 
 # Below this angle the Taylor branches take over (as in motionjax.core.rotations).
 _SMALL = 1e-4
@@ -105,6 +110,13 @@ def matrix_to_quat(m):
     return torch.where(q[..., :1] < 0, -q, q)
 
 
+def quat_to_6d(q):
+    """The first two columns of the rotation matrix of ``q`` (motionjax.core.rotations.quat_to_6d)."""
+    w, x, y, z = q.unbind(-1)
+    return torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y + w * z), 2 * (x * z - w * y),
+                        2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)], -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Kinematics: FK by tree level, the Jacobian products (blocked) and the dense Jacobian
 
@@ -133,17 +145,78 @@ class Body:
         self.mass_fractions = torch.as_tensor(masses / masses.sum(), dtype=torch.float32)
         self.feet = torch.as_tensor(skeleton.foot_joints)
         self.rotating = torch.as_tensor(rotating_joints(skeleton))
+        # inverse_kinematics' static tables (motionjax's own plan), numpy: a level skips the steps none
+        # of its joints takes.
+        self.ik_targets, self.ik_rest, self.ik_swing, self.ik_weights = ik_plan(skeleton)
+        self.ik_axes = skeleton.axes * hinge
 
 
-def forward_kinematics(body: Body, rotations, root_position):
-    """``rotations [..., J, 4]``, ``root [..., 3]`` -> ``(positions [..., J, 3], world [..., J, 4])``."""
-    offsets = body.offsets.expand(*rotations.shape[:-1], 3)
+def forward_kinematics(body: Body, rotations, root_position, offsets=None):
+    """``rotations [..., J, 4]``, ``root [..., 3]`` -> ``(positions [..., J, 3], world [..., J, 4])``;
+    ``offsets`` (broadcast to ``[..., J, 3]``): the bones, else the skeleton's."""
+    offsets = (body.offsets if offsets is None else offsets).expand(*rotations.shape[:-1], 3)
     world_rot, world_pos = [rotations[..., :1, :]], [root_position[..., None, :]]
     for ids, parent_slot in body.plan[1:]:
         parent_rot, parent_pos = world_rot[-1][..., parent_slot, :], world_pos[-1][..., parent_slot, :]
         world_pos.append(parent_pos + quat_rotate(parent_rot, offsets[..., ids, :]))
         world_rot.append(quat_mul(parent_rot, rotations[..., ids, :]))
     return torch.cat(world_pos, -2)[..., body.unpermute, :], torch.cat(world_rot, -2)[..., body.unpermute, :]
+
+
+def _dot(a, b):
+    return (a * b).sum(-1, keepdim=True)
+
+
+def _normalized(v):
+    return v / torch.sqrt(_dot(v, v) + 1e-12)
+
+
+def inverse_kinematics(body: Body, positions, hint):
+    """``positions [..., J, 3]`` targets, ``hint [..., J, 4]`` local rotations -> ``[..., J, 4]`` local
+    rotations (motionjax.core.kinematics.inverse_kinematics, level by level down the same plan): each
+    joint turns from its hint onto its targets, a ball joint by the shortest arc onto the primary
+    one and then about it onto the others by least squares, a hinge about its axis."""
+    targets, rest, weights = body.ik_targets, body.ik_rest, body.ik_weights
+    ex = positions.new_tensor([1.0, 0.0, 0.0])
+    identity = positions.new_tensor([1.0, 0.0, 0.0, 0.0])
+    out_pos, out_world, local = [], [], []
+    for ids, parent_slot in body.plan:
+        j = ids.numpy()
+        q = hint[..., ids, :]
+        # Per-joint constants [n, 3] -> [..., n, 3] (torch.cross does not broadcast).
+        per_joint = lambda a, q=q: torch.as_tensor(np.asarray(a, np.float32)).expand(*q.shape[:-1], 3)  # noqa: E731
+        if parent_slot is None:  # the root: at its target, turning from the identity
+            p, parent_rot = positions[..., ids, :], identity.expand_as(q)
+        else:
+            parent_rot = out_world[-1][..., parent_slot, :]
+            p = out_pos[-1][..., parent_slot, :] + quat_rotate(parent_rot, per_joint(body.offsets[ids]))
+        world, t = quat_mul(parent_rot, q), ex.expand_as(p)
+        swing = torch.as_tensor(body.ik_swing[j])[:, None]
+        if swing.any():  # shortest arc from where the hint points the primary bone to where it should
+            u = _normalized(torch.where(swing, quat_rotate(world, per_joint(rest[j, 0])), ex))
+            t = _normalized(torch.where(swing, positions[..., targets[j, 0], :] - p, ex))
+            arc = torch.cat([1.0 + _dot(u, t), torch.cross(u, t, dim=-1)], -1)
+            world = quat_mul(_normalized(arc), world)
+        fitted = [k for k in range(weights.shape[1]) if weights[j, k].any()]
+        if fitted:  # least-squares turn about one axis: theta = atan2(sum a.(v x d), sum v_perp.d_perp)
+            a = t
+            axis = body.ik_axes[j]
+            if axis.any():
+                a = torch.where(torch.as_tensor((axis * axis).sum(-1) > 0)[:, None],
+                                quat_rotate(parent_rot, per_joint(axis)), t)
+            sin = cos = 0.0
+            for k in fitted:
+                v, d = quat_rotate(world, per_joint(rest[j, k])), positions[..., targets[j, k], :] - p
+                w = torch.as_tensor(weights[j, k], dtype=torch.float32)[:, None]
+                sin = sin + w * _dot(a, torch.cross(v, d, dim=-1))
+                cos = cos + w * (_dot(v, d) - _dot(v, a) * _dot(d, a))
+            fits = torch.as_tensor(weights[j].sum(-1) > 0)[:, None]
+            half = torch.atan2(torch.where(fits, sin, 0.0), torch.where(fits, cos, 1.0)) / 2
+            world = quat_mul(torch.cat([torch.cos(half), torch.sin(half) * a], -1), world)
+        out_pos.append(p)
+        out_world.append(world)
+        local.append(quat_mul(quat_conj(parent_rot), world))
+    return torch.cat(local, -2)[..., body.unpermute, :]
 
 
 def dofs_to_world(body: Body, world, joint_velocity):
@@ -233,6 +306,13 @@ def _masked_mean(x, where):
     return torch.where(where, x, torch.zeros_like(x)).sum() / torch.clamp(where.sum(), min=1)
 
 
+def _stencil_valid(valid, width):
+    """``valid [B, T]`` -> frames whose whole stencil ``t - width .. t + width`` is real and inside."""
+    padded, t = _edge_pad(valid, width), valid.shape[1]
+    whole = torch.stack([padded[:, k:k + t] for k in range(2 * width + 1)]).all(0)
+    return whole & _valid(t, width)[None]
+
+
 def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only, fk):
     """Velocity residual, generalized forces and jerk of one motion ``[B, T, ...]`` with FK ``fk``
     (positions, world rotations) from the reconstruction loss, as motionjax does."""
@@ -265,11 +345,12 @@ def _motion_terms(body, root_position, rotations, fps, jacobian, forces_only, fk
 
 
 def dynamics_loss(body, pred_root, pred_rot, target_root, target_rot, fps, weights, jacobian, pred_fk,
-                  target_fk):
+                  target_fk, valid=None):
     residual, pred_tau, jerk = _motion_terms(body, pred_root, pred_rot, fps, jacobian, False, pred_fk)
     _, target_tau, _ = _motion_terms(body, target_root, target_rot, fps, jacobian, True, target_fk)
-    length = pred_rot.shape[1]
-    inner, outer = _valid(length, 1)[None, :, None], _valid(length, HALO)[None, :, None]
+    valid = torch.ones(pred_rot.shape[:2], dtype=torch.bool) if valid is None else valid
+    # A frame counts where its whole stencil is real: [B, T, 1] against [B, T, J] terms.
+    inner, outer = _stencil_valid(valid, 1)[..., None], _stencil_valid(valid, HALO)[..., None]
     sq = lambda x: (x * x).sum(-1)
     terms = {"velocity": _masked_mean(sq(residual), inner),
              "force": _masked_mean(sq(pred_tau - target_tau), inner),
@@ -287,26 +368,33 @@ def _decode(body, x):
     return x[..., :3], quats, mats
 
 
-def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std):
-    """``pred, target [B, T, F]`` standardized -> ``(loss, terms)``; ``cfg`` = ``config.loss``."""
+def reconstruction_loss(cfg, body: Body, fps: float, pred, target, mean, std, offsets=None, valid=None):
+    """``pred, target [B, T, F]`` standardized -> ``(loss, terms)``; ``cfg`` = ``config.loss``;
+    ``offsets [B, J, 3]``: each window's bones (else the skeleton's); ``valid [B, T]``: real frames
+    (padding counts in no term)."""
     pred, target = pred * std + mean, target * std + mean
+    valid = torch.ones(pred.shape[:2], dtype=torch.bool) if valid is None else valid.bool()
+    frame = valid[..., None]  # [B, T, 1]: per joint
     (p_root, p_rot, p_mat), (t_root, t_rot, t_mat) = _decode(body, pred), _decode(body, target)
     norm = lambda v: torch.sqrt((v * v).sum(-1) + 1e-8)
-    terms = {"rotation": (1.0 - ((p_mat * t_mat).sum((-2, -1)) - 1.0) / 2.0).mean()}
-    p_fk, t_fk = forward_kinematics(body, p_rot, p_root), forward_kinematics(body, t_rot, t_root)
+    terms = {"rotation": _masked_mean(1.0 - ((p_mat * t_mat).sum((-2, -1)) - 1.0) / 2.0, frame)}
+    bones = None if offsets is None else offsets[:, None]  # [B, 1, J, 3]: the same bones every frame
+    p_fk = forward_kinematics(body, p_rot, p_root, bones)
+    t_fk = forward_kinematics(body, t_rot, t_root, bones)
     p_pos, t_pos = p_fk[0], t_fk[0]
-    terms["position"] = norm(p_pos - t_pos).mean()
+    terms["position"] = _masked_mean(norm(p_pos - t_pos), frame)
     rel = lambda pos, root: pos - root[..., None, :]  # root-relative: what MPJPE scores
-    terms["pose"] = norm(rel(p_pos, p_root) - rel(t_pos, t_root)).mean()
-    valid = _valid(pred.shape[1], 1)[None, :, None]
+    terms["pose"] = _masked_mean(norm(rel(p_pos, p_root) - rel(t_pos, t_root)), frame)
     velocity = lambda x: (_edge_pad(x, 1)[:, 2:] - _edge_pad(x, 1)[:, :-2]) * (fps / 2)
     p_feet, t_feet = velocity(p_pos[..., body.feet, :]), velocity(t_pos[..., body.feet, :])
-    planted = (norm(t_feet) < cfg.contact_speed) & valid
+    planted = (norm(t_feet) < cfg.contact_speed) & _stencil_valid(valid, 1)[..., None]
     terms["foot"] = _masked_mean((p_feet**2).sum(-1), planted)
     loss = sum(cfg.get(k, 0.0) * terms[k] for k in ("rotation", "position", "pose", "foot"))
     if cfg.dynamics_weight > 0:
+        if cfg.jacobian == "dense" and offsets is not None and not torch.allclose(offsets, body.offsets):
+            raise ValueError("the torch peer's dense Jacobian is of the skeleton's bones, not each clip's")
         dyn, _ = dynamics_loss(body, p_root, p_rot, t_root, t_rot, fps, dict(cfg.dynamics), cfg.jacobian,
-                               p_fk, t_fk)
+                               p_fk, t_fk, valid)
         terms["dynamics"] = dyn
         loss = loss + cfg.dynamics_weight * dyn
     return loss, terms
@@ -363,43 +451,132 @@ class AttentionBlock(nn.Module):
         return x + self.dropout(self.mlp_out(F.gelu(self.mlp_in(self.norm2(x)), approximate="tanh")))
 
 
-class MotionTransformer(nn.Module):
-    def __init__(self, features, chunk, *, dim, depth, heads, mlp_ratio, halo, latent_dim, stride,
-                 residual=False, dropout=0.0):
+class ConvBlock(nn.Module):
+    """motionjax.models.ConvBlock: a (1 x kernel) convolution over each chunk and its halos."""
+
+    def __init__(self, dim, kernel, dropout):
         super().__init__()
-        self.stride, self.residual = stride, residual
-        block = lambda: AttentionBlock(dim, heads, mlp_ratio, halo, chunk, dropout)
-        self.embed = nn.Linear(features, dim)
-        self.encoder = nn.ModuleList([block() for _ in range(depth)])
-        self.down, self.up = nn.Linear(stride * dim, latent_dim), nn.Linear(latent_dim, stride * dim)
-        self.decoder = nn.ModuleList([block() for _ in range(depth)])
+        self.halo = kernel // 2
+        self.norm = _layer_norm(dim)
+        self.conv, self.mix = nn.Conv2d(dim, dim, (1, kernel)), nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        windows, valid = chunk_windows(self.norm(x), self.halo)
+        windows = windows * valid[None, :, :, None]  # zero padding at the sequence ends
+        y = self.conv(windows.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # [B, N, W, D] -> [B, N, C, D]
+        return x + self.dropout(self.mix(F.gelu(y, approximate="tanh")))
+
+
+class Kinematics:
+    """motionjax.models.SkeletonLayer's input positions and position head (constants, not trained)."""
+
+    def __init__(self, body: Body, mean, std, input_positions: bool, position_head: bool):
+        self.body, self.input_positions, self.position_head = body, input_positions, position_head
+        self.mean, self.std = torch.as_tensor(mean), torch.as_tensor(std)
+
+    @property
+    def extra_inputs(self) -> int:
+        return 3 * self.body.num_joints if self.input_positions else 0
+
+    def positions(self, x):
+        """Standardized features ``[..., F]`` -> root-relative joint positions ``[..., 3·J]`` / scale."""
+        root, quats, _ = _decode(self.body, x * self.std + self.mean)
+        return forward_kinematics(self.body, quats, torch.zeros_like(root))[0].flatten(-2) / POSITION_SCALE
+
+    def project(self, rotations, correction):
+        """Standardized rotation features ``[..., 6·R]`` and a position correction ``[..., 3·J]`` ->
+        the rotation features of the IK projection of FK(rotations) + correction."""
+        mean, std = self.mean[3:], self.std[3:]
+        _, hint, _ = _decode(self.body, F.pad(rotations * std + mean, (3, 0)))
+        goal = forward_kinematics(self.body, hint, rotations.new_zeros(*rotations.shape[:-1], 3))[0]
+        goal = goal + correction.reshape(goal.shape) * POSITION_SCALE
+        local = inverse_kinematics(self.body, goal, hint)[..., self.body.rotating, :]
+        return (quat_to_6d(local).flatten(-2) - mean) / std
+
+
+class ChunkedAutoencoder(nn.Module):
+    """motionjax.models.ChunkedAutoencoder: embedding, ``stages`` of blocks and downsampling, the
+    latent, the mirrored decoder (``upsample`` "linear" or "interp"), heads; named as motionjax names
+    its parameters, so :func:`load_flax_params` copies them by name."""
+
+    def __init__(self, features, chunk, *, dim, depth, latent_dim, stride, residual, make_block, stages=1,
+                 kinematics: Kinematics | None = None, upsample="linear"):
+        super().__init__()
+        self.stride, self.residual, self.kinematics, self.upsample = stride, residual, kinematics, upsample
+        self.strides = stage_strides(stride, stages)
+        self.embed = nn.Linear(features + (kinematics.extra_inputs if kinematics else 0), dim)
+        rates = [chunk // int(np.prod(self.strides[:s])) for s in range(stages)]
+        blocks = lambda rate: nn.ModuleList([make_block(rate) for _ in range(depth)])  # noqa: E731
+        self.encoder = nn.ModuleList([blocks(r) for r in rates])
+        outs = [dim] * (stages - 1) + [latent_dim]
+        self.downs = nn.ModuleList([nn.Linear(k * dim, o) for k, o in zip(self.strides, outs, strict=True)])
+        width = (lambda k: dim) if upsample == "interp" else (lambda k: k * dim)
+        self.ups = nn.ModuleList([nn.Linear(o, width(k)) for k, o in zip(self.strides, outs, strict=True)])
+        self.decoder = nn.ModuleList([blocks(r) for r in rates])
         self.norm = _layer_norm(dim)
         self.root_head, self.rotation_head = nn.Linear(dim, 3), nn.Linear(dim, features - 3)
+        if kinematics is not None and kinematics.position_head:
+            self.position_head = nn.Linear(dim, 3 * kinematics.body.num_joints)
+
+    def _interpolate(self, h, k: int):
+        """One vector per ``k`` frames -> every frame, linear between group centres (edges held)."""
+        c = h.shape[2]
+        windows, _ = chunk_windows(h, 1)
+        u = (np.arange(c * k) + 0.5) / k - 0.5 + 1
+        lo = np.floor(u).astype(int)
+        weights = np.zeros((c * k, c + 2), np.float32)
+        weights[np.arange(c * k), lo] = 1 - (u - lo)
+        weights[np.arange(c * k), lo + 1] = u - lo
+        return torch.einsum("fw,bnwd->bnfd", torch.as_tensor(weights), windows)
 
     def forward(self, x):
         b, n, c, _ = x.shape
-        h = self.embed(x)
-        for blk in self.encoder:
-            h = blk(h)
-        h = self.up(self.down(h.reshape(b, n, c // self.stride, -1))).reshape(b, n, c, -1)
-        for blk in self.decoder:
-            h = blk(h)
+        h = x
+        if self.kinematics is not None and self.kinematics.input_positions:
+            h = torch.cat([x, self.kinematics.positions(x)], -1)
+        h = self.embed(h)
+        for blocks, down, k in zip(self.encoder, self.downs, self.strides, strict=True):
+            for blk in blocks:
+                h = blk(h)
+            h = down(h.reshape(b, n, h.shape[2] // k, -1))
+        for blocks, up, k in zip(self.decoder[::-1], self.ups[::-1], self.strides[::-1], strict=True):
+            if self.upsample == "interp":
+                h = self._interpolate(up(h), k)
+            else:  # one vector -> k consecutive frames
+                h = up(h).reshape(b, n, h.shape[2] * k, -1)
+            for blk in blocks:
+                h = blk(h)
         h = self.norm(h)
-        y = torch.cat([self.root_head(h), self.rotation_head(h)], -1)
+        rotations = self.rotation_head(h)
+        if self.kinematics is not None and self.kinematics.position_head:
+            rotations = self.kinematics.project(rotations, self.position_head(h))
+        y = torch.cat([self.root_head(h), rotations], -1)
         return x + y if self.residual else y
 
 
-def make_model(cfg, feature_dim: int, chunk: int) -> MotionTransformer:
-    """The torch twin of ``motionjax.models.make_model`` (transformer only); ``cfg`` = ``config.model``."""
-    if cfg.name != "transformer":
-        raise ValueError(f"the torch peer implements model.name 'transformer', not {cfg.name!r}")
-    if cfg.get("stages", 1) != 1 or cfg.get("highpass", 0) or cfg.get("input_positions") or \
-            cfg.get("global_rotations"):
-        raise ValueError("the torch peer implements the one-stage transformer without model.highpass, "
-                         "input_positions or global_rotations")
-    return MotionTransformer(feature_dim, chunk, dim=cfg.dim, depth=cfg.depth, heads=cfg.heads,
-                             mlp_ratio=cfg.mlp_ratio, halo=cfg.halo, latent_dim=cfg.latent_dim,
-                             stride=cfg.stride, residual=cfg.residual, dropout=cfg.dropout)
+def make_model(cfg, feature_dim: int, chunk: int, info=None) -> ChunkedAutoencoder:
+    """The torch twin of ``motionjax.models.make_model`` for ``model.name`` "transformer" and "tconv";
+    ``cfg`` = ``config.model``; ``info`` (the dataset) for ``input_positions`` / ``position_head``."""
+    if cfg.name not in ("transformer", "tconv"):
+        raise ValueError(f"the torch peer implements model.name 'transformer' and 'tconv', not {cfg.name!r}")
+    if cfg.get("highpass", 0) or cfg.get("global_rotations"):
+        raise ValueError("the torch peer does not implement model.highpass or model.global_rotations")
+    kinematics = None
+    if cfg.get("input_positions") or cfg.get("position_head"):
+        if info is None:
+            raise ValueError("model.input_positions / position_head need the dataset (info) for the skeleton")
+        kinematics = Kinematics(Body(info.skeleton), info.mean, info.std, bool(cfg.get("input_positions")),
+                                bool(cfg.get("position_head")))
+    if cfg.name == "transformer":  # a coarser stage has fewer frames per chunk: its halo shrinks with it
+        block = lambda frames: AttentionBlock(cfg.dim, cfg.heads, cfg.mlp_ratio,  # noqa: E731
+                                              max(1, cfg.halo * frames // chunk), frames, cfg.dropout)
+    else:
+        block = lambda frames: ConvBlock(cfg.dim, cfg.kernel, cfg.dropout)  # noqa: E731
+    return ChunkedAutoencoder(feature_dim, chunk, dim=cfg.dim, depth=cfg.depth, latent_dim=cfg.latent_dim,
+                              stride=cfg.stride, residual=cfg.residual, make_block=block,
+                              stages=cfg.get("stages", 1), kinematics=kinematics,
+                              upsample=cfg.get("upsample", "linear"))
 
 
 def load_flax_params(module: nn.Module, params) -> None:
@@ -411,14 +588,12 @@ def load_flax_params(module: nn.Module, params) -> None:
     if len(flat) != len(torch_params):
         raise ValueError(f"{len(flat)} Flax params vs {len(torch_params)} torch params: different models")
     with torch.no_grad():
-        # motionjax nests blocks and resampling maps per stage (encoder.<stage>.<block>, downs.<stage>);
-        # the twin has the one stage of a stages=1 model.
-        stage0 = {"encoder": "encoder", "decoder": "decoder", "downs": "down", "ups": "up"}
         for path, variable in flat:
-            path = (stage0[path[0]], *path[2:]) if path[0] in stage0 else path
             name = ".".join(str(p) for p in path[:-1]) + "." + names[path[-1]]
             value = torch.tensor(np.asarray(variable.get_value(), np.float32))
-            torch_params[name].copy_(value.T if path[-1] == "kernel" else value)
+            if path[-1] == "kernel":  # Flax: [in, out] and [1, k, in, out]; torch: [out, in], [out, in, 1, k]
+                value = value.T if value.ndim == 2 else value.permute(3, 2, 0, 1)
+            torch_params[name].copy_(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,7 +618,8 @@ class WindowDataset(torch.utils.data.Dataset):
         while w is None:  # a bad record (already counted by SampleWindow): draw another slot
             w = self.sample(self.slots[rng.integers(len(self.slots))], rng)
         out = self.make(w, rng)
-        return {k: out[k] for k in ("noisy", "clean")}
+        # noisy, clean [N, C, F], valid [N, C, 1], and with data.bones = "clip" the clip's offsets [J, 3]
+        return {k: out[k] for k in ("noisy", "clean", "valid", "offsets") if k in out}
 
 
 def make_loader(cfg, info, seed: int = 0, workers: int = 0):
@@ -477,23 +653,25 @@ def make_optimizer(model: nn.Module, cfg):
 
 
 def make_train_step(config, info, params=None):
-    """``(model, step)``: the twin and ``step(noisy, clean [B, N, C, F]) -> loss``, one optimizer update.
+    """``(model, step)``: the twin and ``step(noisy, clean [B, N, C, F], offsets [B, J, 3] = None, valid
+    [B, N, C, 1] = None) -> loss``, one optimizer update.
 
     ``params``: optional Flax ``Param`` state to start from (the motionjax model's init), else torch's.
     """
     torch.manual_seed(config.seed)
     body, fps = Body(info.skeleton), float(info.fps)
     mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
-    model = make_model(config.model, info.feature_dim, config.data.chunk)
+    model = make_model(config.model, info.feature_dim, config.data.chunk, info)
     if params is not None:
         load_flax_params(model, params)
     opt, schedule = make_optimizer(model, config.train)
 
-    def step(noisy, clean):
+    def step(noisy, clean, offsets=None, valid=None):
         b, n, c, f = clean.shape
         pred = model(noisy)
         loss, _ = reconstruction_loss(config.loss, body, fps, pred.reshape(b, n * c, f),
-                                      clean.reshape(b, n * c, f), mean, std)
+                                      clean.reshape(b, n * c, f), mean, std, offsets,
+                                      None if valid is None else valid.reshape(b, n * c))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
@@ -525,7 +703,7 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
         t0 = time.perf_counter()
         batch = next(loader)
         t1 = time.perf_counter()
-        loss = train_step(batch["noisy"], batch["clean"])
+        loss = train_step(batch["noisy"], batch["clean"], batch.get("offsets"), batch.get("valid"))
         if step > 0:  # the first step pays one-off allocations, like the compiled step's compile
             wait, compute = wait + t1 - t0, compute + time.perf_counter() - t1
     loader.close()  # shuts the DataLoader's workers down
@@ -551,3 +729,57 @@ def evaluate(model, info, contact_speed, batches) -> float:
                                   contact_speed)
     model.train()
     return float(metrics["mpjpe"])
+
+
+def run_to_target(config, target: float, *, max_seconds: float | None = None, metric="validation/mpjpe",
+                  params=None, threads: int | None = None, workers: int = 0) -> dict:
+    """The twin trained until ``metric`` (root-relative MPJPE, cm, clean input) is at or below
+    ``target`` at an evaluation every ``config.train.eval_every`` steps, or the budget is spent
+    (``train.steps``, ``max_seconds`` of counted time): the record of
+    :func:`benchmarks.time_to_target.run_to_target`, counted the same way (the first step is
+    ``compile_s``; data wait, compute and evaluations apart; no checkpoints). The validation windows
+    and the metric code are motionjax's; ``test`` is evaluated once, at the stopping evaluation.
+    ``params``: the Flax initial weights to start from (motionjax's init for the seed)."""
+    split = metric.split("/")[0]
+    if threads:
+        torch.set_num_threads(threads)
+    info = pipeline.dataset_info(config.data)
+    model, train_step = make_train_step(config, info, params)
+    loader = make_loader(config.data, info, seed=config.seed, workers=workers)
+    sets = {s: pipeline.make_eval_batches(config.data, info, s, 0.0, seed=config.seed)
+            for s in dict.fromkeys((split, "test"))}
+    frames_per_step = config.data.batch_size * config.data.window
+    timing = dict.fromkeys(("compile_s", "compute_s", "data_wait_s", "eval_s", "checkpoint_s"), 0.0)
+    curve, status = [], "budget"
+    score = lambda batches: evaluate(model, info, config.loss.contact_speed, batches)  # noqa: E731
+    for step in range(1, config.train.steps + 1):
+        t0 = time.perf_counter()
+        batch = next(loader)
+        t1 = time.perf_counter()
+        train_step(batch["noisy"], batch["clean"], batch.get("offsets"), batch.get("valid"))
+        t2 = time.perf_counter()
+        if step == 1:  # one-off allocations: what the compiled step's compile is to motionjax
+            timing["compile_s"] += t2 - t0
+        else:
+            timing["data_wait_s"] += t1 - t0
+            timing["compute_s"] += t2 - t1
+        if step % config.train.eval_every and step < config.train.steps:
+            continue
+        t = time.perf_counter()
+        value = score(sets[split])
+        timing["eval_s"] += time.perf_counter() - t
+        wall = sum(timing.values())
+        curve.append({"step": step, "frames": step * frames_per_step, "wall_s": wall, "value": value,
+                      **timing})
+        if value <= target:
+            status = "target"
+            break
+        if max_seconds is not None and wall >= max_seconds:
+            break
+    loader.close()
+    last = curve[-1]
+    final = {f"{s}/mpjpe": last["value"] if s == split else score(b) for s, b in sets.items()}
+    return {"reached": last["value"] <= target, **{k: last[k] for k in ("step", "frames", "wall_s")},
+            **timing, "value": last["value"], "curve": curve, "final": final, "status": status,
+            "seed": config.seed, "threads": torch.get_num_threads(), "workers": workers}
+

@@ -131,6 +131,93 @@ def test_torch_model_matches_flax_model_with_copied_weights():
     np.testing.assert_allclose(out, np.asarray(model(jnp.asarray(x))), atol=1e-4)
 
 
+def test_torch_inverse_kinematics_matches_motionjax():
+    """Ball, hinge and fixed joints (the DeepMimic body), targets off the bones' reach."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_peer
+    from motionjax.core import kinematics
+
+    skeleton = deepmimic_humanoid()
+    rng = np.random.default_rng(0)
+    j = skeleton.num_joints
+    hint = np.array(rot.axis_angle_to_quat(jnp.asarray(rng.normal(0, 0.5, (3, j, 3)), jnp.float32)))
+    hint[:, [i for i, k in enumerate(skeleton.kinds) if k == "fixed"]] = [1, 0, 0, 0]
+    goal = np.asarray(kinematics.forward_kinematics(skeleton, jnp.asarray(hint), jnp.zeros((3, 3)))[0])
+    goal = (goal + rng.normal(0, 0.05, goal.shape)).astype(np.float32)  # unreachable: least squares decides
+    ours = np.asarray(kinematics.inverse_kinematics(skeleton, jnp.asarray(goal), jnp.asarray(hint)))
+    body = torch_peer.Body(skeleton)
+    twin = torch_peer.inverse_kinematics(body, torch.tensor(goal), torch.tensor(hint)).numpy()
+    # q and -q are one rotation: compare the rotations.
+    np.testing.assert_allclose(np.asarray(rot.quat_to_matrix(twin)), np.asarray(rot.quat_to_matrix(ours)),
+                               atol=2e-5)
+    assert not np.allclose(ours, hint, atol=1e-2)  # the targets moved the joints
+
+
+def test_torch_headline_model_matches_flax_model_with_copied_weights():
+    """The headline autoencoder's shape: temporal convs in two stages, interpolating decoder, FK
+    positions in, the IK position head out (experiments/autoencoder.py, small)."""
+    torch = pytest.importorskip("torch")
+    from flax import nnx
+
+    from benchmarks import torch_peer
+
+    skeleton = deepmimic_humanoid()
+    clean, _, mean, std = _windows(skeleton, 2, 32, seed=2)
+    info = ml_collections.ConfigDict({"skeleton": skeleton, "mean": mean, "std": std})
+    cfg = base.get_config().model
+    cfg.update(name="tconv", dim=32, depth=1, kernel=5, stride=4, stages=2, latent_dim=16, upsample="interp",
+               input_positions=True, position_head=True, dtype="float32")
+    f, chunk = clean.shape[-1], 8
+    model = models.make_model(cfg, f, chunk, nnx.Rngs(0), info=info)
+    params = nnx.state(model, nnx.Param)
+    rng = np.random.default_rng(0)
+    for _, v in nnx.to_flat_state(params):  # non-zero heads and biases: every weight matters
+        v.set_value(v.get_value() + 0.05 * rng.standard_normal(v.get_value().shape).astype(np.float32))
+    nnx.update(model, params)
+    twin = torch_peer.make_model(cfg, f, chunk, info)
+    torch_peer.load_flax_params(twin, params)
+    x = clean.reshape(2, 4, chunk, f)
+    with torch.no_grad():
+        out = twin(torch.tensor(x)).numpy()
+    expected = np.asarray(model(jnp.asarray(x)))
+    assert np.abs(expected[..., 3:] - x[..., 3:]).mean() > 0.1  # the head moved the rotations
+    np.testing.assert_allclose(out, expected, atol=2e-4 * np.abs(expected).max())
+
+
+def test_torch_loss_matches_motionjax_on_clip_bones_and_padding():
+    """``offsets`` per window (data.bones = "clip") and ``valid`` (padding frames count in no term,
+    the dynamics loss's included; blocked Jacobian)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_peer
+
+    skeleton = deepmimic_humanoid()
+    cfg = base.get_config().loss
+    cfg.update(dynamics_weight=0.01, foot=1.0, contact_speed=100.0)  # every foot planted: the stencil counts
+    cfg.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 0.01, "jerk": 1e-5})
+    clean, pred, mean, std = _windows(skeleton, 2, 12, seed=3)
+    rng = np.random.default_rng(3)
+    offsets = (skeleton.offsets * rng.uniform(0.8, 1.2, (2, 1, 1))).astype(np.float32)
+    valid = np.ones((2, 12), np.float32)
+    valid[1, 8:] = 0
+    pred[1, 8:] += 5.0  # padding frames: whatever they hold changes nothing
+
+    def jax_loss(p):
+        return losses.reconstruction_loss(cfg, skeleton, 30.0, p, jnp.asarray(clean), jnp.asarray(mean),
+                                          jnp.asarray(std), offsets=jnp.asarray(offsets),
+                                          valid=jnp.asarray(valid))
+
+    (loss, terms), grad = jax.jit(jax.value_and_grad(jax_loss, has_aux=True))(jnp.asarray(pred))
+    p = torch.tensor(pred, requires_grad=True)
+    inputs = (torch.tensor(x) for x in (clean, mean, std, offsets, valid))
+    t_loss, t_terms = torch_peer.reconstruction_loss(cfg, torch_peer.Body(skeleton), 30.0, p, *inputs)
+    t_loss.backward()
+    for k in terms:
+        assert t_terms[k].item() == pytest.approx(float(terms[k]), rel=1e-4, abs=1e-6), k
+    np.testing.assert_allclose(p.grad.numpy(), np.asarray(grad), rtol=1e-3, atol=1e-4 * np.abs(grad).max())
+    assert terms["foot"] > 0 and terms["dynamics"] > 0
+    assert np.abs(np.asarray(grad)[1, 8:]).max() == 0  # padding: no gradient
+
+
 # ---------------------------------------------------------------------------------------------
 # scripts/bench.py and its report (benchmarks/report.py)
 

@@ -186,7 +186,7 @@ def test_ik_reaches_fk_positions_from_any_hint(name):
     them; from the identity or a perturbed hint the positions are reached all the same, and the
     rotations differ only by twists about single bones (joints with two non-collinear targets are
     fully determined)."""
-    from motionjax.core.kinematics import _ik_plan, inverse_kinematics
+    from motionjax.core.kinematics import ik_plan, inverse_kinematics
     from motionjax.core.skeleton import smpl_like
     sk = _ik_skeleton() if name == "ball tree" else smpl_like()
     q, root = _random_motion(sk, (5, 4))
@@ -195,7 +195,7 @@ def test_ik_reaches_fk_positions_from_any_hint(name):
     ik = jax.jit(lambda hint: inverse_kinematics(sk, positions, hint))
     got = np.asarray(ik(jnp.asarray(q)))
     np.testing.assert_allclose(np.abs(np.sum(got * q, -1)), 1.0, atol=1e-5)  # q and -q are one rotation
-    _, rest, _, weights = _ik_plan(sk)
+    _, rest, _, weights = ik_plan(sk)
     determined = weights.sum(1) > 0  # ball joints with secondary targets (the pelvis, the chest)
     assert determined.any()
     noise = _fixed_as_identity(sk, _random_motion(sk, (5, 4), seed=3)[0])
@@ -230,7 +230,7 @@ def test_ik_aims_each_bone_at_an_unreachable_target():
     """Positions no skeleton can reach (every joint moved at random): each single-target bone points
     from the joint FK placed towards its target, so an error does not pile up down a chain; IK is
     differentiable there, its JVP matching central differences."""
-    from motionjax.core.kinematics import _ik_plan, inverse_kinematics
+    from motionjax.core.kinematics import ik_plan, inverse_kinematics
     sk = _ik_skeleton()
     q, root = _random_motion(sk, (8,))
     q = _fixed_as_identity(sk, q).astype(np.float32)
@@ -238,7 +238,7 @@ def test_ik_aims_each_bone_at_an_unreachable_target():
     noisy = noisy + jnp.asarray(np.random.default_rng(6).normal(size=noisy.shape) * 0.03, jnp.float32)
     ik = jax.jit(lambda p: inverse_kinematics(sk, p, jnp.asarray(q)))
     reached = np.asarray(forward_kinematics(sk, ik(noisy), noisy[:, 0])[0])
-    targets, rest, swing, weights = _ik_plan(sk)
+    targets, rest, swing, weights = ik_plan(sk)
     single = np.flatnonzero(swing & (weights.sum(1) == 0))
     assert len(single) >= 4
     for j in single:

@@ -285,7 +285,7 @@ def forward_kinematics_tree(skeleton: Skeleton, rotations, root_position, offset
 
 
 @functools.lru_cache(maxsize=64)
-def _ik_plan(skeleton: Skeleton):
+def ik_plan(skeleton: Skeleton):
     """Static tables of :func:`inverse_kinematics`, per joint ``j`` (joint order):
 
     ``targets [J, K]``: the joints ``j``'s rotation places, its children and, through fixed joints,
@@ -331,7 +331,7 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint):
     (exactly where the bones allow), the rotations the positions leave free taken from ``hint``.
 
     Down the tree (one level at a time, :func:`tree_scan`), each joint starts from its hint and
-    turns to aim at its targets (:func:`_ik_plan`) from the position FK has already given it: a
+    turns to aim at its targets (:func:`ik_plan`) from the position FK has already given it: a
     ball joint by the shortest arc onto its primary target, then about that direction by the
     least-squares angle onto the others (the pelvis: spine exactly, hips fitted); a hinge about its
     axis by the least-squares angle onto all of them. Aiming each bone from the joint FK placed,
@@ -346,7 +346,7 @@ def inverse_kinematics(skeleton: Skeleton, positions, hint):
     Returns:
       ``[..., J, 4]`` local rotations; with the positions of FK of ``hint``, ``hint`` again.
     """
-    targets, rest, swing, weights = _ik_plan(skeleton)
+    targets, rest, swing, weights = ik_plan(skeleton)
     dtype, batch = positions.dtype, positions.shape[:-2]
     # Static tables stay numpy, so each level skips the steps none of its joints takes.
     const = lambda a: to_tree_layout(skeleton, np.asarray(a, np.float32)).reshape(
