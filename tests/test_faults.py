@@ -5,6 +5,7 @@ file or key, keep earlier checkpoints intact, and never hang."""
 import errno
 import functools
 import json
+import logging
 import math
 import os
 import shutil
@@ -751,6 +752,33 @@ def test_prepared_data_trains_when_its_sources_are_gone(tmp_path, data_dir, capl
     del doc["digest"]  # an index of older code: read as it is
     index.write_text(json.dumps(doc))
     assert info_mod.load_info(copy).mean[0] == pytest.approx(doc["stats"]["mean"][0])
+
+
+def test_a_moved_or_touched_corpus_is_not_rebuilt_but_an_edited_one_is(tmp_path, caplog, monkeypatch):
+    """New paths and times with the same bytes (a copy, a re-mount): the prepared data is used as is
+    and its index restamped; a changed byte rebuilds it."""
+    from motionjax.data import info as info_mod
+    from motionjax.data import prepare
+
+    src, out = _bvh_dir(tmp_path, clips=(9,)), tmp_path / "out"
+    first = prepare.prepare(src, out, window=32, splits=SPLITS, progress=False, workers=0)
+    moved = tmp_path / "mounted_elsewhere"
+    shutil.copytree(src, moved)
+    for f in moved.iterdir():
+        os.utime(f, (1e9, 1e9))  # other times too, not only another path
+    builds, write = [], prepare.write_converted
+    monkeypatch.setattr(prepare, "write_converted", lambda *a, **k: builds.append(1) or write(*a, **k))
+    with caplog.at_level(logging.INFO):
+        again = prepare.prepare(moved, out, window=32, splits=SPLITS, progress=False, workers=0)
+    assert not builds and "times or paths changed, not their contents" in caplog.text
+    assert again.names == first.names and again.std.tolist() == first.std.tolist()
+    assert json.loads((out / info_mod.INDEX).read_text())["sources"] == prepare._sources_digest(
+        prepare.resolve_sources(moved))  # restamped: the next call takes the quick check
+    bvh = next(moved.glob("*.bvh"))
+    text = bvh.read_text().rstrip("\n")
+    bvh.write_text(text[:-1] + ("1" if text[-1] != "1" else "2") + "\n")  # one value of the last frame
+    prepare.prepare(moved, out, window=32, splits=SPLITS, progress=False, workers=0)
+    assert builds == [1] and "rebuilding: sources changed" in caplog.text
 
 
 def test_an_edited_index_is_rebuilt_from_the_sources(tmp_path, caplog):

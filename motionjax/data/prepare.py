@@ -144,13 +144,33 @@ def resolve_sources(source=None) -> list[Path]:
     return sorted(Path(q) for q in glob.glob(str(source), recursive=True))
 
 
-def _sources_digest(paths) -> str:
-    h = hashlib.sha256()
+def _source_files(paths):
+    """Every source file and its label sidecar (which counts as a source too), in order."""
     for p in paths:
-        for q in (p, Path(p).with_suffix(".json")):  # label sidecars count as sources too
+        for q in (Path(p), Path(p).with_suffix(".json")):
             if q.exists():
-                st = os.stat(q)
-                h.update(f"{q}|{st.st_size}|{st.st_mtime_ns}".encode())
+                yield q
+
+
+def _sources_digest(paths) -> str:
+    """The quick check: paths, sizes and modification times."""
+    h = hashlib.sha256()
+    for q in _source_files(paths):
+        st = os.stat(q)
+        h.update(f"{q}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _content_digest(paths) -> str:
+    """What the files hold: each one's name under the corpus root and its bytes. A corpus copied,
+    re-mounted or moved keeps it (its times or paths change, not this)."""
+    files = list(_source_files(paths))
+    root = os.path.commonpath([q.absolute().parent for q in files]) if files else ""
+    h = hashlib.sha256()
+    for q in files:
+        with open(q, "rb") as f:
+            content = hashlib.file_digest(f, "sha256").hexdigest()
+        h.update(f"{os.path.relpath(q.absolute(), root)}|{content}\n".encode())
     return h.hexdigest()
 
 
@@ -303,10 +323,12 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | No
 
 
 def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, strict: bool = False,
-                    records_per_shard: int = 4096, skipped: list | None = None, sources_digest: str = "",
+                    records_per_shard: int = 4096, skipped: list | None = None, sources: dict | None = None,
                     progress: bool = True, total: int | None = None) -> DatasetInfo:
     """Write converted clips (:func:`convert`; dicts with ``"error"`` are skipped and listed) into
-    ``out_dir`` via a ``.partial`` sibling; dedup, split, merge the training stats, write the index.
+    ``out_dir`` via a ``.partial`` sibling; dedup, split, merge the training stats, write the index
+    (with ``sources``, what :func:`prepare` checks the sources against: ``{"sources": quick digest,
+    "sources_content": content digest}``).
     Returns the new directory's :class:`DatasetInfo`. A failed write (a full disk) raises ``OSError``
     naming the file, after removing the partial directory."""
     from tqdm import tqdm
@@ -352,7 +374,7 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     if not kept:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(f"{out}: no clip converted; skipped: {skipped}")
-    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources_digest, strict,
+    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources or {}, strict,
                            spill)
 
 
@@ -507,7 +529,7 @@ def _final_shards(shard_files, partial: Path) -> list:
 
 
 def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
-                    sources_digest: str, strict: bool, spill=None) -> DatasetInfo:
+                    sources: dict, strict: bool, spill=None) -> DatasetInfo:
     """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
     ``partial`` then replaces ``out``."""
     skeleton, status, trees = _one_skeleton(kept, partial, out, strict)
@@ -526,7 +548,8 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
                                                settings, partial, out)
     units = collections.Counter(c["units"] for c in kept)
     up_votes = collections.Counter(c["up_axis"] for c in kept)
-    doc = {"version": FORMAT_VERSION, "settings": settings.to_json(), "sources": sources_digest,
+    doc = {"version": FORMAT_VERSION, "settings": settings.to_json(), "sources": sources.get("sources", ""),
+           "sources_content": sources.get("sources_content", ""),
            "fps": settings.fps, "skeleton": skeleton_to_dict(skeleton), "train_split": train,
            "clips": [{"name": c["name"], "frames": c["frames"], "source_fps": c["source_fps"],
                       "labels": c["labels"], "units": c["units"], "status": status[i],
@@ -675,8 +698,9 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
             progress: bool = True, force: bool = False, **fields) -> DatasetInfo:
     """Convert motion files (see :func:`resolve_sources`) into a prepared directory.
 
-    Idempotent: a complete directory with the same settings and unchanged sources (paths, sizes,
-    mtimes, label sidecars), an intact index (its digest) and intact shards is returned as is.
+    Idempotent: a complete directory with the same settings and unchanged sources (paths, sizes and
+    mtimes, label sidecars included; where those changed, as when a corpus is copied or re-mounted,
+    the same names and bytes), an intact index (its digest) and intact shards is returned as is.
     Changed sources or damage rebuild it (the old one stays until the new one is complete); other
     settings raise :class:`PreparedElsewhere` unless ``force``. Sources that are gone (moved,
     unmounted) are needed only to rebuild: an intact directory is used as is, with a warning; else
@@ -697,18 +721,38 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
                 return load_info(out_dir)
             raise NoSourcesError(f"no motion files found for source {source!r}, and {out_dir} cannot be used "
                                  f"instead ({'; '.join(problems)})")
-        digest = _sources_digest(paths)
+        digest, content = _sources_digest(paths), None
         if not force:
             doc, problems = _intact(out, settings, digest)
+            if problems == ["sources changed"] and doc.get("sources_content"):
+                # Copied, re-mounted or moved (new times or paths): rebuild only if the bytes differ.
+                content = _content_digest(paths)
+                if content == doc["sources_content"]:
+                    doc, problems = _intact(out, settings, None)
+                    if doc is not None and not problems:
+                        _restamp(out, doc, digest)
+                        logging.info("%s is up to date (its sources' times or paths changed, not their "
+                                     "contents)", out_dir)
+                        return load_info(out_dir)
             if doc is not None and not problems:
                 logging.info("%s is up to date", out_dir)
                 return load_info(out_dir)
             if (out / INDEX).exists():
                 logging.warning("%s: rebuilding: %s", out_dir, "; ".join(problems))
         workers = (os.cpu_count() or 1) if workers is None else workers
+        sources = {"sources": digest, "sources_content": content or _content_digest(paths)}
         return write_converted(_converted(paths, settings, workers), out_dir, settings=settings,
                                strict=strict, records_per_shard=records_per_shard, skipped=[],
-                               sources_digest=digest, progress=progress, total=len(paths))
+                               sources=sources, progress=progress, total=len(paths))
+
+
+def _restamp(out: Path, doc: dict, digest: str) -> None:
+    """Record the sources' new quick digest in the index (atomically; its own digest redone)."""
+    doc = dict(doc, sources=digest)
+    doc["digest"] = index_digest(doc)
+    tmp = out / (INDEX + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out / INDEX)
 
 
 def kept_clips(info: DatasetInfo) -> list[int]:
