@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+import typing
 
 import numpy as np
 import torch
@@ -145,10 +146,34 @@ class Body:
         self.mass_fractions = torch.as_tensor(masses / masses.sum(), dtype=torch.float32)
         self.feet = torch.as_tensor(skeleton.foot_joints)
         self.rotating = torch.as_tensor(rotating_joints(skeleton))
-        # inverse_kinematics' static tables (motionjax's own plan), numpy: a level skips the steps none
-        # of its joints takes.
-        self.ik_targets, self.ik_rest, self.ik_swing, self.ik_weights = ik_plan(skeleton)
-        self.ik_axes = skeleton.axes * hinge
+        self.ik_levels = _ik_levels(skeleton, [ids.numpy() for ids, _ in self.plan], skeleton.axes * hinge)
+
+
+class _IKLevel(typing.NamedTuple):
+    """One tree level of :func:`inverse_kinematics`: ``n`` joints' tables from motionjax's
+    :func:`~motionjax.core.kinematics.ik_plan` (None: a step none of them takes)."""
+
+    swing: torch.Tensor | None    # [n, 1] bool: ball joints aimed at their primary target
+    primary: tuple                # (target joint ids [n], rest vectors [n, 3])
+    fitted: list                  # per fitted target k: (joint ids [n], rest vectors [n, 3], weights [n, 1])
+    hinge: tuple | None           # ([n, 1] bool: a hinge, its axis [n, 3] in the parent frame)
+    fits: torch.Tensor            # [n, 1] bool: some target is fitted
+
+
+def _ik_levels(skeleton: Skeleton, levels, axes) -> list[_IKLevel]:
+    targets, rest, swing, weights = ik_plan(skeleton)
+    f32 = lambda a: torch.as_tensor(np.asarray(a, np.float32))  # noqa: E731
+    out = []
+    for j in levels:
+        hinged = (axes[j] ** 2).sum(-1) > 0
+        out.append(_IKLevel(
+            swing=torch.as_tensor(swing[j])[:, None] if swing[j].any() else None,
+            primary=(torch.as_tensor(targets[j, 0]), f32(rest[j, 0])),
+            fitted=[(torch.as_tensor(targets[j, k]), f32(rest[j, k]), f32(weights[j, k])[:, None])
+                    for k in range(weights.shape[1]) if weights[j, k].any()],
+            hinge=(torch.as_tensor(hinged)[:, None], f32(axes[j])) if hinged.any() else None,
+            fits=torch.as_tensor(weights[j].sum(-1) > 0)[:, None]))
+    return out
 
 
 def forward_kinematics(body: Body, rotations, root_position, offsets=None):
@@ -176,42 +201,33 @@ def inverse_kinematics(body: Body, positions, hint):
     rotations (motionjax.core.kinematics.inverse_kinematics, level by level down the same plan): each
     joint turns from its hint onto its targets, a ball joint by the shortest arc onto the primary
     one and then about it onto the others by least squares, a hinge about its axis."""
-    targets, rest, weights = body.ik_targets, body.ik_rest, body.ik_weights
     ex = positions.new_tensor([1.0, 0.0, 0.0])
-    identity = positions.new_tensor([1.0, 0.0, 0.0, 0.0])
     out_pos, out_world, local = [], [], []
-    for ids, parent_slot in body.plan:
-        j = ids.numpy()
+    for (ids, parent_slot), level in zip(body.plan, body.ik_levels, strict=True):
         q = hint[..., ids, :]
-        # Per-joint constants [n, 3] -> [..., n, 3] (torch.cross does not broadcast).
-        per_joint = lambda a, q=q: torch.as_tensor(np.asarray(a, np.float32)).expand(*q.shape[:-1], 3)  # noqa: E731
+        shape = (*q.shape[:-1], 3)  # per-joint vectors [n, 3] expand to it: torch.cross does not broadcast
         if parent_slot is None:  # the root: at its target, turning from the identity
-            p, parent_rot = positions[..., ids, :], identity.expand_as(q)
+            p, parent_rot = positions[..., ids, :], positions.new_tensor([1.0, 0.0, 0.0, 0.0]).expand_as(q)
         else:
             parent_rot = out_world[-1][..., parent_slot, :]
-            p = out_pos[-1][..., parent_slot, :] + quat_rotate(parent_rot, per_joint(body.offsets[ids]))
-        world, t = quat_mul(parent_rot, q), ex.expand_as(p)
-        swing = torch.as_tensor(body.ik_swing[j])[:, None]
-        if swing.any():  # shortest arc from where the hint points the primary bone to where it should
-            u = _normalized(torch.where(swing, quat_rotate(world, per_joint(rest[j, 0])), ex))
-            t = _normalized(torch.where(swing, positions[..., targets[j, 0], :] - p, ex))
-            arc = torch.cat([1.0 + _dot(u, t), torch.cross(u, t, dim=-1)], -1)
-            world = quat_mul(_normalized(arc), world)
-        fitted = [k for k in range(weights.shape[1]) if weights[j, k].any()]
-        if fitted:  # least-squares turn about one axis: theta = atan2(sum a.(v x d), sum v_perp.d_perp)
+            p = out_pos[-1][..., parent_slot, :] + quat_rotate(parent_rot, body.offsets[ids].expand(shape))
+        world, t = quat_mul(parent_rot, q), ex.expand(shape)
+        if level.swing is not None:  # shortest arc from where the hint points the primary bone to its target
+            goal, rest = level.primary
+            u = _normalized(torch.where(level.swing, quat_rotate(world, rest.expand(shape)), ex))
+            t = _normalized(torch.where(level.swing, positions[..., goal, :] - p, ex))
+            world = quat_mul(_normalized(torch.cat([1.0 + _dot(u, t), torch.cross(u, t, dim=-1)], -1)), world)
+        if level.fitted:  # least-squares turn about one axis: theta = atan2(sum a.(v x d), sum v_perp.d_perp)
             a = t
-            axis = body.ik_axes[j]
-            if axis.any():
-                a = torch.where(torch.as_tensor((axis * axis).sum(-1) > 0)[:, None],
-                                quat_rotate(parent_rot, per_joint(axis)), t)
+            if level.hinge is not None:
+                hinged, axis = level.hinge
+                a = torch.where(hinged, quat_rotate(parent_rot, axis.expand(shape)), t)
             sin = cos = 0.0
-            for k in fitted:
-                v, d = quat_rotate(world, per_joint(rest[j, k])), positions[..., targets[j, k], :] - p
-                w = torch.as_tensor(weights[j, k], dtype=torch.float32)[:, None]
+            for goal, rest, w in level.fitted:
+                v, d = quat_rotate(world, rest.expand(shape)), positions[..., goal, :] - p
                 sin = sin + w * _dot(a, torch.cross(v, d, dim=-1))
                 cos = cos + w * (_dot(v, d) - _dot(v, a) * _dot(d, a))
-            fits = torch.as_tensor(weights[j].sum(-1) > 0)[:, None]
-            half = torch.atan2(torch.where(fits, sin, 0.0), torch.where(fits, cos, 1.0)) / 2
+            half = torch.atan2(torch.where(level.fits, sin, 0.0), torch.where(level.fits, cos, 1.0)) / 2
             world = quat_mul(torch.cat([torch.cos(half), torch.sin(half) * a], -1), world)
         out_pos.append(p)
         out_world.append(world)
