@@ -24,6 +24,7 @@ import typing
 import numpy as np
 import torch
 import torch.nn.functional as F
+import tqdm
 from torch import nn
 
 from motionjax.core.dynamics import GRAVITY, HALO
@@ -768,7 +769,8 @@ def run_to_target(config, target: float, *, max_seconds: float | None = None, me
     timing = dict.fromkeys(("compile_s", "compute_s", "data_wait_s", "eval_s", "checkpoint_s"), 0.0)
     curve, status = [], "budget"
     score = lambda batches: evaluate(model, info, config.loss.contact_speed, batches)  # noqa: E731
-    for step in range(1, config.train.steps + 1):
+    bar = tqdm.tqdm(range(1, config.train.steps + 1), desc=f"torch seed{config.seed}", unit="step")
+    for step in bar:
         t0 = time.perf_counter()
         batch = next(loader)
         t1 = time.perf_counter()
@@ -787,11 +789,13 @@ def run_to_target(config, target: float, *, max_seconds: float | None = None, me
         wall = sum(timing.values())
         curve.append({"step": step, "frames": step * frames_per_step, "wall_s": wall, "value": value,
                       **timing})
+        bar.set_postfix({split: f"{value:.3f} cm"})
         if value <= target:
             status = "target"
             break
         if max_seconds is not None and wall >= max_seconds:
             break
+    bar.close()
     loader.close()
     last = curve[-1]
     final = {f"{s}/mpjpe": last["value"] if s == split else score(b) for s, b in sets.items()}
