@@ -779,6 +779,13 @@ def test_a_moved_or_touched_corpus_is_not_rebuilt_but_an_edited_one_is(tmp_path,
     bvh.write_text(text[:-1] + ("1" if text[-1] != "1" else "2") + "\n")  # one value of the last frame
     prepare.prepare(moved, out, window=32, splits=SPLITS, progress=False, workers=0)
     assert builds == [1] and "rebuilding: sources changed" in caplog.text
+    # A directory prepared before the content digest existed gets it on its next use, not a rebuild.
+    doc = json.loads((out / info_mod.INDEX).read_text())
+    content = doc.pop("sources_content")
+    doc["digest"] = info_mod.index_digest(doc)
+    (out / info_mod.INDEX).write_text(json.dumps(doc))
+    prepare.prepare(moved, out, window=32, splits=SPLITS, progress=False, workers=0)
+    assert builds == [1] and json.loads((out / info_mod.INDEX).read_text())["sources_content"] == content
 
 
 def test_an_edited_index_is_rebuilt_from_the_sources(tmp_path, caplog):

@@ -735,6 +735,8 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
                                      "contents)", out_dir)
                         return load_info(out_dir)
             if doc is not None and not problems:
+                if not doc.get("sources_content"):  # prepared before the content digest: record it once
+                    _restamp(out, doc, digest, _content_digest(paths))
                 logging.info("%s is up to date", out_dir)
                 return load_info(out_dir)
             if (out / INDEX).exists():
@@ -746,9 +748,10 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
                                sources=sources, progress=progress, total=len(paths))
 
 
-def _restamp(out: Path, doc: dict, digest: str) -> None:
-    """Record the sources' new quick digest in the index (atomically; its own digest redone)."""
-    doc = dict(doc, sources=digest)
+def _restamp(out: Path, doc: dict, digest: str, content: str | None = None) -> None:
+    """Record the sources' quick digest (and ``content`` digest) in the index (atomically; its own
+    digest redone)."""
+    doc = dict(doc, sources=digest, **({"sources_content": content} if content else {}))
     doc["digest"] = index_digest(doc)
     tmp = out / (INDEX + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
