@@ -32,7 +32,7 @@ from motionjax.core.features import rotating_joints
 from motionjax.core.kinematics import dof_layout, ik_plan, tree_plan
 from motionjax.core.skeleton import BALL, HINGE, Skeleton
 from motionjax.data import pipeline, transforms
-from motionjax.models import POSITION_SCALE, stage_strides
+from motionjax.models import POSITION_SCALE, interpolation_weights, stage_strides
 
 # Below this angle the Taylor branches take over (as in motionjax.core.rotations).
 _SMALL = 1e-4
@@ -520,7 +520,7 @@ class ChunkedAutoencoder(nn.Module):
     def __init__(self, features, chunk, *, dim, depth, latent_dim, stride, residual, make_block, stages=1,
                  kinematics: Kinematics | None = None, upsample="linear"):
         super().__init__()
-        self.stride, self.residual, self.kinematics, self.upsample = stride, residual, kinematics, upsample
+        self.residual, self.kinematics, self.upsample = residual, kinematics, upsample
         self.strides = stage_strides(stride, stages)
         self.embed = nn.Linear(features + (kinematics.extra_inputs if kinematics else 0), dim)
         rates = [chunk // int(np.prod(self.strides[:s])) for s in range(stages)]
@@ -538,14 +538,9 @@ class ChunkedAutoencoder(nn.Module):
 
     def _interpolate(self, h, k: int):
         """One vector per ``k`` frames -> every frame, linear between group centres (edges held)."""
-        c = h.shape[2]
         windows, _ = chunk_windows(h, 1)
-        u = (np.arange(c * k) + 0.5) / k - 0.5 + 1
-        lo = np.floor(u).astype(int)
-        weights = np.zeros((c * k, c + 2), np.float32)
-        weights[np.arange(c * k), lo] = 1 - (u - lo)
-        weights[np.arange(c * k), lo + 1] = u - lo
-        return torch.einsum("fw,bnwd->bnfd", torch.as_tensor(weights), windows)
+        weights = torch.tensor(interpolation_weights(h.shape[2], k))  # motionjax's matrix (cached there)
+        return torch.einsum("fw,bnwd->bnfd", weights, windows)
 
     def forward(self, x):
         b, n, c, _ = x.shape

@@ -143,6 +143,19 @@ def stage_strides(stride: int, stages: int) -> tuple[int, ...]:
     return (factor,) * stages
 
 
+@functools.lru_cache(maxsize=32)
+def interpolation_weights(c: int, k: int) -> np.ndarray:
+    """``[c·k, 1 + c + 1]``: each fine frame of a chunk as a linear mix of the ``c`` coarse vectors
+    (one per ``k`` frames, at their group centres) and the neighbouring chunks' edge vectors."""
+    u = (np.arange(c * k) + 0.5) / k - 0.5 + 1  # fine frame -> coarse coordinate, in window slots
+    lo = np.floor(u).astype(int)
+    weights = np.zeros((c * k, c + 2), np.float32)
+    weights[np.arange(c * k), lo] = 1 - (u - lo)
+    weights[np.arange(c * k), lo + 1] = u - lo
+    weights.flags.writeable = False  # shared by every caller (cached)
+    return weights
+
+
 POSITION_SCALE = 0.5  # m: root-relative joint positions enter the model divided by this (~unit scale)
 
 
@@ -321,13 +334,8 @@ class ChunkedAutoencoder(nnx.Module):
         """``h [B, N, c, D]`` at one vector per ``k`` frames -> ``[B, N, c·k, D]`` by linear
         interpolation between group centres (the neighbouring chunks' edge vectors come as halos;
         past the sequence ends the edge vector is held)."""
-        c = h.shape[2]
         windows, _ = self._windows(h, 1)  # [B, N, 1 + c + 1, D]; edge copies past the ends
-        u = (np.arange(c * k) + 0.5) / k - 0.5 + 1  # fine frame -> coarse coordinate, in window slots
-        lo = np.floor(u).astype(int)
-        weights = np.zeros((c * k, c + 2), np.float32)
-        weights[np.arange(c * k), lo] = 1 - (u - lo)
-        weights[np.arange(c * k), lo + 1] = u - lo
+        weights = interpolation_weights(h.shape[2], k)
         return jnp.einsum("fw,bnwd->bnfd", weights.astype(h.dtype), windows)
 
     def highpass(self, x):
