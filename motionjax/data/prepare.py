@@ -724,20 +724,18 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
         digest, content = _sources_digest(paths), None
         if not force:
             doc, problems = _intact(out, settings, digest)
+            moved = False
             if problems == ["sources changed"] and doc.get("sources_content"):
                 # Copied, re-mounted or moved (new times or paths): rebuild only if the bytes differ.
                 content = _content_digest(paths)
                 if content == doc["sources_content"]:
+                    moved = True
                     doc, problems = _intact(out, settings, None)
-                    if doc is not None and not problems:
-                        _restamp(out, doc, digest)
-                        logging.info("%s is up to date (its sources' times or paths changed, not their "
-                                     "contents)", out_dir)
-                        return load_info(out_dir)
             if doc is not None and not problems:
-                if not doc.get("sources_content"):  # prepared before the content digest: record it once
-                    _restamp(out, doc, digest, _content_digest(paths))
-                logging.info("%s is up to date", out_dir)
+                if moved or not doc.get("sources_content"):  # or prepared before the content digest
+                    _restamp(out, doc, digest, content or _content_digest(paths))
+                logging.info("%s is up to date%s", out_dir,
+                             " (its sources' times or paths changed, not their contents)" if moved else "")
                 return load_info(out_dir)
             if (out / INDEX).exists():
                 logging.warning("%s: rebuilding: %s", out_dir, "; ".join(problems))
@@ -748,10 +746,9 @@ def prepare(source=None, out_dir="data_cache/deepmimic_clean", *, settings: Sett
                                sources=sources, progress=progress, total=len(paths))
 
 
-def _restamp(out: Path, doc: dict, digest: str, content: str | None = None) -> None:
-    """Record the sources' quick digest (and ``content`` digest) in the index (atomically; its own
-    digest redone)."""
-    doc = dict(doc, sources=digest, **({"sources_content": content} if content else {}))
+def _restamp(out: Path, doc: dict, digest: str, content: str) -> None:
+    """Record the sources' quick and content digests in the index (atomically; its own digest redone)."""
+    doc = dict(doc, sources=digest, sources_content=content)
     doc["digest"] = index_digest(doc)
     tmp = out / (INDEX + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
