@@ -98,6 +98,10 @@ LEVERS: dict[str, tuple[str, Callable]] = {
                       _set("train", "optimizer", "schedule_free")),
     "schedule_free_lr2x": ("schedule-free AdamW at twice the peak rate (the same warmup)",
                            _schedule_free_rate(2.0)),
+    "schedule_free_lr4x": ("schedule-free AdamW at four times the peak rate (the same warmup)",
+                           _schedule_free_rate(4.0)),
+    "muon": ("Muon (train.optimizer = 'muon': every weight of rank ≥ 2 orthogonalized at AdamW's update "
+             "RMS, the same rate, warmup + cosine)", _set("train", "optimizer", "muon")),
     "ema": ("a parameter EMA (train.ema_decay = 0.999), which evaluation reads",
             _set("train", "ema_decay", 0.999)),
     "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms, "

@@ -150,6 +150,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0            # global-norm clipping
     c.train.ema_decay = 0.0            # >0: evaluate (and export) an exponential moving average of the params
     c.train.grad_accum_steps = 1       # >1: optax.MultiSteps averages this many micro-batches per update
+    # >1: each step runs its batch as this many slices one after another (a slice's activations in
+    # memory) and reduces the summed gradient once (train.step.accumulate); grad_accum_steps reduces
+    # every micro-batch.
+    c.train.micro_batches = 1
     # The gradient sum over 'data' (motionjax.train.grad_reduce): wire format "fp32" (XLA's exact
     # all-reduce), "bf16" or "int8" (block scales, error feedback kept in the train state).
     c.train.grad_reduce = "fp32"

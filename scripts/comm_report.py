@@ -23,7 +23,13 @@ Overlap: bucket ``b`` may start once the backward compute it does not depend on 
 bucket at a time on the links, in that order; exposed = what ends after ``T``. Share = exposed /
 (T + exposed). Collectives and compute are assumed not to slow each other down.
 
+Micro-batches (``--micro_batches``, ``train.micro_batches = k``): the step runs ``k`` slices of the
+per-device batch and reduces once; compute ``k T``, the same buckets, and bucket ``b`` ready at
+``k T - T F_b / F`` (only the last slice's backward can hide it: the gradient collectives run after
+the loop over the others, as ``tests/test_grad_reduce.py`` checks on the compiled step).
+
   scripts/comm_report.py --out docs/comm_report.md
+  scripts/comm_report.py --measured docs/comm_report.json --nvlink_gbps 900   # re-model, no compile
 """
 from __future__ import annotations
 
@@ -58,6 +64,10 @@ _ALPHA_IN = flags.DEFINE_float("alpha_in_us", 5.0, "latency per collective step 
 _ALPHA_OUT = flags.DEFINE_float("alpha_out_us", 15.0, "latency per collective step across hosts, us")
 _FLOPS = flags.DEFINE_float("flops_per_s", 400e12, "sustained device FLOP/s (H100 bf16 at ~40% of peak)")
 _OUT = flags.DEFINE_string("out", "docs/comm_report.md", "Markdown table; JSON beside it")
+_MICRO = flags.DEFINE_list("micro_batches", ["1", "2", "4", "8"],
+                           "slices of the per-device batch per reduction (train.micro_batches)")
+_MEASURED = flags.DEFINE_string("measured", None, "a report's JSON: model its measured steps again (other "
+                                "links, micro-batches) without compiling them")
 _VARIANTS = [(w, lv) for w in ("fp32", "bf16", "int8") for lv in (1, 2)]
 
 
@@ -176,10 +186,16 @@ def rows_for(spec: str, costs: dict):
 
 
 def _rows(step: dict, costs: dict) -> list[dict]:
-    compute = step["flops_per_device"] / _FLOPS.value
+    return [row for k in (int(v) for v in _MICRO.value) for row in _rows_at(step, costs, k)]
+
+
+def _rows_at(step: dict, costs: dict, k: int) -> list[dict]:
+    """The rows of one step measurement with ``k`` micro-batches a reduction."""
+    one = step["flops_per_device"] / _FLOPS.value  # one slice
+    compute = k * one
     elements = step["bucket_elements"]
     ready = None if step["bucket_free_flops"] is None else \
-        [compute * (1.0 - f / step["matmul_flops"]) for f in step["bucket_free_flops"]]
+        [compute - one * f / step["matmul_flops"] for f in step["bucket_free_flops"]]
     rows = []
     for n in (int(v) for v in _DEVICES.value):
         for wire, levels in _VARIANTS:
@@ -209,7 +225,8 @@ def _rows(step: dict, costs: dict) -> list[dict]:
                 count = one["count"] * len(elements)
                 comm = sum(costs_b)
             on = None if ready is None else exposed(compute, list(zip(ready, costs_b, strict=True)))
-            rows.append({"devices": n, "hosts": max(n // _PER_HOST.value, 1), "wire": wire, "levels": levels,
+            rows.append({"devices": n, "hosts": max(n // _PER_HOST.value, 1), "micro_batches": k,
+                         "wire": wire, "levels": levels,
                          "collectives": count, **sent, "comm_s": comm, "compute_s": compute,
                          "exposed_off_s": comm, "exposed_on_s": on, "share_off": comm / (compute + comm),
                          "share_on": None if on is None else on / (compute + on)})
@@ -239,12 +256,13 @@ def markdown(reports: list[dict]) -> str:
                   f"({1e3 * r['rows'][0]['compute_s']:.3f} ms); {len(r['bucket_elements'])} buckets; "
                   f"matmul work left when each bucket is ready: {ready}; when XLA's own all-reduce is: "
                   f"{xla}" + (" (Bandai skeleton)" if r["bandai_skeleton"] else ""),
-                  "", "| devices (hosts) | wire | levels | collectives | MiB in host | MiB across | comm ms "
-                  "| exposed, no overlap | exposed, overlap |", "|---|---|---|---|---|---|---|---|---|"]
+                  "", "| devices (hosts) | micro-batches | wire | levels | collectives | MiB in host "
+                  "| MiB across | comm ms | exposed, no overlap | exposed, overlap |", "|---" * 10 + "|"]
         for x in r["rows"]:
-            wire = x["wire"] + (" (XLA)" if (x["wire"], x["levels"]) == ("fp32", 1) else "")
+            flat32 = (x["wire"], x["levels"]) == ("fp32", 1)  # one psum a bucket when micro-batched
+            wire = x["wire"] + ((" (XLA)" if x.get("micro_batches", 1) == 1 else " flat") if flat32 else "")
             lines.append(
-                f"| {x['devices']} ({x['hosts']}) | {wire} "
+                f"| {x['devices']} ({x['hosts']}) | {x.get('micro_batches', 1)} | {wire} "
                 f"| {x['levels']} | {x['collectives']} | {x['in_host_bytes'] / 2**20:.2f} "
                 f"| {x['across_bytes'] / 2**20:.2f} | {1e3 * x['comm_s']:.3f} "
                 f"| {1e3 * x['exposed_off_s']:.3f} ms ({100 * x['share_off']:.0f}%) | "
@@ -259,6 +277,12 @@ def main(argv):
     out = Path(_OUT.value)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = []
+    if _MEASURED.value:
+        done = [dict(r, rows=_rows(r, costs)) for r in json.loads(Path(_MEASURED.value).read_text())]
+        out.write_text(markdown(done))
+        out.with_suffix(".json").write_text(json.dumps(done, indent=1))
+        print(out.read_text())
+        return
     for spec in _CONFIGS.value:  # written after each stage: a long run keeps what it has measured
         for report in rows_for(spec, costs):
             out.write_text(markdown(done + [report]))

@@ -185,13 +185,17 @@ def _copy(state):
     return jax.tree.map(jnp.copy, state)  # the step donates its state
 
 
-def test_two_level_fp32_step_over_data_and_time_equals_xla_all_reduce(info, batches, xla_step):
-    """2 hosts x 2 data devices x 2 time shards, fp32: the explicit sum (time, then inside the host,
-    across, inside) gives XLA's all-reduce of the 8 x 1 mesh: losses and parameters to ~1e-6."""
+def test_two_level_fp32_step_over_data_and_time_in_micro_batches_equals_xla_all_reduce(info, batches,
+                                                                                       xla_step):
+    """2 hosts x 2 data devices x 2 time shards, fp32, each device's 2 windows as 2 micro-batches: the
+    explicit sum (both slices on the device, then time, inside the host, across, inside) gives XLA's
+    all-reduce of the whole batch on the 8 x 1 mesh: losses and parameters to ~1e-6 (every slice has
+    as many real frames). The gradient's collectives run once a step, outside the loop over slices,
+    and some bucket can overlap the last slice's backward pass."""
     run, state, *_ = xla_step
     ref, ref_losses = run(_copy(state), batches[:3])
-    config = _config(data=4, time=2, grad_reduce_levels=2, grad_reduce_host_size=2)
-    run2, state2, _, hlo, mesh = _compiled(config, info, batches)
+    config = _config(data=4, time=2, grad_reduce_levels=2, grad_reduce_host_size=2, micro_batches=2)
+    run2, state2, compiled, hlo, mesh = _compiled(config, info, batches)
     assert "grad_residual" not in state2  # fp32: nothing to feed back
     got, losses = run2(state2, batches[:3])
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
@@ -199,6 +203,13 @@ def test_two_level_fp32_step_over_data_and_time_equals_xla_all_reduce(info, batc
                  ref["params"])
     ops = {(c.op, c.group_size) for c in diagnostics.collectives(hlo, mesh) if "data" in c.axes}
     assert {("reduce-scatter", 2), ("all-gather", 2)} <= ops  # inside each host
+    plan = grad_reduce.make_plan(config.train, mesh, state2["params"])
+    assert "once per 2 micro-batches" in plan.describe()
+    # In the loop: the slices' halo exchanges over time and loss sums over data, no gradient.
+    looped = diagnostics.looped_collectives(hlo, mesh)
+    assert looped and not [c for c in looped if "data" in c.axes and c.result_bytes > 64], looped
+    overlap = [f for c, _, f in diagnostics.overlap(compiled.as_text(), mesh) if c.result_bytes > 64]
+    assert overlap and max(overlap) > 0, overlap
 
 
 def test_int8_step_sends_a_quarter_overlaps_backward_and_resumes_exactly(tmp_path, info, batches, xla_step):
@@ -253,3 +264,5 @@ def test_config_checks_name_what_an_explicit_reduction_cannot_do():
     with pytest.raises(checks.ConfigError, match="train.grad_reduce='int4'"):
         checks.check_config(_config(grad_reduce="int4"), N)
     checks.check_config(_config(grad_reduce="bf16", grad_reduce_levels=2, grad_reduce_host_size=4), N)
+    with pytest.raises(checks.ConfigError, match="micro_batches=3: expected a divisor of the 2 windows"):
+        checks.check_config(_config(data=4, time=2, micro_batches=3), N)

@@ -315,17 +315,28 @@ def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refus
 
     config = get_config()
     config.train.update(optimizer=name, steps=10, warmup_steps=0, learning_rate=0.01, grad_clip=1e9)
-    params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": jnp.array([0.5, -0.5, 1.0])}
+    params = {"w": jnp.arange(12.0).reshape(3, 4) / 10, "b": jnp.array([0.5, -0.5, 1.0]),
+              "conv": jnp.cos(jnp.arange(24.0)).reshape(1, 2, 3, 4)}  # a conv kernel [1, taps, in, out]
     grads = jax.tree.map(lambda p: jnp.sin(3 * p) + 0.1, params)
     ours = train.make_optimizer(config.train)
     updates, _ = ours.update(grads, ours.init(params), params)
     cfg = config.train
     bare = (optax.lion(0.01, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay) if name == "lion" else
             optax.contrib.muon(0.01, adam_b1=cfg.b1, adam_b2=cfg.b2, weight_decay=cfg.weight_decay,
-                               adam_weight_decay=cfg.weight_decay))
+                               adam_weight_decay=cfg.weight_decay, consistent_rms=0.2,
+                               muon_weight_dimension_numbers={
+                                   "w": optax.contrib.MuonDimensionNumbers(0, 1), "b": None,
+                                   "conv": optax.contrib.MuonDimensionNumbers((0, 1, 2), 3)}))
     expected, _ = bare.update(grads, bare.init(params), params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), updates, expected)
     assert float(jnp.abs(updates["w"]).sum()) > 0
+    if name == "muon":
+        # The conv kernel is orthogonalized as one [taps·in, out] = [6, 4] matrix: its update's
+        # columns are near-orthogonal with equal norms (Newton-Schulz's approximate polar factor),
+        # which adam's elementwise update is not.
+        u = np.asarray(updates["conv"]).reshape(6, 4)
+        gram = u.T @ u / np.mean(np.diag(u.T @ u))
+        np.testing.assert_allclose(gram, np.eye(4), atol=0.35)
     config.train.optimizer = "adam"
     with pytest.raises(ValueError, match="train.optimizer"):
         train.check_config(config, 1, 1)

@@ -158,6 +158,7 @@ _RULES = {
     "train.learning_rate": _POSITIVE_NUMBER,
     "train.warmup_steps": _NONNEGATIVE_INT,
     "train.grad_accum_steps": _POSITIVE_INT,
+    "train.micro_batches": _POSITIVE_INT,
     "train.grad_reduce": (lambda v: v in ("fp32", "bf16", "int8"), "'fp32', 'bf16' or 'int8'"),
     "train.grad_reduce_levels": (lambda v: v in (1, 2), "1 (flat) or 2 (inside hosts, then across)"),
     "train.grad_reduce_host_size": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: per process)"),
@@ -225,11 +226,13 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
         if d.loader != "grain":
             problems.append(f"data.loss_sampling={d.loss_sampling} with data.loader={d.loader!r}: loss-aware "
                             "sampling is built on the Grain loader; expected data.loader='grain'")
-        if config.train.grad_reduce != "fp32" or config.train.grad_reduce_levels != 1:
+        t = config.train
+        if t.grad_reduce != "fp32" or t.grad_reduce_levels != 1 or t.micro_batches != 1:
             problems.append(f"data.loss_sampling={d.loss_sampling} with train.grad_reduce="
-                            f"{config.train.grad_reduce!r}, levels={config.train.grad_reduce_levels}: the "
-                            "explicit reductions return scalars only, not each window's error; expected "
-                            "XLA's fp32 all-reduce (grad_reduce='fp32', levels=1)")
+                            f"{t.grad_reduce!r}, levels={t.grad_reduce_levels}, "
+                            f"micro_batches={t.micro_batches}: "
+                            "the explicit reductions return scalars only, not each window's error; expected "
+                            "XLA's fp32 all-reduce (grad_reduce='fp32', levels=1, micro_batches=1)")
     if config.train.optimizer == "schedule_free" and "train.ema_decay" not in bad and config.train.ema_decay:
         problems.append(f"train.ema_decay={config.train.ema_decay} with train.optimizer='schedule_free': it "
                         "averages its iterates itself, and evaluation reads that average; "
@@ -252,11 +255,15 @@ def _check_grad_reduce(config, sizes, bad, num_processes: int) -> list[str]:
     """An explicit gradient reduction (anything but fp32 over one level) sums replicated parameters'
     per-device gradients: not with FSDP (XLA reduce-scatters those itself), nor with dropout (each
     data shard would draw the same masks inside the step's shard_map)."""
-    keys = ("train.grad_reduce", "train.grad_reduce_levels", "train.grad_reduce_host_size")
+    keys = ("train.grad_reduce", "train.grad_reduce_levels", "train.grad_reduce_host_size",
+            "train.micro_batches")
     t = config.train
-    if not bad.isdisjoint(keys) or (t.grad_reduce == "fp32" and t.grad_reduce_levels == 1):
+    if not bad.isdisjoint(keys) or (t.grad_reduce == "fp32" and t.grad_reduce_levels == 1
+                                    and t.micro_batches == 1):
         return []
     what = f"train.grad_reduce={t.grad_reduce!r}, train.grad_reduce_levels={t.grad_reduce_levels}"
+    if t.micro_batches > 1:
+        what += f", train.micro_batches={t.micro_batches}"
     problems = []
     if config.mesh.fsdp:
         problems.append(f"{what}: expected mesh.fsdp=False (an explicit reduction sums replicated "
@@ -265,6 +272,10 @@ def _check_grad_reduce(config, sizes, bad, num_processes: int) -> list[str]:
         problems.append(f"{what}: expected model.dropout=0 (inside the step's shard_map every data shard "
                         "would draw the same dropout masks)")
     data = (sizes or {}).get(parallel.DATA_AXIS)
+    batch = config.data.batch_size
+    if data and "data.batch_size" not in bad and batch % data == 0 and (batch // data) % t.micro_batches:
+        problems.append(f"train.micro_batches={t.micro_batches}: expected a divisor of the {batch // data} "
+                        f"windows each device gets (data.batch_size={batch} over {data} 'data' devices)")
     host = t.grad_reduce_host_size or (data // num_processes if data else 0)
     if t.grad_reduce_levels == 2 and data and (not host or data % host):
         problems.append(f"train.grad_reduce_host_size={t.grad_reduce_host_size}: expected a divisor of the "

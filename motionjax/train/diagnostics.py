@@ -207,6 +207,20 @@ def matmul_flops(hlo_text: str) -> float:
     return _flops(comps)(entry)
 
 
+def looped_collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
+    """The collectives of HLO text that run inside a ``while`` loop (its body or condition, or what
+    they call): once per iteration, where :func:`collectives` counts them once."""
+    comps, _ = _computations(hlo_text)
+    todo = [c for ops in comps.values() for o in ops if o.op == "while" for c in o.called]
+    inside: set[str] = set()
+    while todo:
+        if (comp := todo.pop()) in comps and comp not in inside:
+            inside.add(comp)
+            todo += [c for o in comps[comp] for c in o.called]
+    coords = _coords(mesh)
+    return [c for comp in inside for o in comps[comp] if (c := _collective(o.line, mesh, coords)) is not None]
+
+
 def overlap(hlo_text: str, mesh: Mesh) -> list[tuple[Collective, int, float]]:
     """For every collective of the entry computation of compiled HLO text: ``(collective, matmuls,
     flops)``, the matrix products (dots and convolutions, also inside fusions and calls) it neither

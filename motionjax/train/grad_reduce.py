@@ -4,7 +4,8 @@ compressed (bf16 / int8 with error feedback) and flat or two-level (inside hosts
 ``config.train``: ``grad_reduce`` is the wire format (``"fp32"`` | ``"bf16"`` | ``"int8"``),
 ``grad_reduce_levels`` 1 (one reduction over all of ``data``) or 2 (reduce-scatter inside each host,
 the ``1/d`` slices summed across hosts, all-gather inside the host), ``grad_reduce_host_size`` the
-``data`` devices per host (0: per process), ``grad_bucket_mb`` the bucket size.
+``data`` devices per host (0: per process), ``grad_bucket_mb`` the bucket size; ``micro_batches > 1``
+sums that many slices' gradients on each device before the one reduction (any wire format).
 
 fp32 with one level is the step as the partitioner makes it: ``jax.value_and_grad`` of the sharded
 loss, XLA inserts the all-reduce (exact, unchanged). Anything else is two ``shard_map`` over the whole
@@ -44,11 +45,13 @@ class Plan:
     buckets: tuple[tuple[int, ...], ...]   # indices into jax.tree.leaves(params), per bucket
     sizes: tuple[int, ...]                 # elements per bucket, padded to a multiple of data * BLOCK
     ordered: bool = False                  # fp32 two-level: across hosts in device order, not a psum
+    micro_batches: int = 1                 # slices of the step's batch summed before the one reduction
 
     @property
     def explicit(self) -> bool:
-        """False: XLA's own fp32 all-reduce (the default step)."""
-        return self.wire != "fp32" or self.levels == 2
+        """False: XLA's own fp32 all-reduce (the default step). Micro-batches need the explicit sum:
+        XLA's would all-reduce inside the loop over them, once per slice."""
+        return self.wire != "fp32" or self.levels == 2 or self.micro_batches > 1
 
     @property
     def hosts(self) -> int:
@@ -62,9 +65,10 @@ class Plan:
                  f"across hosts, all-gather inside" if self.levels == 2 else f"flat, {self.wire}")
         ordered = ", summed in device order" if self.ordered else ""
         feedback = ", error feedback" if self.wire != "fp32" else ordered
+        micro = f", once per {self.micro_batches} micro-batches" if self.micro_batches > 1 else ""
         mib = sum(self.sizes) * 4 / 2**20
         return (f"gradient reduction: {where} over data ({self.data} devices), {len(self.sizes)} buckets "
-                f"({mib:.2f} MiB fp32){feedback}")
+                f"({mib:.2f} MiB fp32){feedback}{micro}")
 
 
 def make_plan(cfg: ml_collections.ConfigDict, mesh, params) -> Plan:
@@ -89,7 +93,7 @@ def make_plan(cfg: ml_collections.ConfigDict, mesh, params) -> Plan:
     unit = data * reduce.BLOCK
     sizes = tuple(-(-sum(math.prod(shapes[i]) for i in b) // unit) * unit for b in buckets)
     return Plan(cfg.grad_reduce, cfg.grad_reduce_levels, data, host_size, tuple(buckets), sizes,
-                cfg.grad_reduce_ordered)
+                cfg.grad_reduce_ordered, cfg.get("micro_batches", 1))
 
 
 def init_residual(plan: Plan) -> dict:

@@ -39,8 +39,9 @@ OPTIMIZERS = ("adamw", "lion", "muon", "schedule_free")
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """``cfg.optimizer`` with linear warmup + cosine decay and global-norm clipping; ``cfg`` =
     ``config.train``. ``"adamw"``; ``"lion"`` (``optax.lion``, sign updates: its peak learning rate is
-    usually 3-10x below adamw's); ``"muon"`` (``optax.contrib.muon``: orthogonalized momentum for the
-    2-D weight matrices, adam for the rest), each with decoupled ``weight_decay``;
+    usually 3-10x below adamw's); ``"muon"`` (``optax.contrib.muon``: orthogonalized momentum for every
+    weight of rank ≥ 2 (:func:`muon_dimensions`) at AdamW's update RMS, adam for biases and norms),
+    each with decoupled ``weight_decay``;
     ``"schedule_free"`` (``optax.contrib.schedule_free_adamw``: the same linear warmup, then a
     constant peak rate, no cosine: it averages its iterates instead, and evaluation reads that
     average, :func:`evaluated_params`).
@@ -59,12 +60,24 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
     elif cfg.optimizer == "lion":
         update = optax.lion(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     elif cfg.optimizer == "muon":
+        # consistent_rms = 0.2 scales each orthogonalized update to AdamW's typical RMS
+        # (arXiv 2502.16982), so the config's AdamW rate and weight decay carry over unchanged.
         update = optax.contrib.muon(schedule, adam_b1=cfg.b1, adam_b2=cfg.b2, weight_decay=cfg.weight_decay,
-                                    adam_weight_decay=cfg.weight_decay)
+                                    adam_weight_decay=cfg.weight_decay, consistent_rms=0.2,
+                                    muon_weight_dimension_numbers=muon_dimensions)
     else:
         update = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), update)
     return optax.MultiSteps(tx, cfg.grad_accum_steps) if cfg.grad_accum_steps > 1 else tx
+
+
+def muon_dimensions(params):
+    """Muon's matrix view of each parameter: every weight of rank ≥ 2 as one ``[fan-in, fan-out]``
+    matrix (Flax kernels are ``[..., in, out]``: a convolution's taps join its inputs, where optax's
+    default would hand 4-D conv kernels, most of the model, to adam); ``None`` (adam) for biases and
+    norm scales."""
+    return jax.tree.map(lambda x: optax.contrib.MuonDimensionNumbers(tuple(range(x.ndim - 1)), x.ndim - 1)
+                        if x.ndim >= 2 else None, params)
 
 
 def make_loss_fn(config: ml_collections.ConfigDict, info, mesh):
@@ -122,8 +135,37 @@ def reconstruction_objective(loss_fn):
     return lambda pred, batch: loss_fn(pred, batch["clean"], batch.get("offsets"), batch.get("valid"))
 
 
+def accumulate(loss_and_grads, k: int):
+    """``loss_and_grads(params, rest, batch) -> ((loss, (terms, rest)), grads)`` over ``k`` equal
+    slices of the batch's leading axis, one after another (one slice's activations live at a time),
+    the gradients summed before anything reduces them: inside the explicit reduction's ``shard_map``
+    (:mod:`~motionjax.train.grad_reduce`), each device sums its own slices and the step reduces once
+    whatever ``k`` (``optax.MultiSteps`` reduces every micro-batch). The first ``k - 1`` slices run in
+    a ``lax.scan``; the last is peeled out of it, so its backward pass is what the reduction's buckets
+    can overlap. Loss, terms and gradients are the slices' means: the whole batch's when every slice
+    has as many real frames (each slice's loss is its own masked mean)."""
+
+    def f(params, rest, batch):
+        slices = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+
+        def body(carry, piece):
+            rest, total = carry
+            (loss, (terms, rest)), grads = loss_and_grads(params, rest, piece)
+            return (rest, jax.tree.map(jnp.add, total, grads)), (loss, terms)
+
+        zero = jax.tree.map(jnp.zeros_like, params)
+        head, last = jax.tree.map(lambda x: x[:-1], slices), jax.tree.map(lambda x: x[-1], slices)
+        (rest, total), (losses, terms) = jax.lax.scan(body, (rest, zero), head)
+        (loss, (last_terms, rest)), grads = loss_and_grads(params, rest, last)
+        mean = lambda head, last: (jnp.sum(head, 0) + last) / k  # noqa: E731
+        return ((mean(losses, loss), (jax.tree.map(mean, terms, last_terms), rest)),
+                jax.tree.map(lambda t, g: (t + g) / k, total, grads))
+
+    return f
+
+
 def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_decay: float = 0.0,
-                    objective=None, reduction=None):
+                    objective=None, reduction=None, micro_batches: int = 1):
     """``step(state, batch) -> (state, metrics)`` for ``state`` from :func:`init_state`: the step's
     math, not jitted (:func:`jit_train_step` places it on the mesh; :func:`build_train_step` does both).
     ``ema_decay > 0``: ``state["ema"]`` follows the parameters as an exponential moving average.
@@ -131,8 +173,11 @@ def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_dec
     e.g. distillation); default :func:`reconstruction_objective` of ``loss_fn``.
     ``reduction(loss_and_grads) -> f(params, rest, batch, residual) -> ((loss, aux), grads, residual)``
     sums the gradient over ``data`` itself (:func:`motionjax.train.grad_reduce.value_and_grad`, with
-    ``state["grad_residual"]``); ``None``: XLA's all-reduce of the sharded step."""
+    ``state["grad_residual"]``); ``None``: XLA's all-reduce of the sharded step.
+    ``micro_batches > 1``: :func:`accumulate` (with an explicit ``reduction``, which it runs inside)."""
     objective = objective or reconstruction_objective(loss_fn)
+    if micro_batches > 1 and reduction is None:
+        raise ValueError("micro_batches > 1 needs an explicit reduction (XLA's would all-reduce every slice)")
 
     def loss_and_grads(params, rest, batch):
         def compute(params):
@@ -146,7 +191,8 @@ def pure_train_step(graphdef, tx: optax.GradientTransformation, loss_fn, ema_dec
     if reduction is None:
         gradient = lambda params, rest, batch, residual: (*loss_and_grads(params, rest, batch), residual)  # noqa: E731
     else:
-        gradient = reduction(loss_and_grads)
+        per_device = loss_and_grads if micro_batches == 1 else accumulate(loss_and_grads, micro_batches)
+        gradient = reduction(per_device)
 
     def step(state, batch):
         (loss, (terms, rest)), grads, residual = gradient(state["params"], state["rest"], batch,
@@ -212,7 +258,7 @@ def build_train_step(config: ml_collections.ConfigDict, info, mesh):
     (graphdef, eval_graphdef, _), tx, state, shardings = init_state(config, info, mesh)
     reduction, _ = gradient_reduction(config, mesh, state["params"])
     step = pure_train_step(graphdef, tx, make_loss_fn(config, info, mesh), config.train.ema_decay,
-                           reduction=reduction)
+                           reduction=reduction, micro_batches=config.train.micro_batches)
     step = jit_train_step(step, shardings, mesh)
     return step, state, shardings, eval_graphdef
 
