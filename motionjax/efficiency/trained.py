@@ -60,7 +60,7 @@ def _keys_added_since() -> dict:
     return {"data": {"observed": 0, "clean": "off", "clean_limits": dataclasses.asdict(clean.Thresholds()),
                      "copy_threshold": prepare.Settings.copy_threshold,
                      "dedup_policy": prepare.Settings.dedup_policy, "std_floor": 0.0},
-            "train": {"optimizer": "adamw", "grad_reduce_ordered": False}}
+            "train": {"optimizer": "adamw", "grad_reduce_ordered": False, "micro_batches": 1}}
 
 
 def load_config(workdir) -> ml_collections.ConfigDict:

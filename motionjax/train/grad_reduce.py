@@ -93,7 +93,7 @@ def make_plan(cfg: ml_collections.ConfigDict, mesh, params) -> Plan:
     unit = data * reduce.BLOCK
     sizes = tuple(-(-sum(math.prod(shapes[i]) for i in b) // unit) * unit for b in buckets)
     return Plan(cfg.grad_reduce, cfg.grad_reduce_levels, data, host_size, tuple(buckets), sizes,
-                cfg.grad_reduce_ordered, cfg.get("micro_batches", 1))
+                cfg.grad_reduce_ordered, cfg.micro_batches)
 
 
 def init_residual(plan: Plan) -> dict:

@@ -1,0 +1,108 @@
+"""What an optimizer adds to the headline train step: seconds a step for each ``train.optimizer``.
+
+    python scripts/bench_optimizers.py [--config experiments/autoencoder.py] \\
+        [--optimizers adamw,muon,schedule_free] [--rounds 5] [--steps 20] [--out results/optimizer_step]
+
+Builds the config's jitted train step once per optimizer (same model, batch and loss; the Bandai rig
+when the corpus is there, so the feature size is the real one), on fixed random batches, then times
+``--rounds`` rounds of ``--steps`` steps, the optimizers taking turns inside each round so they share
+whatever else runs on the host: the ratios are the number to read. Prints a table (median seconds a
+step, and ÷ adamw) and writes ``optimizer_step.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import experiments  # noqa: E402
+from motionjax import parallel, train  # noqa: E402
+from motionjax.data import synthetic  # noqa: E402
+from motionjax.formats import read_bvh_skeleton  # noqa: E402
+
+
+def build(config, info, mesh, optimizer: str, batches):
+    """The jitted step of ``config`` with ``optimizer``, compiled, its state, and the batches placed."""
+    c = config.copy_and_resolve_references()
+    c.train.optimizer = optimizer
+    step, state, _, _ = train.build_train_step(c, info, mesh)
+    shardings = parallel.batch_shardings(mesh, sorted(batches[0]))
+    placed = [parallel.put(b, shardings) for b in batches]
+    t0 = time.perf_counter()
+    state, metrics = step(state, placed[0])
+    jax.block_until_ready(metrics["loss"])
+    return step, state, placed, time.perf_counter() - t0
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="experiments/autoencoder.py", help="experiment file[:variant]")
+    parser.add_argument("--optimizers", default="adamw,muon,schedule_free")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="steps per optimizer per round")
+    parser.add_argument("--out", default="results/optimizer_step")
+    args = parser.parse_args(argv)
+    config = experiments.load(args.config)
+    skeleton = None
+    if str(config.data.source).endswith("bandai-namco-1/data"):  # the rig decides the feature size
+        files = sorted(Path(config.data.source).glob("*.bvh"))
+        skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
+    info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window,
+                                    skeleton=skeleton)
+    mesh = parallel.make_mesh(config.mesh)
+    abstract = train.abstract_batch(config, info, mesh)
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(4):
+        b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in abstract.items() if k != "valid"}
+        if "offsets" in b:
+            b["offsets"] = np.broadcast_to(info.skeleton.offsets, b["offsets"].shape).astype(np.float32)
+        b["valid"] = np.ones(abstract["valid"].shape, np.float32)
+        batches.append(b)
+    names = args.optimizers.split(",")
+    runs, compile_s = {}, {}
+    for name in names:
+        step, state, placed, compile_s[name] = build(config, info, mesh, name, batches)
+        runs[name] = [step, state, placed]
+        print(f"{name}: compiled and first step in {compile_s[name]:.1f} s", flush=True)
+    per_step = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names:
+            step, state, placed = runs[name]
+            t0 = time.perf_counter()
+            for i in range(args.steps):
+                state, metrics = step(state, placed[i % len(placed)])
+            jax.block_until_ready(metrics["loss"])
+            per_step[name].append((time.perf_counter() - t0) / args.steps)
+            runs[name][1] = state
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {per_step[n][-1]:.3f} s" for n in names),
+              flush=True)
+    ref = names[0]
+    median = {n: float(np.median(v)) for n, v in per_step.items()}
+    # Each round's ratio (the optimizers ran back to back in it), then their median.
+    ratio = {n: float(np.median(np.array(per_step[n]) / np.array(per_step[ref]))) for n in names}
+    print(f"\n{args.config}: batch {abstract['noisy'].shape}, {args.rounds} rounds x {args.steps} steps\n")
+    print(f"| optimizer | s a step, median | ÷ {ref} (median of rounds) | compile + first step s |")
+    print("|---|---|---|---|")
+    for n in names:
+        print(f"| {n} | {median[n]:.3f} | {ratio[n]:.2f} | {compile_s[n]:.0f} |")
+    result = {"config": args.config, "batch_shape": list(abstract["noisy"].shape), "rounds": args.rounds,
+              "steps": args.steps, "seconds_per_step": per_step, "median_s": median, "ratio": ratio,
+              "compile_s": compile_s, "reference": ref}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "optimizer_step.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'optimizer_step.json'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
