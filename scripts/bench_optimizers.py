@@ -43,7 +43,8 @@ def build(config, info, mesh, optimizer: str, batches):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="experiments/autoencoder.py", help="experiment file[:variant]")
     parser.add_argument("--optimizers", default="adamw,muon,schedule_free")
     parser.add_argument("--rounds", type=int, default=5)
