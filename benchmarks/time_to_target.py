@@ -104,8 +104,11 @@ LEVERS: dict[str, tuple[str, Callable]] = {
              "RMS, the same rate, warmup + cosine)", _set("train", "optimizer", "muon")),
     "ema": ("a parameter EMA (train.ema_decay = 0.999), which evaluation reads",
             _set("train", "ema_decay", 0.999)),
-    "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms, "
-              "optimizer and initial weights, fp32; a torch DataLoader", lambda c: c),
+    "adamw": ("AdamW + warmup-cosine (train.optimizer = 'adamw'), whatever the config's optimizer",
+              _set("train", "optimizer", "adamw")),
+    "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms "
+              "and initial weights, AdamW (compare with the lever adamw), fp32; a torch DataLoader",
+              _set("train", "optimizer", "adamw")),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 

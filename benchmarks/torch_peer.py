@@ -651,6 +651,10 @@ def make_loader(cfg, info, seed: int = 0, workers: int = 0):
 
 def make_optimizer(model: nn.Module, cfg):
     """AdamW, warmup + cosine decay (``optax.warmup_cosine_decay_schedule``); ``cfg`` = ``config.train``."""
+    if cfg.optimizer != "adamw" or cfg.grad_accum_steps != 1:
+        raise ValueError(f"train.optimizer={cfg.optimizer!r}, grad_accum_steps={cfg.grad_accum_steps}: "
+                         "the PyTorch twin trains with plain AdamW only; against another optimizer the "
+                         "comparison would measure the optimizers, not the frameworks (expected 'adamw', 1)")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2),
                             weight_decay=cfg.weight_decay, eps=1e-8)
     warmup, total, floor = min(cfg.warmup_steps, cfg.steps - 1), max(cfg.steps, 1), cfg.final_lr_fraction

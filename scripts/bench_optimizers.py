@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 import experiments  # noqa: E402
 from motionjax import parallel, train  # noqa: E402
 from motionjax.data import synthetic  # noqa: E402
-from motionjax.formats import read_bvh_skeleton  # noqa: E402
 
 
 def build(config, info, mesh, optimizer: str, batches):
@@ -52,12 +51,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="results/optimizer_step")
     args = parser.parse_args(argv)
     config = experiments.load(args.config)
-    skeleton = None
-    if str(config.data.source).endswith("bandai-namco-1/data"):  # the rig decides the feature size
-        files = sorted(Path(config.data.source).glob("*.bvh"))
-        skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
-    info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window,
-                                    skeleton=skeleton)
+    info, _ = synthetic.info_like(config)  # the rig decides the feature size
     mesh = parallel.make_mesh(config.mesh)
     abstract = train.abstract_batch(config, info, mesh)
     rng = np.random.default_rng(0)

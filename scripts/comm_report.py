@@ -51,7 +51,6 @@ from absl import app, flags  # noqa: E402
 
 from motionjax import parallel, train  # noqa: E402
 from motionjax.data import synthetic  # noqa: E402
-from motionjax.formats import read_bvh_skeleton  # noqa: E402
 from motionjax.train import diagnostics, grad_reduce  # noqa: E402
 
 _CONFIGS = flags.DEFINE_list("configs", ["synthetic_scale@64", "autoencoder@32"],
@@ -79,13 +78,8 @@ def load_config(spec: str):
     with config.unlocked():
         config.mesh.shape = ((parallel.DATA_AXIS, 8), (parallel.TIME_AXIS, 1))
         config.data.batch_size = int(windows) * 8
-    skeleton = None
-    if str(config.data.source).endswith("bandai-namco-1/data"):  # the rig decides the feature size
-        files = sorted(Path(config.data.source).glob("*.bvh"))
-        skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
-    info = synthetic.synthetic_info(4, window=config.data.window, frames=2 * config.data.window,
-                                    skeleton=skeleton)
-    return config, int(windows), info, skeleton is not None
+    info, bandai = synthetic.info_like(config)  # the rig decides the feature size
+    return config, int(windows), info, bandai
 
 
 def measure_step(config, info):

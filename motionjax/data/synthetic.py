@@ -131,6 +131,23 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
 COPY_KINDS = ("exact", "noised", "mirrored", "resampled", "reexported")
 
 
+
+def info_like(config, num_clips: int = 4) -> tuple[DatasetInfo, bool]:
+    """``(info, real_rig)``: metadata to compile ``config``'s train step without preparing its data (the
+    step depends on the rig's feature size, not on the clips): synthetic clips on the rig of the
+    corpus's first BVH file where the config reads Bandai-1 and it is there, else the synthetic
+    skeleton."""
+    from pathlib import Path
+
+    from motionjax.formats import read_bvh_skeleton
+    skeleton = None
+    if str(config.data.source).endswith("bandai-namco-1/data"):
+        files = sorted(Path(config.data.source).glob("*.bvh"))
+        skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
+    window = config.data.window
+    info = synthetic_info(num_clips, window=window, frames=2 * window, skeleton=skeleton)
+    return info, skeleton is not None
+
 def _stand(skeleton: Skeleton, rng, frames: int, fps: float):
     """``[T, J, 4]`` idle standing: one pose for every clip of a corpus (seeded by the caller),
     swaying by ~0.01 rad per joint."""
