@@ -308,9 +308,11 @@ def test_grad_accum_steps_average_micro_batches_into_one_update():
 
 
 @pytest.mark.parametrize("name", ["lion", "muon"])
-def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refused(name):
+def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refused(name, tmp_path):
     """``train.optimizer``: the chain is clipping then the named optax optimizer on the schedule (the
-    first update after no warmup equals the bare optax one), and a misspelt name is a config error."""
+    first update after no warmup equals the bare optax one), its state (Muon's holds optax's masked
+    placeholders) round-trips through the trainer's orbax checkpoint, and a misspelt name is a config
+    error."""
     from experiments.base import get_config
 
     config = get_config()
@@ -319,7 +321,14 @@ def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refus
               "conv": jnp.cos(jnp.arange(24.0)).reshape(1, 2, 3, 4)}  # a conv kernel [1, taps, in, out]
     grads = jax.tree.map(lambda p: jnp.sin(3 * p) + 0.1, params)
     ours = train.make_optimizer(config.train)
-    updates, _ = ours.update(grads, ours.init(params), params)
+    updates, opt_state = ours.update(grads, ours.init(params), params)
+    mngr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    train.save_checkpoint(mngr, 1, {"params": params, "opt_state": opt_state}, None, {})
+    mngr.wait_until_finished()
+    fresh = {"params": params, "opt_state": ours.init(params)}
+    restored, _ = train.restore_checkpoint(mngr, 1, fresh)
+    mngr.close()
+    jax.tree.map(np.testing.assert_array_equal, restored["opt_state"], opt_state)
     cfg = config.train
     bare = (optax.lion(0.01, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay) if name == "lion" else
             optax.contrib.muon(0.01, adam_b1=cfg.b1, adam_b2=cfg.b2, weight_decay=cfg.weight_decay,
