@@ -21,6 +21,7 @@ import ml_collections
 from motionjax import parallel
 from motionjax.data import transforms
 from motionjax.evaluation import evaluators, metrics
+from motionjax.train import grad_reduce
 
 
 class ConfigError(ValueError):
@@ -227,7 +228,7 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
             problems.append(f"data.loss_sampling={d.loss_sampling} with data.loader={d.loader!r}: loss-aware "
                             "sampling is built on the Grain loader; expected data.loader='grain'")
         t = config.train
-        if t.grad_reduce != "fp32" or t.grad_reduce_levels != 1 or t.micro_batches != 1:
+        if grad_reduce.is_explicit(t.grad_reduce, t.grad_reduce_levels, t.micro_batches):
             problems.append(f"data.loss_sampling={d.loss_sampling} with train.grad_reduce="
                             f"{t.grad_reduce!r}, levels={t.grad_reduce_levels}, "
                             f"micro_batches={t.micro_batches}: "
@@ -252,14 +253,14 @@ def check_config(config, num_devices: int, num_processes: int = 1) -> None:
 
 
 def _check_grad_reduce(config, sizes, bad, num_processes: int) -> list[str]:
-    """An explicit gradient reduction (anything but fp32 over one level) sums replicated parameters'
+    """An explicit gradient reduction (:func:`.grad_reduce.is_explicit`) sums replicated parameters'
     per-device gradients: not with FSDP (XLA reduce-scatters those itself), nor with dropout (each
     data shard would draw the same masks inside the step's shard_map)."""
     keys = ("train.grad_reduce", "train.grad_reduce_levels", "train.grad_reduce_host_size",
             "train.micro_batches")
     t = config.train
-    if not bad.isdisjoint(keys) or (t.grad_reduce == "fp32" and t.grad_reduce_levels == 1
-                                    and t.micro_batches == 1):
+    if not bad.isdisjoint(keys) or not grad_reduce.is_explicit(t.grad_reduce, t.grad_reduce_levels,
+                                                                t.micro_batches):
         return []
     what = f"train.grad_reduce={t.grad_reduce!r}, train.grad_reduce_levels={t.grad_reduce_levels}"
     if t.micro_batches > 1:

@@ -34,6 +34,13 @@ from motionjax import parallel
 from motionjax.core import reduce
 
 
+def is_explicit(wire: str, levels: int, micro_batches: int) -> bool:
+    """False: XLA's own fp32 all-reduce (the default step). Anything else is the step's explicit
+    reduction: another wire format, two levels, or micro-batches (XLA's would all-reduce inside the
+    loop over them, once per slice). The one test of this, for :class:`Plan` and the config checks."""
+    return wire != "fp32" or levels == 2 or micro_batches > 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The gradient reduction of one run: wire format, levels, and the buckets of parameter leaves."""
@@ -49,9 +56,8 @@ class Plan:
 
     @property
     def explicit(self) -> bool:
-        """False: XLA's own fp32 all-reduce (the default step). Micro-batches need the explicit sum:
-        XLA's would all-reduce inside the loop over them, once per slice."""
-        return self.wire != "fp32" or self.levels == 2 or self.micro_batches > 1
+        """:func:`is_explicit` of this plan."""
+        return is_explicit(self.wire, self.levels, self.micro_batches)
 
     @property
     def hosts(self) -> int:
