@@ -109,6 +109,9 @@ LEVERS: dict[str, tuple[str, Callable]] = {
     "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms "
               "and initial weights, AdamW (compare with the lever adamw), fp32; a torch DataLoader",
               _set("train", "optimizer", "adamw")),
+    "torch_muon": ("the PyTorch eager twin with torch.optim.Muon (compare with the lever muon): every 2-D "
+                   "weight and the convolutions as matrices, Nesterov adam for biases and norms",
+                   _set("train", "optimizer", "muon")),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 
@@ -202,7 +205,7 @@ def run_torch_to_target(config: ml_collections.ConfigDict, workdir, target: floa
 
 
 # Levers that are another trainer, not a change of the config.
-RUNNERS: dict[str, Callable] = {"torch": run_torch_to_target}
+RUNNERS: dict[str, Callable] = {"torch": run_torch_to_target, "torch_muon": run_torch_to_target}
 
 
 def _split(timing: dict) -> dict:

@@ -153,13 +153,12 @@ def test_torch_inverse_kinematics_matches_motionjax():
     assert not np.allclose(ours, hint, atol=1e-2)  # the targets moved the joints
 
 
-def test_torch_headline_model_matches_flax_model_with_copied_weights():
-    """The headline autoencoder's shape: temporal convs in two stages, interpolating decoder, FK
-    positions in, the IK position head out (experiments/autoencoder.py, small)."""
-    torch = pytest.importorskip("torch")
+def _headline_twins(torch_peer):
+    """The headline autoencoder's shape, small (experiments/autoencoder.py: temporal convs in two
+    stages, interpolating decoder, FK positions in, the IK position head out), as Flax model and
+    its perturbed weights, ``make_twin(state)``: the PyTorch twin holding a Flax ``Param`` state, and
+    windows ``[2, 4, chunk, F]``."""
     from flax import nnx
-
-    from benchmarks import torch_peer
 
     skeleton = deepmimic_humanoid()
     clean, _, mean, std = _windows(skeleton, 2, 32, seed=2)
@@ -174,14 +173,69 @@ def test_torch_headline_model_matches_flax_model_with_copied_weights():
     for _, v in nnx.to_flat_state(params):  # non-zero heads and biases: every weight matters
         v.set_value(v.get_value() + 0.05 * rng.standard_normal(v.get_value().shape).astype(np.float32))
     nnx.update(model, params)
-    twin = torch_peer.make_model(cfg, f, chunk, info)
-    torch_peer.load_flax_params(twin, params)
-    x = clean.reshape(2, 4, chunk, f)
+    def make_twin(state):
+        twin = torch_peer.make_model(cfg, f, chunk, info)
+        torch_peer.load_flax_params(twin, state)
+        return twin
+
+    return model, params, make_twin, clean.reshape(2, 4, chunk, f)
+
+
+def test_torch_headline_model_matches_flax_model_with_copied_weights():
+    torch = pytest.importorskip("torch")
+    from benchmarks import torch_peer
+
+    model, params, make_twin, x = _headline_twins(torch_peer)
+    twin = make_twin(params)
     with torch.no_grad():
         out = twin(torch.tensor(x)).numpy()
     expected = np.asarray(model(jnp.asarray(x)))
     assert np.abs(expected[..., 3:] - x[..., 3:]).mean() > 0.1  # the head moved the rotations
     np.testing.assert_allclose(out, expected, atol=2e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_torch_optimizer_updates_match_optax(optimizer):
+    """Updates of the twin's optimizer from the same gradients move every weight as motionjax's
+    (optax) does: three of AdamW to float32 precision; the first of Muon within torch's bfloat16
+    Newton-Schulz (optax: fp32) for the matrices and convolutions, exactly for the biases and norms
+    (Nesterov adam). Only the first: optax bias-corrects Muon's momentum, torch does not, so their
+    directions differ in the first ~1 / (1 - 0.95) updates, while the warmup's rate is small."""
+    torch = pytest.importorskip("torch")
+    import optax
+    from flax import nnx
+
+    from benchmarks import torch_peer
+    from motionjax.train import step
+
+    _, params, make_twin, _ = _headline_twins(torch_peer)
+    twin = make_twin(params)
+    cfg = base.get_config().train
+    cfg.update(optimizer=optimizer, steps=10, warmup_steps=0, learning_rate=3e-3, weight_decay=0.1,
+               grad_accum_steps=1, grad_clip=1e9)
+    tx = step.make_optimizer(cfg)
+    opt_state = tx.init(params)
+    opts, schedules = torch_peer.make_optimizer(twin, cfg)
+    start = {k: v.detach().clone() for k, v in twin.named_parameters()}
+    rng = np.random.default_rng(1)
+    for _ in range(1 if optimizer == "muon" else 3):
+        grads = jax.tree.map(lambda v: jnp.asarray(0.01 * rng.standard_normal(v.shape), jnp.float32), params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        for p, g in zip(twin.parameters(), make_twin(grads).parameters(), strict=True):
+            p.grad = g.detach()  # the same gradients, in torch's layout
+        for opt, schedule in zip(opts, schedules, strict=True):
+            opt.step()
+            schedule.step()
+    expected = dict(make_twin(params).named_parameters())
+    muon_matrices = 0
+    for name, p in twin.named_parameters():
+        ours, ref = p.detach() - start[name], expected[name].detach() - start[name]
+        assert float(ref.norm()) > 0, name
+        bf16 = optimizer == "muon" and ref.ndim == 2
+        muon_matrices += bf16
+        assert float((ours - ref).norm() / ref.norm()) < (3e-2 if bf16 else 1e-4), name
+    assert muon_matrices >= 10 if optimizer == "muon" else muon_matrices == 0
 
 
 def test_torch_loss_matches_motionjax_on_clip_bones_and_padding():
