@@ -1,13 +1,17 @@
 """What an optimizer adds to the headline train step: seconds a step for each ``train.optimizer``.
 
     python scripts/bench_optimizers.py [--config experiments/autoencoder.py] \\
-        [--optimizers adamw,muon,schedule_free] [--rounds 5] [--steps 20] [--out results/optimizer_step]
+        [--optimizers adamw,muon,schedule_free] [--torch adamw,muon,muon_bf16] [--rounds 5] [--steps 20] \\
+        [--out results/optimizer_step]
 
 Builds the config's jitted train step once per optimizer (same model, batch and loss; the Bandai rig
 when the corpus is there, so the feature size is the real one), on fixed random batches, then times
 ``--rounds`` rounds of ``--steps`` steps, the optimizers taking turns inside each round so they share
-whatever else runs on the host: the ratios are the number to read. Prints a table (median seconds a
-step, and ÷ adamw) and writes ``optimizer_step.json``.
+whatever else runs on the host: the ratios are the number to read. ``--torch``: the PyTorch twin's
+step (``benchmarks/torch_peer.py``, eager, one thread, from the same initial weights and batches)
+with those optimizers takes its turns too, rows ``torch:NAME``. Prints a table (median seconds a
+step, ÷ the first optimizer, and PyTorch ÷ motionjax with the same optimizer) and writes
+``optimizer_step.json``.
 """
 from __future__ import annotations
 
@@ -41,11 +45,34 @@ def build(config, info, mesh, optimizer: str, batches):
     return step, state, placed, time.perf_counter() - t0
 
 
+def build_torch(config, info, optimizer: str, batches):
+    """The PyTorch twin's train step of ``config`` with ``optimizer`` (``muon_bf16``: torch.optim.Muon
+    as it ships; ``muon``: its Newton-Schulz in float32) (one thread: the best setting of
+    every probe on this 2-core host) from motionjax's initial weights, and the batches as tensors."""
+    import torch
+    from flax import nnx
+
+    from benchmarks import torch_peer
+    from motionjax import models
+
+    torch.set_num_threads(1)
+    c = config.copy_and_resolve_references()
+    c.train.optimizer = optimizer.removesuffix("_bf16")
+    init = nnx.state(models.make_model(c.model, info.feature_dim, c.data.chunk, nnx.Rngs(c.seed), info=info),
+                     nnx.Param)
+    _, step = torch_peer.make_train_step(c, info, init, muon_bf16=optimizer == "muon_bf16")
+    keys = ("noisy", "clean", "offsets", "valid")
+    return step, [[torch.as_tensor(b[k]) if k in b else None for k in keys] for b in batches]
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="experiments/autoencoder.py", help="experiment file[:variant]")
     parser.add_argument("--optimizers", default="adamw,muon,schedule_free")
+    parser.add_argument("--torch", default="", type=lambda v: [n for n in v.split(",") if n],
+                        help="comma-separated optimizers of the PyTorch twin to time too (adamw, muon; "
+                        "muon_bf16: torch's own bfloat16 Newton-Schulz)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per optimizer per round")
     parser.add_argument("--out", default="results/optimizer_step")
@@ -68,7 +95,8 @@ def main(argv=None) -> dict:
         step, state, placed, compile_s[name] = build(config, info, mesh, name, batches)
         runs[name] = [step, state, placed]
         print(f"{name}: compiled and first step in {compile_s[name]:.1f} s", flush=True)
-    per_step = {name: [] for name in names}
+    twins = {f"torch:{name}": build_torch(config, info, name, batches) for name in args.torch}
+    per_step = {name: [] for name in [*names, *twins]}
     for r in range(args.rounds):
         for name in names:
             step, state, placed = runs[name]
@@ -78,20 +106,32 @@ def main(argv=None) -> dict:
             jax.block_until_ready(metrics["loss"])
             per_step[name].append((time.perf_counter() - t0) / args.steps)
             runs[name][1] = state
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {per_step[n][-1]:.3f} s" for n in names),
+        for name, (step, placed) in twins.items():
+            t0 = time.perf_counter()
+            for i in range(args.steps):
+                step(*placed[i % len(placed)])  # eager: synchronous
+            per_step[name].append((time.perf_counter() - t0) / args.steps)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.3f} s" for n, v in per_step.items()),
               flush=True)
+    names = [*names, *twins]
     ref = names[0]
     median = {n: float(np.median(v)) for n, v in per_step.items()}
     # Each round's ratio (the optimizers ran back to back in it), then their median.
     ratio = {n: float(np.median(np.array(per_step[n]) / np.array(per_step[ref]))) for n in names}
     print(f"\n{args.config}: batch {abstract['noisy'].shape}, {args.rounds} rounds x {args.steps} steps\n")
-    print(f"| optimizer | s a step, median | ÷ {ref} (median of rounds) | compile + first step s |")
-    print("|---|---|---|---|")
+    # PyTorch ÷ motionjax with the same optimizer, round by round.
+    same = {n: n.split(":")[1].removesuffix("_bf16") for n in twins}
+    versus = {n: float(np.median(np.array(per_step[n]) / np.array(per_step[m]))) for n, m in same.items()
+              if m in per_step}
+    print(f"| optimizer | s a step, median | ÷ {ref} (median of rounds) | PyTorch ÷ motionjax | "
+          "compile + first step s |")
+    print("|---|---|---|---|---|")
     for n in names:
-        print(f"| {n} | {median[n]:.3f} | {ratio[n]:.2f} | {compile_s[n]:.0f} |")
+        vs = f"{versus[n]:.2f}" if n in versus else ""
+        print(f"| {n} | {median[n]:.3f} | {ratio[n]:.2f} | {vs} | {compile_s.get(n, 0):.0f} |")
     result = {"config": args.config, "batch_shape": list(abstract["noisy"].shape), "rounds": args.rounds,
               "steps": args.steps, "seconds_per_step": per_step, "median_s": median, "ratio": ratio,
-              "compile_s": compile_s, "reference": ref}
+              "torch_vs_motionjax": versus, "compile_s": compile_s, "reference": ref}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "optimizer_step.json").write_text(json.dumps(result, indent=1))
