@@ -8,7 +8,7 @@ Builds the config's jitted train step once per optimizer (same model, batch and 
 when the corpus is there, so the feature size is the real one), on fixed random batches, then times
 ``--rounds`` rounds of ``--steps`` steps, the optimizers taking turns inside each round so they share
 whatever else runs on the host: the ratios are the number to read. ``--torch``: the PyTorch twin's
-step (``benchmarks/torch_peer.py``, eager, one thread, from the same initial weights and batches)
+step (``benchmarks/torch_peer.py``, eager, from the same initial weights and batches)
 with those optimizers takes its turns too, rows ``torch:NAME``. Prints a table (median seconds a
 step, ÷ the first optimizer, and PyTorch ÷ motionjax with the same optimizer) and writes
 ``optimizer_step.json``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,17 +46,17 @@ def build(config, info, mesh, optimizer: str, batches):
     return step, state, placed, time.perf_counter() - t0
 
 
-def build_torch(config, info, optimizer: str, batches):
+def build_torch(config, info, optimizer: str, batches, threads: int):
     """The PyTorch twin's train step of ``config`` with ``optimizer`` (``muon_bf16``: torch.optim.Muon
-    as it ships; ``muon``: its Newton-Schulz in float32) (one thread: the best setting of
-    every probe on this 2-core host) from motionjax's initial weights, and the batches as tensors."""
+    as it ships; ``muon``: its Newton-Schulz in float32) on ``threads`` threads, from motionjax's
+    initial weights, and the batches as tensors."""
     import torch
     from flax import nnx
 
     from benchmarks import torch_peer
     from motionjax import models
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     c = config.copy_and_resolve_references()
     c.train.optimizer = optimizer.removesuffix("_bf16")
     init = nnx.state(models.make_model(c.model, info.feature_dim, c.data.chunk, nnx.Rngs(c.seed), info=info),
@@ -73,6 +74,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--torch", default="", type=lambda v: [n for n in v.split(",") if n],
                         help="comma-separated optimizers of the PyTorch twin to time too (adamw, muon; "
                         "muon_bf16: torch's own bfloat16 Newton-Schulz)")
+    parser.add_argument("--torch-threads", type=int, default=os.cpu_count(),
+                        help="torch.set_num_threads (default: one a core, as XLA's step uses them; the "
+                        "steps take turns, so neither shares the cores with the other)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per optimizer per round")
     parser.add_argument("--out", default="results/optimizer_step")
@@ -95,7 +99,8 @@ def main(argv=None) -> dict:
         step, state, placed, compile_s[name] = build(config, info, mesh, name, batches)
         runs[name] = [step, state, placed]
         print(f"{name}: compiled and first step in {compile_s[name]:.1f} s", flush=True)
-    twins = {f"torch:{name}": build_torch(config, info, name, batches) for name in args.torch}
+    twins = {f"torch:{name}": build_torch(config, info, name, batches, args.torch_threads)
+             for name in args.torch}
     per_step = {name: [] for name in [*names, *twins]}
     for r in range(args.rounds):
         for name in names:

@@ -198,11 +198,11 @@ def test_torch_headline_model_matches_flax_model_with_copied_weights():
 def test_torch_optimizer_updates_match_optax(optimizer, bf16):
     """Updates of the twin's optimizer from the same gradients move every weight as motionjax's
     (optax) does: three of AdamW to float32 precision; the first of Muon to float32 precision too,
-    or within bfloat16's with torch's own Newton-Schulz (``bf16``). Only the first: optax bias-corrects Muon's momentum, torch does not, so their
-    directions differ in the first ~1 / (1 - 0.95) updates, while the warmup's rate is small."""
-    torch = pytest.importorskip("torch")
+    or within bfloat16's with torch's own Newton-Schulz (``bf16``). Only the first: optax
+    bias-corrects Muon's momentum, torch does not, so their directions differ in the first
+    ~1 / (1 - 0.95) updates, while the warmup's rate is small."""
+    pytest.importorskip("torch")
     import optax
-    from flax import nnx
 
     from benchmarks import torch_peer
     from motionjax.train import step
