@@ -184,16 +184,12 @@ def run_torch_to_target(config: ml_collections.ConfigDict, workdir, target: floa
     DataLoader workers) of a short probe (not counted, like initialization); ``workdir`` is unused
     (no checkpoints)."""
     import torch
-    from flax import nnx
 
     from benchmarks import torch_peer
-    from motionjax import models
     from motionjax.data import pipeline
 
     info = pipeline.dataset_info(config.data)
-    model = models.make_model(config.model, info.feature_dim, config.data.chunk, nnx.Rngs(config.seed),
-                              info=info)
-    init = nnx.state(model, nnx.Param)
+    init = torch_peer.initial_params(config, info)
     # On a busy machine OpenMP threads spin and one thread can beat all cores; a worker overlaps the data.
     settings = sorted({(torch.get_num_threads(), 0), (1, 0), (1, 1)})
     probe = {s: torch_peer.train(config, info, 4, params=init, threads=s[0], workers=s[1])["frames_per_s"]

@@ -17,7 +17,6 @@ torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip inst
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 import typing
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 import tqdm
 from torch import nn
+from torch.optim._muon import _adjust_lr  # Muon's per-shape rate (torch's own; private in 2.13)
 
 from motionjax.core.dynamics import GRAVITY, HALO
 from motionjax.core.features import rotating_joints
@@ -609,6 +609,17 @@ def make_model(cfg, feature_dim: int, chunk: int, info=None) -> ChunkedAutoencod
                               upsample=cfg.get("upsample", "linear"))
 
 
+def initial_params(config, info):
+    """The Flax ``Param`` state motionjax's model starts from for ``config.seed``: what the twin
+    starts from, so both frameworks train the same weights."""
+    from flax import nnx
+
+    from motionjax import models
+    model = models.make_model(config.model, info.feature_dim, config.data.chunk, nnx.Rngs(config.seed),
+                              info=info)
+    return nnx.state(model, nnx.Param)
+
+
 def load_flax_params(module: nn.Module, params) -> None:
     """Copy an ``nnx.State`` of Params (``nnx.state(model, nnx.Param)``) into the twin ``module``."""
     from flax import nnx
@@ -689,9 +700,9 @@ class Float32Muon(torch.optim.Muon):
                 for _ in range(group["ns_steps"]):
                     gram = x @ x.T
                     x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-                scale = 0.2 * math.sqrt(max(param.shape))  # adjust_lr_fn = "match_rms_adamw"
+                rate = _adjust_lr(group["lr"], group["adjust_lr_fn"], param.shape)
                 param.mul_(1 - group["lr"] * group["weight_decay"])
-                param.add_(x.T if tall else x, alpha=-group["lr"] * scale)
+                param.add_(x.T if tall else x, alpha=-rate)
 
 
 def make_optimizer(model: nn.Module, cfg, muon_bf16: bool = False):
@@ -709,16 +720,14 @@ def make_optimizer(model: nn.Module, cfg, muon_bf16: bool = False):
                          "the PyTorch twin trains with AdamW or Muon, one batch an update; against another "
                          "optimizer the comparison would measure the optimizers, not the frameworks "
                          "(expected 'adamw' or 'muon', 1)")
-    adamw = functools.partial(torch.optim.AdamW, lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2),
-                              weight_decay=cfg.weight_decay, eps=1e-8)
     if cfg.optimizer == "adamw":
-        opts = [adamw(model.parameters())]
+        opts = [torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.b1, cfg.b2),
+                                  weight_decay=cfg.weight_decay, eps=1e-8)]
     else:
         params = list(model.parameters())
         muon = torch.optim.Muon if muon_bf16 else Float32Muon
-        opts = [muon([p for p in params if p.ndim == 2], lr=cfg.learning_rate,
-                                 weight_decay=cfg.weight_decay, momentum=0.95, nesterov=True,
-                                 adjust_lr_fn="match_rms_adamw"),
+        opts = [muon([p for p in params if p.ndim == 2], lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                     momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw"),
                 # momentum_decay -> inf: NAdam's mu_t = b1 (1 - 0.5 · 0.96^(t·decay)) is b1 at every t.
                 torch.optim.NAdam([p for p in params if p.ndim != 2], lr=cfg.learning_rate,
                                   betas=(cfg.b1, cfg.b2), eps=1e-8, weight_decay=cfg.weight_decay,

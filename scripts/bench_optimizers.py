@@ -51,17 +51,14 @@ def build_torch(config, info, optimizer: str, batches, threads: int):
     as it ships; ``muon``: its Newton-Schulz in float32) on ``threads`` threads, from motionjax's
     initial weights, and the batches as tensors."""
     import torch
-    from flax import nnx
 
     from benchmarks import torch_peer
-    from motionjax import models
 
     torch.set_num_threads(threads)
     c = config.copy_and_resolve_references()
     c.train.optimizer = optimizer.removesuffix("_bf16")
-    init = nnx.state(models.make_model(c.model, info.feature_dim, c.data.chunk, nnx.Rngs(c.seed), info=info),
-                     nnx.Param)
-    _, step = torch_peer.make_train_step(c, info, init, muon_bf16=optimizer == "muon_bf16")
+    _, step = torch_peer.make_train_step(c, info, torch_peer.initial_params(c, info),
+                                         muon_bf16=optimizer == "muon_bf16")
     keys = ("noisy", "clean", "offsets", "valid")
     return step, [[torch.as_tensor(b[k]) if k in b else None for k in keys] for b in batches]
 

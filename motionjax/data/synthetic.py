@@ -131,7 +131,6 @@ def synthetic_info(num_clips: int, *, window: int, frames: int = 240, fps: float
 COPY_KINDS = ("exact", "noised", "mirrored", "resampled", "reexported")
 
 
-
 def info_like(config, num_clips: int = 4) -> tuple[DatasetInfo, bool]:
     """``(info, real_rig)``: metadata to compile ``config``'s train step without preparing its data (the
     step depends on the rig's feature size, not on the clips): synthetic clips on the rig of the
@@ -147,6 +146,7 @@ def info_like(config, num_clips: int = 4) -> tuple[DatasetInfo, bool]:
     window = config.data.window
     info = synthetic_info(num_clips, window=window, frames=2 * window, skeleton=skeleton)
     return info, skeleton is not None
+
 
 def _stand(skeleton: Skeleton, rng, frames: int, fps: float):
     """``[T, J, 4]`` idle standing: one pose for every clip of a corpus (seeded by the caller),
