@@ -264,8 +264,9 @@ def test_prepare_deepmimic_splits_and_stats(prepared):
     assert held == set(prepare.DEEPMIMIC_SPLITS["test"].removeprefix("clips:").split(","))
     train = {info.names[c] for c, _, _ in info.splits["train"]}
     assert not train & held and len(train) == 12 and info.train_split == "train"
-    # Dedup's scratch file (every clip's descriptor) is gone once the dataset is written.
+    # The scratch files (every clip's dedup descriptor and moments) are gone once the dataset is written.
     assert not (Path(info.data_dir) / prepare.DESCRIPTORS).exists()
+    assert not (Path(info.data_dir) / prepare.MOMENTS).exists()
     assert (Path(info.data_dir) / prepare.INDEX).exists()
     for (c, b, e), (c2, b2, e2) in zip(info.splits["train"], info.splits["validation"], strict=True):
         assert c == c2 and b == 0 and e == b2 == round(0.8 * info.frames[c]) and e2 == info.frames[c]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from motionjax.core import rotations as rot
-from motionjax.data import dedup
+from motionjax.data import dedup, records
 from motionjax.formats import deepmimic_clip_paths, load, read_bvh
 
 BANDAI = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bandai-namco-1" / "data"
@@ -245,19 +245,27 @@ def test_pruning_similar_takes_is_an_opt_in():
 
 
 def test_descriptors_spilled_to_disk_give_the_same_report(tmp_path):
-    """Prepare spills each clip's descriptor to a :class:`~motionjax.data.dedup.DescriptorFile` as it
-    arrives: read back it is the same array, and dedup over the file (a subset view, in another
-    order) reports exactly what it reports over the in-memory arrays."""
+    """Prepare spills each clip's descriptor to a :class:`~motionjax.data.records.ArrayFile` as it
+    arrives: read back it is the same array (any dtype), and dedup over the file (a subset view, in
+    another order; its window index in a scratch file beside it, gone afterwards) reports exactly
+    what it reports over the in-memory arrays."""
     pos, body = _deepmimic()
     src = pos["dance_b"]
     clips = {"dance_a": pos["dance_a"], "walk": pos["walk"], "dance_b": src, "trim": src[5:],
              "kick": pos["kick"]}
     descs = {k: dedup.clip_descriptor(p, body) for k, p in clips.items()}
-    spill = dedup.DescriptorFile(tmp_path / "d.f32")
+    spill = records.ArrayFile(tmp_path / "d.f32")
     for k in reversed(list(descs)):
         spill.append(k, descs[k])
     with pytest.raises(ValueError, match="twice"):
         spill.append("walk", descs["walk"])
+    moments = np.random.default_rng(0).normal(size=(2, 7))  # float64, as prepare spills moments
+    mixed = records.ArrayFile(tmp_path / "m.bin")
+    mixed.append("m", moments)
+    mixed.append("d", descs["walk"])
+    assert mixed["m"].dtype == np.float64 and np.array_equal(mixed["m"], moments)
+    assert mixed["d"].dtype == np.float32 and np.array_equal(mixed["d"], descs["walk"])
+    mixed.close()
     spill.close()
     for k, d in descs.items():
         np.testing.assert_array_equal(spill[k], d)
@@ -267,3 +275,4 @@ def test_descriptors_spilled_to_disk_give_the_same_report(tmp_path):
     got = dedup.find_duplicates(spill.subset(names), {k: hashes[k] for k in names}, body=body)
     assert got.to_dict() == want.to_dict()
     assert list(got.drop) == ["trim"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.f32", "m.bin"]

@@ -54,12 +54,15 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import mmap
 import os
+import tempfile
 
 import numpy as np
 import threadpoolctl
 
 from motionjax.core.skeleton import Skeleton
+from motionjax.data.records import ArrayFile
 
 WINDOW = 32  # frames per descriptor window (~1 s at 30 fps)
 STRIDE = 8  # frames between window starts: a copy shifted in time is at most 4 frames off
@@ -168,61 +171,17 @@ def clip_descriptor(positions, body: BodyFrame):
     return pos[:, body.joints].astype(np.float32)
 
 
-class DescriptorFile(collections.abc.Mapping):
-    """Clip descriptors (:func:`clip_descriptor`) spilled to one file as clips arrive, read back one
-    clip at a time: a ``{name: [T, Jb, 3] float32}`` mapping whose values live on disk. Prepare used
-    to hold every descriptor until dedup ran (~250 bytes a frame, ~40 KB a Bandai clip: ~5 GB of the
-    main process at 128k clips); :func:`find_duplicates` reads each clip when it cuts its windows.
-    Reads go through the page cache (``np.fromfile``), not a memory map, so they add nothing to RSS."""
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
-        self._where: dict[str, tuple[int, tuple]] = {}  # name -> (byte offset, shape)
-
-    def append(self, name: str, desc) -> None:
-        a = np.ascontiguousarray(desc, np.float32)
-        if name in self._where:
-            raise ValueError(f"{self.path}: clip {name!r} appended twice")
-        self._where[name] = (self._file.tell(), a.shape)
-        self._file.write(a.tobytes())
-
-    def shape(self, name: str) -> tuple:
-        return self._where[name][1]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        offset, shape = self._where[name]
-        if not self._file.closed:
-            self._file.flush()
-        return np.fromfile(self.path, np.float32, count=int(np.prod(shape)), offset=offset).reshape(shape)
-
-    def __iter__(self):
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def subset(self, names) -> DescriptorFile:
-        """A view of the clips ``names`` (in that order), on the same file."""
-        view = object.__new__(DescriptorFile)
-        view.path, view._file = self.path, self._file
-        view._where = {n: self._where[n] for n in names}
-        return view
-
-    def close(self) -> None:
-        self._file.close()
-
-
 class _Clips(collections.abc.Sequence):
     """``descriptors`` (a mapping) in the order of ``names``, each read when indexed (a
-    :class:`DescriptorFile` reads it from disk), with its shape known without reading it."""
+    :class:`~motionjax.data.records.ArrayFile` reads it from disk), with its shape known without
+    reading it."""
 
     def __init__(self, descriptors, names):
         self._d, self._names = descriptors, names
 
     def shape(self, k: int) -> tuple:
         d, name = self._d, self._names[k]
-        return tuple(d.shape(name) if isinstance(d, DescriptorFile) else np.shape(d[name]))
+        return tuple(d.shape(name) if isinstance(d, ArrayFile) else np.shape(d[name]))
 
     def __getitem__(self, k):
         return np.asarray(self._d[self._names[k]], np.float32)
@@ -369,17 +328,18 @@ def _pca_projection(x, pca_dim: int, seed: int):
     shrinks distances, so a KD-tree on it finds every pair within a radius (and some more)."""
     n, d = x.shape
     if d <= pca_dim or n <= pca_dim:
-        return (lambda a: a), d
+        return (lambda a: a[:]), d  # a[:]: an array, also for the rows of a file
     # PCA by an eigendecomposition of the covariance of <= 5000 windows ([D, D], D ~ 650):
     # ~10x faster than a randomized SVD here, and the basis only has to prune well.
-    fit = x[np.random.default_rng(seed).choice(n, size=min(n, 5000), replace=False)].astype(np.float64)
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(n, 5000), replace=False))
+    fit = x[rows].astype(np.float64)
     center = fit.mean(0)
     _, vecs = np.linalg.eigh((fit - center).T @ (fit - center))
     basis = np.ascontiguousarray(vecs[:, ::-1][:, :pca_dim], np.float32)  # [D, k] orthonormal
     center = center.astype(np.float32)
 
-    def project(a):  # in row blocks: no full-size temporary of the index
-        return np.concatenate([(a[i:i + 65536] - center) @ basis for i in range(0, max(len(a), 1), 65536)])
+    def project(a):  # in row blocks of ~20 MB: no full-size temporary of the index
+        return np.concatenate([(a[i:i + 8192] - center) @ basis for i in range(0, max(len(a), 1), 8192)])
 
     return project, pca_dim
 
@@ -409,7 +369,7 @@ def _query_batches(descs: list, body: BodyFrame, window: int, subsample: int, id
 
 def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int, stride: int,
                     subsample: int, pca_dim: int, seed: int, stats: dict, idle_m: float,
-                    batch: int = 4096):
+                    batch: int = 4096, scratch_dir=None):
     """For clip descriptors ``descs`` (one skeleton width): every (moving index window ``i``,
     clip ``b``, mirrored) such that a moving window of clip ``b`` at *any* start frame (mirrored
     or not) lies within ``threshold`` of window ``i`` (of another clip), with the smallest such
@@ -420,32 +380,62 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
     mirror images when ``body.mirror`` is known, streamed clip by clip, so a copy trimmed by any
     number of frames still lines up with the index.
     Returns ``(window_owner [N], window [M], clip [M], mirrored [M], dist [M])`` (``N`` moving
-    index windows).
+    index windows). The index's scratch file goes in ``scratch_dir`` (``None``: the temp dir).
     """
+    # The index of full windows (~2.5 KB each) is the one array of the corpus's size dedup needs: it
+    # goes to an anonymous scratch file clip by clip, and memory holds only its PCA projection (40 B
+    # a window) and the KD-tree over that. Rows are read back through a read-only memory map whose
+    # pages are dropped after each block (they stay in the page cache, not in this process's RSS).
+    with tempfile.TemporaryFile(dir=scratch_dir) as f:
+        counts, idle = np.zeros(len(descs), np.int64), 0
+        for k, d in enumerate(descs):
+            w = windows(d, body, window_starts(len(d), window, stride), window=window, subsample=subsample)
+            moving = window_motion(w, body, window=window, subsample=subsample) >= idle_m
+            counts[k], idle = moving.sum(), idle + int((~moving).sum())
+            f.write(np.ascontiguousarray(w[moving]).tobytes())
+        stats["index_windows"] = int(counts.sum())
+        stats["idle_index_windows"] = idle
+        owner = np.repeat(np.arange(len(descs)), counts)
+        if not counts.sum():
+            empty = np.zeros(0, np.int64)
+            return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
+        f.flush()
+        with _RowFile(f, window_dim(body, window, subsample)) as x:
+            return _search(descs, body, x, owner, threshold, window, subsample, pca_dim, seed, stats, idle_m,
+                           batch)
+
+
+class _RowFile:
+    """The rows ``[N, D]`` float32 of an open file, gathered through a read-only memory map whose
+    pages are released after every gather (``x[rows]`` copies; ``len(x)``; ``x.shape``)."""
+
+    def __init__(self, f, dim: int):
+        self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.shape = (len(self._map) // (4 * dim), dim)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        x = np.frombuffer(self._map, np.float32).reshape(self.shape)
+        try:
+            return np.array(x[rows])
+        finally:
+            del x
+            self._map.madvise(mmap.MADV_DONTNEED)  # clean file pages: re-read from the cache if needed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._map.close()
+
+
+def _search(descs, body: BodyFrame, x: _RowFile, owner, threshold: float, window: int, subsample: int,
+            pca_dim: int, seed: int, stats: dict, idle_m: float, batch: int):
+    """:func:`_window_matches`'s search, over the index rows ``x`` (owned by clips ``owner [N]``)."""
     from scipy.spatial import cKDTree
 
-    # The index is the one array of the corpus's size dedup keeps (~2 KB a window): it is filled
-    # clip by clip in place, in two passes (count, then fill: cutting a clip's index windows costs
-    # a fraction of its queries), never as a list of parts and their concatenation.
-    def index_windows(d):
-        w = windows(d, body, window_starts(len(d), window, stride), window=window, subsample=subsample)
-        return w, window_motion(w, body, window=window, subsample=subsample) >= idle_m
-
-    counts, idle = np.zeros(len(descs), np.int64), 0
-    for k, d in enumerate(descs):
-        w, moving = index_windows(d)
-        counts[k], idle = moving.sum(), idle + int((~moving).sum())
-    owner = np.repeat(np.arange(len(descs)), counts)
-    x = np.empty((int(counts.sum()), window_dim(body, window, subsample)), np.float32)
-    ends = np.cumsum(counts)
-    for d, a, b in zip(descs, ends - counts, ends, strict=True):
-        w, moving = index_windows(d)
-        x[a:b] = w[moving]
-    stats["index_windows"] = int(x.shape[0])
-    stats["idle_index_windows"] = idle
-    if x.shape[0] == 0:
-        empty = np.zeros(0, np.int64)
-        return owner, empty, empty, np.zeros(0, bool), np.zeros(0, np.float32)
     project, stats["pca_dim"] = _pca_projection(x, pca_dim, seed)
     tree = cKDTree(project(x))
     # The projection only shrinks distances; the slack covers float32 rounding in it.
@@ -461,8 +451,8 @@ def _window_matches(descs: list, body: BodyFrame, threshold: float, window: int,
         q, i = q[other], i[other]
         candidates = int(q.size)
         dist = np.empty(q.size, np.float32)
-        for a in range(0, q.size, 65536):  # full-dimension distances, in bounded memory
-            dist[a:a + 65536] = np.linalg.norm(queries[q[a:a + 65536]] - x[i[a:a + 65536]], axis=1)
+        for a in range(0, q.size, 8192):  # full-dimension distances, in blocks of ~20 MB
+            dist[a:a + 8192] = np.linalg.norm(queries[q[a:a + 8192]] - x[i[a:a + 8192]], axis=1)
         keep = dist <= threshold
         i, b, mir, dist = i[keep], q_clip[q[keep]], q_mirror[q[keep]], dist[keep]
         return candidates, int(i.size), _min_per_key(i, b, mir, dist, len(descs))
@@ -561,7 +551,7 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
 
     Args:
       descriptors: clip name -> :func:`clip_descriptor` ``[T, Jb, 3]``, in corpus order (a dict, or
-        a :class:`DescriptorFile`, read one clip at a time). All on
+        a :class:`~motionjax.data.records.ArrayFile`, read one clip at a time). All on
         skeletons with the same :class:`BodyFrame` ``body`` (bone lengths may differ); call once
         per skeleton group.
       hashes: clip name -> :func:`exact_hash`; ``None`` skips hash matching.
@@ -594,7 +584,7 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
     if policy not in POLICIES:
         raise ValueError(f"dedup policy {policy!r}: expected one of {POLICIES}")
     names = list(descriptors)
-    descs = _Clips(descriptors, names)  # read clip by clip (from disk for a DescriptorFile)
+    descs = _Clips(descriptors, names)  # read clip by clip (from disk for an ArrayFile)
     shapes = [descs.shape(k) for k in range(len(names))]
     width = {sh[1:] for sh in shapes}
     if len(width) > 1 or (shapes and shapes[0][1:] != (len(body.joints), 3)):
@@ -616,8 +606,10 @@ def find_duplicates(descriptors: dict, hashes: dict | None = None, *, body: Body
         # One BLAS thread: the matrices are small, and on shared cores OpenBLAS threads spinning
         # against other processes made the [D, D] eigh 60x slower (6.5 s instead of 0.1 s).
         with threadpoolctl.threadpool_limits(1, user_api="blas"):
+            scratch = os.path.dirname(descriptors.path) if isinstance(descriptors, ArrayFile) else None
             owner, row, clip, mirrored, dist = _window_matches(descs, body, radius, window, stride,
-                                                               subsample, pca_dim, seed, stats, idle_m)
+                                                               subsample, pca_dim, seed, stats, idle_m,
+                                                               scratch_dir=scratch)
         for key, e in _pair_edges(owner, row, clip, mirrored, dist, frames, len(names), copy_m=copy_m,
                                   threshold_m=threshold_m, copy_fraction=copy_fraction,
                                   min_fraction=min_fraction, exact_tol_m=exact_tol_m, policy=policy).items():

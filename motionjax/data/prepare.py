@@ -78,6 +78,7 @@ DEEPMIMIC_SPLITS = {"train": "rest", "validation": "tail:0.2",
 RECORD_OPTIONS = "group_size:1,zstd:1"
 CLEANING = "cleaning.json"  # the per-clip cleaning report: file, frames, kind, measure, action
 DESCRIPTORS = "dedup_descriptors.f32"  # scratch while building: every clip's dedup descriptor
+MOMENTS = "moments.f64"  # scratch while building: every clip's training-statistics moments
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,15 +216,16 @@ def convert(motion: Motion, settings: Settings, labels: dict | None = None) -> d
     inside = np.zeros(starts.shape, bool)  # windows inside a kept span (cleaning cuts the others)
     for b, e in spans:
         inside |= (starts >= b) & (starts + settings.window <= e)
-    stats = {}
-    for name, end in (("whole", root.shape[0]), ("cut", cut)):
+    moments = []  # [2, 1 + 2F]: the whole clip's windows, and those before the train cut
+    for end in (root.shape[0], cut):
         m = Moments(features.feature_dim(sk))
         m.update(feats[inside & (starts + settings.window <= end)])
-        stats[name] = {"moments": (m.count, m.mean, m.m2)}
+        moments.append(m.to_array())
     return {"name": motion.name, "record": records.encode_record(motion.name, root, rots, score, sk.offsets),
             "frames": int(root.shape[0]), "source_fps": float(motion.fps), "skeleton": sk,
             "units": decided["units"], "notes": decided["notes"], "labels": dict(labels or {}),
-            "stats": stats, "up_axis": corpus.detect_up_axis(positions[:: max(1, len(positions) // 64)]),
+            "moments": np.stack(moments),
+            "up_axis": corpus.detect_up_axis(positions[:: max(1, len(positions) // 64)]),
             "hash": dedup.exact_hash(descriptor, body), "descriptor": descriptor, "score": score,
             "spans": spans, "cleaning": cleaning}
 
@@ -341,11 +343,12 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     skipped = [] if skipped is None else skipped
     kept: list[dict] = []  # per written record: summaries (the record bytes are on disk)
     shard_files, writer, seen = [], None, set()
-    # What stays in memory per clip is what the index and the statistics need (~20 KB): the record is
-    # written to its shard, the dedup descriptor to a scratch file (dropped before the rename), and
+    # What stays in memory per clip is what the index needs (~6 KB): the record is written to its shard,
+    # the dedup descriptor and the statistics' moments to scratch files (removed before the rename), and
     # clips on the same skeleton share one Skeleton.
-    from motionjax.data import dedup
-    spill = dedup.DescriptorFile(partial / DESCRIPTORS) if settings.dedup else None
+    spill = {"moments": records.ArrayFile(partial / MOMENTS)}
+    if settings.dedup:
+        spill["descriptor"] = records.ArrayFile(partial / DESCRIPTORS)
     skeletons: dict = {}
     # Clips whose label sidecar did not read: kept with unknown labels unless a rule splits by labels.
     by_label = [f"{k}={v}" for k, v in dict(settings.splits).items()
@@ -363,8 +366,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
                                  records_per_shard, spill, skeletons)
         if writer is not None:
             writer.close()
-        if spill is not None:
-            spill.close()
+        for f in spill.values():
+            f.close()
     except (RuntimeError, OSError) as e:  # ArrayRecord reports a failed write as RuntimeError
         shutil.rmtree(partial, ignore_errors=True)  # frees what it took; out is untouched
         failed = _os_error(e, partial / shard_files[-1] if shard_files else partial)
@@ -390,10 +393,11 @@ def _os_error(e: BaseException, path) -> OSError | None:
 
 
 def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, strict, records_per_shard,
-                spill=None, skeletons: dict | None = None):
+                spill: dict, skeletons: dict | None = None):
     """Append one converted clip (or list why it is skipped); returns the open shard writer. Its
-    dedup descriptor goes to ``spill`` (a :class:`~motionjax.data.dedup.DescriptorFile`; ``None``:
-    dedup is off, it is dropped); an equal skeleton already in ``skeletons`` replaces its own."""
+    dedup descriptor and moments go to ``spill["descriptor"]`` and ``spill["moments"]`` (each a
+    :class:`~motionjax.data.records.ArrayFile`; no ``"descriptor"``: dedup is off, it is dropped); an
+    equal skeleton already in ``skeletons`` replaces its own."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     if "error" in clip or clip["name"] in seen:
@@ -412,9 +416,10 @@ def _write_clip(clip, partial: Path, writer, shard_files, kept, seen, skipped, s
         shard_files.append(f"clips-{len(shard_files):05d}.array_record")
         writer = ArrayRecordWriter(str(partial / shard_files[-1]), RECORD_OPTIONS)
     writer.write(clip.pop("record"))
-    descriptor = clip.pop("descriptor")
-    if spill is not None:
-        spill.append(clip["name"], descriptor)
+    for key in ("descriptor", "moments"):
+        array = clip.pop(key)
+        if key in spill:
+            spill[key].append(clip["name"], array)
     if skeletons is not None:
         sk = clip["skeleton"]
         key = (corpus.topology(sk), sk.offsets.tobytes(), sk.masses.tobytes())
@@ -469,7 +474,7 @@ def _cleaning_reports(kept, status: list) -> list:
 def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules, spill=None) -> dict:
     """Copies dropped (their ``status`` says of what), near-identical clips grouped, and every clip
     assigned to a split with each group whole; ``spill``: the clips' dedup descriptors (a
-    :class:`~motionjax.data.dedup.DescriptorFile`). Returns ``clip_splits`` and the dedup record."""
+    :class:`~motionjax.data.records.ArrayFile`). Returns ``clip_splits`` and the dedup record."""
     from motionjax.data import dedup
 
     names, labels = [c["name"] for c in kept], [c["labels"] for c in kept]
@@ -495,18 +500,17 @@ def _dedup_and_assign(kept, status: list, skeleton, settings: Settings, rules, s
                 stats=stats, index_of=index_of)
 
 
-def _train_statistics(kept, skeleton, splits: dict, train: str, tail, settings: Settings, partial: Path,
-                      out: Path):
+def _train_statistics(kept, moment_file, skeleton, splits: dict, train: str, tail, settings: Settings,
+                      partial: Path, out: Path):
     """``(Moments, train_windows)`` of the ``train`` split's segments from the per-clip moments the
-    workers computed (each clip once; the cut variant where a ``tail`` rule takes its end), and each
-    segment's ``[window count, score sum]`` for dynamics-weighted sampling."""
+    workers computed (``moment_file``: clip name -> ``[2, 1 + 2F]``, the whole clip's and the cut
+    variant's; each clip once, the cut one where a ``tail`` rule takes its end), and each segment's
+    ``[window count, score sum]`` for dynamics-weighted sampling."""
     moments, train_windows = Moments(features.feature_dim(skeleton)), []
     for clip_id in dict.fromkeys(c for c, _, _ in splits[train]):  # each clip's moments once
         frames = kept[clip_id]["frames"]
         cut = tail and corpus.train_cut(frames, tail) < frames
-        m = Moments(moments.mean.size)
-        m.count, m.mean, m.m2 = kept[clip_id]["stats"]["cut" if cut else "whole"]["moments"]
-        moments.merge(m)
+        moments.merge(Moments.from_array(moment_file[kept[clip_id]["name"]][1 if cut else 0]))
     for clip_id, begin, end in splits[train]:
         scores = transforms.segment_windows(kept[clip_id]["score"][begin:end], settings.window)
         train_windows.append([int(scores.size), float(scores.sum())])
@@ -529,14 +533,13 @@ def _final_shards(shard_files, partial: Path) -> list:
 
 
 def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Settings, rules, skipped,
-                    sources: dict, strict: bool, spill=None) -> DatasetInfo:
-    """One skeleton, duplicates, splits, the training statistics and the index of the written clips;
+                    sources: dict, strict: bool, spill: dict) -> DatasetInfo:
+    """One skeleton, duplicates, splits, the training statistics and the index of the written clips
+    (``spill``: the clips' scratch :class:`~motionjax.data.records.ArrayFile` s, removed here);
     ``partial`` then replaces ``out``."""
     skeleton, status, trees = _one_skeleton(kept, partial, out, strict)
     cleaning = _cleaning_reports(kept, status)
-    d = _dedup_and_assign(kept, status, skeleton, settings, rules, spill)
-    if spill is not None:
-        os.remove(spill.path)  # scratch: not part of the dataset
+    d = _dedup_and_assign(kept, status, skeleton, settings, rules, spill.get("descriptor"))
     for i, s in enumerate(status):
         if s != "kept":
             skipped.append({"path": kept[i].get("path", kept[i]["name"]), "reason": s})
@@ -544,8 +547,10 @@ def _finish_dataset(kept, partial: Path, out: Path, shard_files, settings: Setti
     splits = {k: [seg for seg in _in_spans(v, kept, settings.window) if status[seg[0]] == "kept"]
               for k, v in all_segments.items()}
     train = corpus.rest_split(rules)
-    moments, train_windows = _train_statistics(kept, skeleton, splits, train, corpus.tail_fraction(rules),
-                                               settings, partial, out)
+    moments, train_windows = _train_statistics(kept, spill["moments"], skeleton, splits, train,
+                                               corpus.tail_fraction(rules), settings, partial, out)
+    for f in spill.values():
+        os.remove(f.path)  # scratch: not part of the dataset
     units = collections.Counter(c["units"] for c in kept)
     up_votes = collections.Counter(c["up_axis"] for c in kept)
     doc = {"version": FORMAT_VERSION, "settings": settings.to_json(), "sources": sources.get("sources", ""),

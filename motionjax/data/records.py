@@ -1,4 +1,5 @@
-"""One clip as one ArrayRecord record, and the checks every record passes before it is used.
+"""One clip as one ArrayRecord record, the checks every record passes before it is used, and the
+scratch file preparation spills per-clip arrays to while it streams (:class:`ArrayFile`).
 
 A record is ``[u32 header length][JSON header][root_position f32 T·3][rotations f32 T·J·4]
 [dynamics score f32 T]``: raw little-endian buffers behind a tiny header, so decoding is one
@@ -6,6 +7,7 @@ A record is ``[u32 header length][JSON header][root_position f32 T·3][rotations
 """
 from __future__ import annotations
 
+import collections.abc
 import json
 import logging
 import os
@@ -93,3 +95,49 @@ class BadRecordCounter:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+class ArrayFile(collections.abc.Mapping):
+    """Per-clip arrays spilled to one scratch file as clips arrive, read back one clip at a time: a
+    ``{name: array}`` mapping whose values live on disk (each keeps its shape and dtype). Prepare
+    holds nothing of the corpus's size in memory: each clip's dedup descriptor (~40 KB a Bandai
+    clip) and training-statistics moments (~4 KB) wait here until dedup and the split assignment
+    need them. Reads go through the page cache (``np.fromfile``), not a memory map, so they add
+    nothing to RSS."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self._where: dict[str, tuple[int, tuple, np.dtype]] = {}  # name -> (byte offset, shape, dtype)
+
+    def append(self, name: str, array) -> None:
+        a = np.ascontiguousarray(array)
+        if name in self._where:
+            raise ValueError(f"{self.path}: clip {name!r} appended twice")
+        self._where[name] = (self._file.tell(), a.shape, a.dtype)
+        self._file.write(a.tobytes())
+
+    def shape(self, name: str) -> tuple:
+        return self._where[name][1]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        offset, shape, dtype = self._where[name]
+        if not self._file.closed:
+            self._file.flush()
+        return np.fromfile(self.path, dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def subset(self, names) -> ArrayFile:
+        """A view of the clips ``names`` (in that order), on the same file."""
+        view = object.__new__(ArrayFile)
+        view.path, view._file = self.path, self._file
+        view._where = {n: self._where[n] for n in names}
+        return view
+
+    def close(self) -> None:
+        self._file.close()

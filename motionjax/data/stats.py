@@ -39,6 +39,16 @@ class Moments:
         self.m2 = self.m2 + other.m2 + delta**2 * self.count * other.count / total
         self.count = total
 
+    def to_array(self) -> np.ndarray:
+        """``[1 + 2F]`` float64: count, mean, m2 (what prepare spills per clip; :meth:`from_array`)."""
+        return np.concatenate([[self.count], self.mean, self.m2])
+
+    @classmethod
+    def from_array(cls, a) -> Moments:
+        m = cls((len(a) - 1) // 2)
+        m.count, m.mean, m.m2 = int(a[0]), np.asarray(a[1:1 + m.mean.size]), np.asarray(a[1 + m.mean.size:])
+        return m
+
     def std(self) -> np.ndarray:
         std = np.sqrt(self.m2 / max(self.count - 1, 1))
         return np.where(std < MIN_STD, 1.0, std)
