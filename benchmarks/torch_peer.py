@@ -776,8 +776,8 @@ def make_train_step(config, info, params=None, muon_bf16: bool = False):
 
 
 def train(config, info, steps: int, *, params=None, workers: int = 0, threads: int | None = None,
-          eval_batches=None) -> dict:
-    """Train the torch twin for ``steps`` steps; frames/s over the steps after the first.
+          eval_batches=None, untimed: int = 1) -> dict:
+    """Train the torch twin for ``steps`` steps; frames/s over the steps after the first ``untimed``.
 
     Args:
       config: the experiment config (``model``, ``loss``, ``data``, ``train`` sections are read).
@@ -785,6 +785,8 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
       workers: ``DataLoader`` worker processes.
       threads: ``torch.set_num_threads`` (default: torch's choice, one per core).
       eval_batches: optional held-out batches; returns their MPJPE after training.
+      untimed: steps not timed: the first pays one-off allocations, like the compiled step's compile,
+        and eager PyTorch keeps getting faster over its first few (allocator, oneDNN kernel caches).
     """
     if threads:
         torch.set_num_threads(threads)
@@ -797,10 +799,10 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
         batch = next(loader)
         t1 = time.perf_counter()
         loss = train_step(batch["noisy"], batch["clean"], batch.get("offsets"), batch.get("valid"))
-        if step > 0:  # the first step pays one-off allocations, like the compiled step's compile
+        if step >= untimed:
             wait, compute = wait + t1 - t0, compute + time.perf_counter() - t1
     loader.close()  # shuts the DataLoader's workers down
-    timed = max(steps - 1, 1)
+    timed = max(steps - untimed, 1)
     out = {"steps": steps, "frames_per_s": timed * frames_per_step / (wait + compute),
            "step_s": (wait + compute) / timed, "data_wait_fraction": wait / (wait + compute),
            "final_loss": float(loss), "threads": torch.get_num_threads(), "workers": workers}

@@ -1,17 +1,19 @@
 """What an optimizer adds to the headline train step: seconds a step for each ``train.optimizer``.
 
     python scripts/bench_optimizers.py [--config experiments/autoencoder.py] \\
-        [--optimizers adamw,muon,schedule_free] [--torch adamw,muon,muon_bf16] [--rounds 5] [--steps 20] \\
-        [--out results/optimizer_step]
+        [--optimizers adamw,muon,schedule_free] [--torch adamw,muon,muon_bf16] [--torch-threads 1,2] \\
+        [--rounds 5] [--steps 20] [--warmup-rounds 1] [--out results/optimizer_step]
 
 Builds the config's jitted train step once per optimizer (same model, batch and loss; the Bandai rig
 when the corpus is there, so the feature size is the real one), on fixed random batches, then times
 ``--rounds`` rounds of ``--steps`` steps, the optimizers taking turns inside each round so they share
 whatever else runs on the host: the ratios are the number to read. ``--torch``: the PyTorch twin's
 step (``benchmarks/torch_peer.py``, eager, from the same initial weights and batches)
-with those optimizers takes its turns too, rows ``torch:NAME``. Prints a table (median seconds a
-step, ÷ the first optimizer, and PyTorch ÷ motionjax with the same optimizer) and writes
-``optimizer_step.json``.
+with those optimizers takes its turns too, rows ``torch:NAME`` (``torch:NAME/Nt`` for each of several
+``--torch-threads``; torch's thread count is set before each turn). ``--warmup-rounds`` rounds run
+first, untimed: eager PyTorch gets faster over its first tens of steps (its allocator and oneDNN's
+kernel caches warm up), XLA's step does not. Prints a table (median seconds a step, ÷ the first
+optimizer, and PyTorch ÷ motionjax with the same optimizer) and writes ``optimizer_step.json``.
 """
 from __future__ import annotations
 
@@ -71,9 +73,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--torch", default="", type=lambda v: [n for n in v.split(",") if n],
                         help="comma-separated optimizers of the PyTorch twin to time too (adamw, muon; "
                         "muon_bf16: torch's own bfloat16 Newton-Schulz)")
-    parser.add_argument("--torch-threads", type=int, default=os.cpu_count(),
-                        help="torch.set_num_threads (default: one a core, as XLA's step uses them; the "
-                        "steps take turns, so neither shares the cores with the other)")
+    parser.add_argument("--torch-threads", default=str(os.cpu_count()),
+                        type=lambda v: [int(n) for n in v.split(",")],
+                        help="torch.set_num_threads, or several, comma-separated, each timed (default: one a "
+                        "core, as XLA's step uses them; the steps take turns, so neither shares the cores)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="untimed rounds before the timed ones")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per optimizer per round")
     parser.add_argument("--out", default="results/optimizer_step")
@@ -96,10 +100,14 @@ def main(argv=None) -> dict:
         step, state, placed, compile_s[name] = build(config, info, mesh, name, batches)
         runs[name] = [step, state, placed]
         print(f"{name}: compiled and first step in {compile_s[name]:.1f} s", flush=True)
-    twins = {f"torch:{name}": build_torch(config, info, name, batches, args.torch_threads)
-             for name in args.torch}
+    if args.torch:
+        import torch
+    several = len(args.torch_threads) > 1
+    twins = {f"torch:{name}" + (f"/{n}t" if several else ""):  # name -> (threads, step, batches)
+             (n, *build_torch(config, info, name, batches, n))
+             for name in args.torch for n in args.torch_threads}
     per_step = {name: [] for name in [*names, *twins]}
-    for r in range(args.rounds):
+    for r in range(-args.warmup_rounds, args.rounds):
         for name in names:
             step, state, placed = runs[name]
             t0 = time.perf_counter()
@@ -108,13 +116,17 @@ def main(argv=None) -> dict:
             jax.block_until_ready(metrics["loss"])
             per_step[name].append((time.perf_counter() - t0) / args.steps)
             runs[name][1] = state
-        for name, (step, placed) in twins.items():
+        for name, (threads, step, placed) in twins.items():
+            torch.set_num_threads(threads)
             t0 = time.perf_counter()
             for i in range(args.steps):
                 step(*placed[i % len(placed)])  # eager: synchronous
             per_step[name].append((time.perf_counter() - t0) / args.steps)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.3f} s" for n, v in per_step.items()),
-              flush=True)
+        print(("warm-up round" if r < 0 else f"round {r + 1}/{args.rounds}") + ": "
+              + ", ".join(f"{n} {v[-1]:.3f} s" for n, v in per_step.items()), flush=True)
+        if r < 0:
+            for v in per_step.values():
+                v.pop()
     names = [*names, *twins]
     ref = names[0]
     median = {n: float(np.median(v)) for n, v in per_step.items()}
@@ -122,7 +134,7 @@ def main(argv=None) -> dict:
     ratio = {n: float(np.median(np.array(per_step[n]) / np.array(per_step[ref]))) for n in names}
     print(f"\n{args.config}: batch {abstract['noisy'].shape}, {args.rounds} rounds x {args.steps} steps\n")
     # PyTorch ÷ motionjax with the same optimizer, round by round.
-    same = {n: n.split(":")[1].removesuffix("_bf16") for n in twins}
+    same = {n: n.split(":")[1].split("/")[0].removesuffix("_bf16") for n in twins}
     versus = {n: float(np.median(np.array(per_step[n]) / np.array(per_step[m]))) for n, m in same.items()
               if m in per_step}
     print(f"| optimizer | s a step, median | ÷ {ref} (median of rounds) | PyTorch ÷ motionjax | "
@@ -132,7 +144,8 @@ def main(argv=None) -> dict:
         vs = f"{versus[n]:.2f}" if n in versus else ""
         print(f"| {n} | {median[n]:.3f} | {ratio[n]:.2f} | {vs} | {compile_s.get(n, 0):.0f} |")
     result = {"config": args.config, "batch_shape": list(abstract["noisy"].shape), "rounds": args.rounds,
-              "steps": args.steps, "seconds_per_step": per_step, "median_s": median, "ratio": ratio,
+              "steps": args.steps, "warmup_rounds": args.warmup_rounds, "torch_threads": args.torch_threads,
+              "seconds_per_step": per_step, "median_s": median, "ratio": ratio,
               "torch_vs_motionjax": versus, "compile_s": compile_s, "reference": ref}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
