@@ -275,4 +275,8 @@ def test_descriptors_spilled_to_disk_give_the_same_report(tmp_path):
     got = dedup.find_duplicates(spill.subset(names), {k: hashes[k] for k in names}, body=body)
     assert got.to_dict() == want.to_dict()
     assert list(got.drop) == ["trim"]
+    # Without the PCA (more components than dimensions) the KD-tree holds the index rows themselves.
+    unprojected = dedup.find_duplicates(spill.subset(names), {k: hashes[k] for k in names}, body=body,
+                                        pca_dim=10_000)
+    assert unprojected.drop == want.drop and unprojected.stats["pca_dim"] > 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.f32", "m.bin"]
