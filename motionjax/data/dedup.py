@@ -460,7 +460,6 @@ def _search(descs, body: BodyFrame, x: _RowFile, owner, threshold: float, window
     # Query batches run on threads (the KD-tree search and numpy release the GIL), a few in flight
     # at a time so memory stays bounded; results are collected in submission order.
     threads = max(1, min(4, os.cpu_count() or 1))
-    pool = concurrent.futures.ThreadPoolExecutor(threads)
     jobs: collections.deque = collections.deque()
     out = []
 
@@ -470,11 +469,13 @@ def _search(descs, body: BodyFrame, x: _RowFile, owner, threshold: float, window
         stats["verified_pairs"] += verified
         out.append(found)
 
-    for queries in _query_batches(descs, body, window, subsample, idle_m, batch, stats):
-        jobs.append(pool.submit(run, *queries))
-        if len(jobs) > 2 * threads:
-            collect(jobs.popleft())
-    with pool:
+    # The pool is shut down (its gathers finished) before the caller closes the index's memory map,
+    # also when a batch fails.
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for queries in _query_batches(descs, body, window, subsample, idle_m, batch, stats):
+            jobs.append(pool.submit(run, *queries))
+            if len(jobs) > 2 * threads:
+                collect(jobs.popleft())
         while jobs:
             collect(jobs.popleft())
     if not out:
