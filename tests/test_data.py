@@ -285,6 +285,29 @@ def test_prepare_deepmimic_splits_and_stats(prepared):
     np.testing.assert_allclose(src[0]["root_position"], r, atol=1e-6)
 
 
+def test_a_full_disk_while_dedup_writes_its_index_names_the_folder_and_leaves_nothing(tmp_path, monkeypatch):
+    """Dedup's window index goes to a scratch file in the partial folder: a full disk there ends
+    prepare with an OSError naming that folder, and the folder is removed."""
+    import errno
+    import os
+
+    from motionjax.data import dedup
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(dedup.tempfile, "TemporaryFile", full)
+    src = tmp_path / "src"
+    src.mkdir()
+    for path in deepmimic_clip_paths()[:3]:
+        (src / path.name).write_text(path.read_text())
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        prepare.prepare(src, out, window=WINDOW, progress=False, splits=SPLITS)
+    assert caught.value.filename == str(out.with_name("out.partial"))
+    assert not out.exists() and not out.with_name("out.partial").exists()
+
+
 def test_prepare_is_idempotent_and_skips_bad_files(tmp_path, prepared):
     src = tmp_path / "src"
     src.mkdir()

@@ -377,8 +377,15 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     if not kept:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(f"{out}: no clip converted; skipped: {skipped}")
-    return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources or {}, strict,
-                           spill)
+    try:  # dedup's scratch index and the index files are written here: a full disk is one clear error too
+        return _finish_dataset(kept, partial, out, shard_files, settings, rules, skipped, sources or {},
+                               strict, spill)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        failed = _os_error(e, partial)
+        if failed is None or failed is e:
+            raise
+        raise failed from e
 
 
 def _os_error(e: BaseException, path) -> OSError | None:
