@@ -204,13 +204,13 @@ def test_four_processes_int8_two_level_match_one(tmp_path):
 @pytest.mark.slow  # scripts/launch_local.sh: four trainer processes, twice
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)
 def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_path, deepmimic_dir, env):
-    """``scripts/launch_local.sh 4`` on the runlocal trainer (150 steps): SIGTERM to process 2 alone
+    """``scripts/launch_local.sh 4`` on the runlocal trainer (80 steps): SIGTERM to process 2 alone
     makes every process stop at one step, save that checkpoint together and exit 0; the same command
     resumes it to the end."""
     from runs import REPO, committed, train_cmd, wait_for_checkpoint
 
     workdir = tmp_path / "run"
-    flags = train_cmd(workdir, deepmimic_dir, "--config.train.steps=150", "--config.train.eval_every=150",
+    flags = train_cmd(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
                       "--config.train.checkpoint_every=20", "--config.train.log_every=10")[2:]
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "4", *flags]
     launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),
@@ -234,7 +234,7 @@ def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_
             os.killpg(proc.pid, 9)
     assert proc.returncode == 0, out[-3000:] + logs()
     stopped = max(committed(workdir))
-    assert 20 <= stopped < 150 and stopped % 10 == 0, (stopped, out[-2000:])
+    assert 20 <= stopped < 80 and stopped % 10 == 0, (stopped, out[-2000:])
     assert f"stopped by a signal to process 2 at step {stopped}" in out, out[-3000:]
     # (Only process 0 prints; the launcher's exit 0 says that all four exited 0, and the committed
     # checkpoint that all four wrote their shards of it at that one step.)
@@ -242,10 +242,10 @@ def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_
     resumed = subprocess.run(command, env=launch_env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + logs()
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["status"] == "done" and summary["steps"] == 150
+    assert summary["status"] == "done" and summary["steps"] == 80
     # The loss curve went on from the checkpoint: every logged step once, none repeated.
     logged = [s for s, _ in summary["history"]["train/loss"]]
-    assert logged == sorted(set(logged)) and logged[-1] == 150 and stopped + 10 in logged
+    assert logged == sorted(set(logged)) and logged[-1] == 80 and stopped + 10 in logged
 
 
 if __name__ == "__main__":
