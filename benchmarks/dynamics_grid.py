@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import measure
-from motionjax import parallel
+from motionjax import malloc
 from motionjax.core import dynamics, rotations
 from motionjax.core.skeleton import deepmimic_humanoid, random_tree, smpl_like
 
@@ -142,7 +142,7 @@ def run(quick: bool = False, budget_s: float | None = None, partial: Path | None
     # As the trainer does: freed temporaries stay in the process. Without it, every call after the
     # dense backend's ~GB of temporaries page-faults its own buffers afresh (blocked at J = 24,
     # 1,024 frames measured ~3x slower that way).
-    parallel.retain_host_memory()
+    malloc.keep_freed_memory()
     grid = sorted(((dtype, i, frames) for dtype in dtypes for i in range(len(chosen)) for frames in sizes),
                   key=lambda g: (DTYPES.index(g[0]) if g[0] in DTYPES else len(DTYPES),
                                  g[2] not in TARGET_FRAMES, g[1], -g[2]))

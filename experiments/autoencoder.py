@@ -73,7 +73,7 @@ def get_config(arg: str | None = None):
         # AdamW's update RMS, so AdamW's rate, warmup and cosine carry over): 1.0 cm validation in 1,750
         # steps against AdamW's 4,500 (3 seeds), and 0.42 / 0.83 cm validation / ood_validation against
         # 0.72 / 1.35 at 9,000 steps (docs/time_to_target.md). A step costs 1.12-1.17x AdamW's in the
-        # step bench, 1.31x inside training runs (not yet explained).
+        # step bench (1.31x in training runs while the trainer held one malloc arena: motionjax/malloc.py).
         c.train.update(steps=9000, learning_rate=2e-3, optimizer="muon")
     else:
         c.train.update(steps=750, learning_rate=3e-3, eval_every=250, checkpoint_every=250)

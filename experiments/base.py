@@ -164,7 +164,6 @@ def get_config() -> ml_collections.ConfigDict:
     # bf16/int8 are always summed in device order.
     c.train.grad_reduce_ordered = False
     c.train.grad_bucket_mb = 4.0       # explicit reductions: leaves summed in buckets of about this (fp32)
-    c.train.retain_host_memory = True  # glibc: reuse freed host memory (parallel.retain_host_memory)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
     c.train.log_every = 10             # steps between train-metric logs
     c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)

@@ -18,7 +18,6 @@ that one process cannot address. What a compiled program sends over the mesh:
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 
@@ -230,30 +229,6 @@ def initialize(
     # The default CPU client has no cross-process collectives; must be set before backends start.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
-
-
-def retain_host_memory() -> bool:
-    """Keep freed host memory in the process for reuse instead of handing it back to the OS.
-
-    XLA:CPU allocates each execution's temporaries afresh (~40 MB for the default train step).
-    glibc serves blocks over its 32 MB mmap ceiling with freshly mapped pages and trims freed heap
-    tops, so every step page-faults through zeroed memory again: a quarter of the default CPU
-    step's time (loss + gradient 22.6 vs 30.6 ms, measured with and without). With mmap and
-    trimming off and one arena for every thread (XLA's worker threads would get arenas of their own,
-    unmapped whenever they empty), freed blocks are reused. Process-wide; torch's CPU allocator gets
-    it too; call it before the first device use (threads that already have an arena keep it).
-    Returns False (and changes nothing) where the C library is not glibc.
-    """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # <malloc.h>
-    # One arena: XLA's worker threads otherwise allocate from per-thread arenas, whose heaps glibc
-    # unmaps when they empty, so the step's temporaries fault in afresh every step (24k minor faults
-    # and ~50 ms of kernel time per step of the Bandai autoencoder; 460 with one arena).
-    return all(bool(mallopt(option, value)) for option, value in
-               ((m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_arena_max, 1)))
 
 
 def is_main_process() -> bool:

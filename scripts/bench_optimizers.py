@@ -24,11 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from motionjax import malloc  # noqa: E402
+
+malloc.configure()  # the trainer's host allocator (scripts/train.py): a step costs here what it does there
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 import experiments  # noqa: E402
 from motionjax import parallel, train  # noqa: E402

@@ -1,13 +1,16 @@
-"""Page faults and kernel time of a training run, with and without ``motionjax.malloc``.
+"""Page faults and kernel time of a training run under each host-allocator setting.
 
     python scripts/bench_page_faults.py [--config experiments/autoencoder.py] [--steps 300] \\
-        [--repeats 2] [--out results/page_faults]
+        [--repeats 2] [--settings "glibc default,one arena,huge pages"] [--flag=--config.X=Y] \\
+        [--out results/page_faults]
 
-Runs ``scripts/train.py`` for ``--steps`` steps (one evaluation, at the end) alternately with the
-allocator as glibc leaves it (``MOTIONJAX_MALLOC=system``) and as ``motionjax.malloc`` sets it, so
-both see the same load; reads each child's minor page faults, user and system CPU seconds and peak RSS
-from ``wait4``, and its steps/s and training seconds from the run's ``summary.json``. Prints a table
-(the median per setting, and the ratio) and writes ``page_faults.json``.
+Runs ``scripts/train.py`` for ``--steps`` steps (one evaluation, at the end) with each setting in
+turn, ``--repeats`` rounds, so all see the same load: ``MOTIONJAX_MALLOC`` = ``system`` (glibc as it
+is), ``one_arena`` (no mmapped chunks, one lock) and ``hugepages`` (the default: mmapped chunks in
+transparent huge pages). Reads each child's minor page faults, user and system
+CPU seconds and peak RSS from ``wait4``, and its steps/s and training seconds from the run's
+``summary.json``. Prints a table (the median per setting, and each one's ratio to the first) and
+writes ``page_faults.json``.
 """
 import argparse
 import json
@@ -20,15 +23,18 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {"glibc default": "system", "motionjax.malloc": ""}
+# name: the child's environment (motionjax/malloc.py).
+SETTINGS = {"glibc default": {"MOTIONJAX_MALLOC": "system"},
+            "one arena": {"MOTIONJAX_MALLOC": "one_arena"},
+            "huge pages": {"MOTIONJAX_MALLOC": "hugepages"}}
 FIELDS = ("minor_faults", "user_s", "system_s", "peak_rss_mb", "steps_per_s", "train_s")
 
 
-def one_run(config: str, steps: int, malloc: str, workdir: Path) -> dict:
-    env = dict(os.environ, MOTIONJAX_MALLOC=malloc)
+def one_run(config: str, steps: int, setting: dict, workdir: Path, flags=()) -> dict:
+    env = dict(os.environ, **setting)
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"--config={config}", f"--workdir={workdir}",
            f"--config.train.steps={steps}", f"--config.train.eval_every={steps}",
-           f"--config.train.checkpoint_every={steps}"]
+           f"--config.train.checkpoint_every={steps}", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
     if os.waitstatus_to_exitcode(status) != 0:
@@ -46,25 +52,33 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="results/page_faults")
+    ap.add_argument("--flag", action="append", default=[], help="a trainer flag for every run, e.g. "
+                    "--flag=--config.train.optimizer=adamw")
+    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {list(SETTINGS)}")
     args = ap.parse_args()
-    runs = {name: [] for name in SETTINGS}
+    chosen = args.settings.split(",")
+    if unknown := set(chosen) - set(SETTINGS):
+        ap.error(f"unknown --settings {sorted(unknown)}; expected some of {list(SETTINGS)}")
+    runs = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for name, value in SETTINGS.items():
+            for i, name in enumerate(chosen):
                 print(f"[{r + 1}/{args.repeats}] {name} ...", flush=True)
-                runs[name].append(one_run(args.config, args.steps, value, Path(tmp) / f"{value or 'mj'}{r}"))
+                runs[name].append(one_run(args.config, args.steps, SETTINGS[name], Path(tmp) / f"s{i}r{r}",
+                                          args.flag))
                 print("   ", {k: runs[name][-1][k] for k in FIELDS}, flush=True)
     med = {name: {k: float(np.median([x[k] for x in rs])) for k in FIELDS} for name, rs in runs.items()}
-    ref, new = med["glibc default"], med["motionjax.malloc"]
-    print(f"\n{args.config}, {args.steps} steps, median of {args.repeats} "
-          "(ratio: motionjax.malloc / default)")
-    print(f"| {'':18s} | " + " | ".join(f"{k:>12s}" for k in FIELDS) + " |")
-    for name, row in [*med.items(), ("ratio", {k: new[k] / ref[k] for k in FIELDS})]:
-        print(f"| {name:18s} | " + " | ".join(f"{row[k]:12.4g}" for k in FIELDS) + " |")
+    ref = med[chosen[0]]
+    ratios = [(f"{name} / first", {k: med[name][k] / ref[k] for k in FIELDS}) for name in chosen[1:]]
+    print(f"\n{args.config} {' '.join(args.flag)}, {args.steps} steps, median of {args.repeats}")
+    print(f"| {'':26s} | " + " | ".join(f"{k:>12s}" for k in FIELDS) + " |")
+    for name, row in [*med.items(), *ratios]:
+        print(f"| {name:26s} | " + " | ".join(f"{row[k]:12.4g}" for k in FIELDS) + " |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "page_faults.json").write_text(json.dumps(
-        {"config": args.config, "steps": args.steps, "runs": runs, "median": med}, indent=1))
+        {"config": args.config, "flags": args.flag, "steps": args.steps,
+         "settings": {n: SETTINGS[n] for n in chosen}, "runs": runs, "median": med}, indent=1))
     print(f"wrote {out / 'page_faults.json'}")
 
 

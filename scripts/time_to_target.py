@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from motionjax import malloc
 
-malloc.keep_freed_memory()  # before numpy/jax start threads (motionjax/malloc.py)
+malloc.configure()  # first: it may re-execute the process (motionjax/malloc.py)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

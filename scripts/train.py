@@ -16,7 +16,7 @@ SIGTERM) says where the checkpoint it saved is; a second Ctrl-C exits at once.
 """
 from motionjax import malloc
 
-malloc.keep_freed_memory()  # before numpy/jax start threads: no page faults per step (motionjax/malloc.py)
+malloc.configure()  # first: it may re-execute the process (motionjax/malloc.py)
 
 import ast  # noqa: E402
 import os  # noqa: E402

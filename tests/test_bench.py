@@ -340,7 +340,7 @@ def test_dynamics_grid_runs_target_rows_first_and_starts_none_past_its_budget(mo
 
     monkeypatch.setattr(dynamics_grid, "measure_size", measure_size)
     monkeypatch.setattr(dynamics_grid, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(dynamics_grid.parallel, "retain_host_memory", lambda: None)
+    monkeypatch.setattr(dynamics_grid.malloc, "keep_freed_memory", lambda: None)
     partial = tmp_path / "partial.json"
     results = dynamics_grid.run(joints=(13, 24), frames=(256, 4096, 65536), dtypes=("float32", "bfloat16"),
                                 grid_budget_s=450.0, partial=partial)

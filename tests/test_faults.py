@@ -44,8 +44,9 @@ def _patched_train(patch: str, workdir, data, *overrides) -> list[str]:
 
 def _patched(patch: str, argv: list[str]) -> list[str]:
     """The script ``argv[0]`` with arguments ``argv[1:]`` in a fresh interpreter after ``patch``."""
-    code = (f"import sys, runpy\nsys.argv = {argv!r}\n{patch}\n"
-            f"runpy.run_path({argv[0]!r}, run_name='__main__')\n")
+    # The allocator first, as the scripts do: its re-execution then comes before the patch's imports.
+    code = (f"from motionjax import malloc\nmalloc.configure()\nimport sys, runpy\nsys.argv = {argv!r}\n"
+            f"{patch}\nrunpy.run_path({argv[0]!r}, run_name='__main__')\n")
     return [sys.executable, "-c", code]
 
 

@@ -1,9 +1,5 @@
 """Mesh construction, the logical-axis rule table, and per-host batch assembly (8 CPU devices)."""
 import math
-import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import ml_collections
@@ -211,33 +207,3 @@ def test_gradient_reduction_follows_compute_dtype(dtype, nbytes):
     assert (executed.dtype, executed.result_bytes) == ("f32", 64 * 32 * 4)
 
 
-_HEAP_CHECK = """
-import ctypes, sys
-import numpy as np
-from motionjax import parallel
-from motionjax.train import diagnostics
-
-class MallInfo2(ctypes.Structure):  # glibc >= 2.33
-    _fields_ = [(name, ctypes.c_size_t) for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks "
-                                                    "uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-if sys.argv[1] == "retain":
-    assert parallel.retain_host_memory()
-x = np.ones(64 * 2**20, np.uint8)  # above glibc's 32 MB mmap ceiling
-info = libc.mallinfo2()
-del x
-print(info.hblkhd >= 64 * 2**20, libc.mallinfo2().arena >= 64 * 2**20)
-"""
-
-
-@pytest.mark.slow  # a python subprocess
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
-@pytest.mark.parametrize("mode, expected", [("default", "True False"), ("retain", "False True")])
-def test_retain_host_memory_keeps_big_blocks_on_the_heap(mode, expected):
-    # Default glibc maps a 64 MB block and unmaps it on free; retained, it comes from the heap
-    # and stays there after the free (the next step's temporaries reuse it, no page faults).
-    out = subprocess.run([sys.executable, "-c", _HEAP_CHECK, mode], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1])
-    assert out.stdout.split("\n")[0] == expected

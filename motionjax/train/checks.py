@@ -47,7 +47,7 @@ class ResumeError(ConfigError):
 # its data and workers come from, the mesh (checkpoints restore onto any) and the evaluators. Anything
 # else (model, loss, optimizer, data windows and noise, seed) makes another experiment.
 RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every",
-             "train.keep_checkpoints", "train.stop_timeout_s", "train.retain_host_memory",
+             "train.keep_checkpoints", "train.stop_timeout_s",
              "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
              "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
              "mesh", "evals")

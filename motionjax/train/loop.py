@@ -104,8 +104,6 @@ class _Run:
 def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     """Mesh, data, model, state (restored from the newest readable checkpoint), logs."""
     main, cfg = parallel.is_main_process(), config.train
-    if cfg.retain_host_memory:
-        parallel.retain_host_memory()
     mesh = parallel.make_mesh(config.mesh)
     info = pipeline.dataset_info(config.data)  # prepares the dataset on first use
     found = batch_finder.resolve_auto_batch(config, info)  # data.auto_batch: sets data.batch_size
