@@ -504,7 +504,7 @@ def run(parts, mode: str, out: Path, command: str, grid_budget_s: float | None =
     if grid_budget_s is not None:
         sizes = dataclasses.replace(sizes, grid={**sizes.grid, "grid_budget_s": grid_budget_s or None})
     out.mkdir(parents=True, exist_ok=True)
-    malloc.keep_freed_memory()  # one_arena, late, as its figures were measured: every part, torch's too, alike
+    malloc.keep_freed_memory()  # one_arena, late, as its figures were measured; torch's parts too
     start = time.perf_counter()
     results = {"wall_s": 0.0, "mode": mode, "quick": mode == "quick", "command": command,
                "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "parts": {},
