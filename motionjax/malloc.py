@@ -56,8 +56,9 @@ def configure() -> str:
     """Set the allocator up as ``MOTIONJAX_MALLOC`` says; call it first thing in a script's process.
 
     ``hugepages`` re-executes the process (same interpreter, same arguments, same pid) once with the
-    tunable added to ``GLIBC_TUNABLES``, unless it is there already, glibc is not the C library, or
-    the kernel has transparent huge pages off. ``one_arena`` must run before numpy or jax start threads
+    tunable added to ``GLIBC_TUNABLES``, unless it is there already, glibc is not the C library, the
+    kernel has transparent huge pages off, or the program cannot be run again (an interactive
+    interpreter, a program read from stdin). ``one_arena`` must run before numpy or jax start threads
     (glibc fixes a thread's arena at its first allocation). Returns what is in force.
     """
     chosen = mode()
@@ -67,7 +68,8 @@ def configure() -> str:
         return "one_arena" if keep_freed_memory() else "system"
     if _HUGETLB in os.environ.get("GLIBC_TUNABLES", "").split(":"):
         return "hugepages"
-    if not _huge_pages_available() or not sys.orig_argv:
+    # Not from an interactive interpreter or a program read from stdin: it could not be run again.
+    if not _huge_pages_available() or sys.argv[0] in ("", "-"):
         return "system"
     tunables = ":".join(filter(None, (os.environ.get("GLIBC_TUNABLES"), _HUGETLB)))
     sys.stdout.flush(), sys.stderr.flush()
