@@ -139,7 +139,7 @@ def run(quick: bool = False, budget_s: float | None = None, partial: Path | None
     chosen = [s for s in (skeletons()[:2] if quick else skeletons())
               if not joints or int(s[0].split()[0]) in joints]
     budget_s = budget_s or (4.0 if quick else SECONDS_PER_SIZE)
-    # As the trainer does: freed temporaries stay in the process. Without it, every call after the
+    # One arena (motionjax.malloc): freed temporaries stay in the process. Without it, every call after the
     # dense backend's ~GB of temporaries page-faults its own buffers afresh (blocked at J = 24,
     # 1,024 frames measured ~3x slower that way).
     malloc.keep_freed_memory()

@@ -23,15 +23,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# name: the child's environment (motionjax/malloc.py).
-SETTINGS = {"glibc default": {"MOTIONJAX_MALLOC": "system"},
-            "one arena": {"MOTIONJAX_MALLOC": "one_arena"},
-            "huge pages": {"MOTIONJAX_MALLOC": "hugepages"}}
+# name: the child's MOTIONJAX_MALLOC (motionjax/malloc.py).
+SETTINGS = {"glibc default": "system", "one arena": "one_arena", "huge pages": "hugepages"}
 FIELDS = ("minor_faults", "user_s", "system_s", "peak_rss_mb", "steps_per_s", "train_s")
 
 
-def one_run(config: str, steps: int, setting: dict, workdir: Path, flags=()) -> dict:
-    env = dict(os.environ, **setting)
+def one_run(config: str, steps: int, malloc: str, workdir: Path, flags=()) -> dict:
+    # Without this process's GLIBC_TUNABLES: a huge-page tunable inherited here would reach every arm.
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"MOTIONJAX_MALLOC": malloc}
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), f"--config={config}", f"--workdir={workdir}",
            f"--config.train.steps={steps}", f"--config.train.eval_every={steps}",
            f"--config.train.checkpoint_every={steps}", *flags]
