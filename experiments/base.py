@@ -29,7 +29,13 @@ def get_config() -> ml_collections.ConfigDict:
     # "memory": the largest batch whose train step fits device memory; "throughput": the fastest that
     # fits (motionjax.train.batch_finder, run by the trainer before its first step); replaces batch_size.
     c.data.auto_batch = ""
-    c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
+    # Where the training corpus lives (motionjax.data.feed): "device" (frames on every device once; windows
+    # drawn, gathered and augmented there: the host moves nothing per step), "stream" (Grain reads records
+    # through a host cache and ships each window's frames; the device augments), "auto" (device when it fits).
+    c.data.residency = "auto"
+    c.data.device_share = 0.25         # the share of one device's memory a resident corpus may take
+    c.data.host_cache_mb = 2048.0      # "stream": decoded segments kept in host RAM (per worker process)
+    c.data.worker_count = 0            # grain mp_prefetch workers ("stream"); 0 = in the main process
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
     c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from motionjax import parallel, train
-from motionjax.data import pipeline
+from motionjax.data import feed, pipeline
 from motionjax.train import loop
 from runs import REPO, runlocal_config, train_cmd, wait_for_checkpoint
 
@@ -27,8 +27,8 @@ def data_dir(deepmimic_dir):
 def batches(data_dir):
     """Three training batches (numpy), the same for every mesh."""
     config = runlocal_config(data_dir)
-    iterator = pipeline.make_train_iterator(config.data, pipeline.dataset_info(config.data), seed=0)
-    out = [{k: np.asarray(next(iterator)[k]) for k in ("noisy", "clean")} for _ in range(3)]
+    iterator = feed.Feed(config.data, pipeline.dataset_info(config.data), keys=("noisy", "clean"), seed=0)
+    out = [jax.tree.map(np.asarray, next(iterator)) for _ in range(3)]
     iterator.close()
     return out
 

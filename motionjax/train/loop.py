@@ -22,22 +22,24 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from motionjax import parallel
-from motionjax.data import pipeline, priority
+from motionjax.data import feed, pipeline
 from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, faults, logs, step
 
 
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
-    Grain pipeline (loss-aware with ``data.loss_sampling``: :mod:`motionjax.data.priority`), or
-    (``data.loader = "naive"``, the baseline) numpy batches from the main thread placed on the mesh
-    per step."""
-    shardings = parallel.batch_shardings(mesh, step.batch_keys(config))
-    if config.data.loader == "grain" and step.uses_window_errors(config):
-        return priority.LossAwareIterator(config.data, info, shardings=shardings, seed=config.seed)
+    feed (:mod:`motionjax.data.feed`: the corpus on the devices or streamed by Grain, windows augmented
+    on the device), or (``data.loader = "naive"``, the baseline) numpy batches made on the main thread
+    and placed on the mesh per step."""
+    keys = step.batch_keys(config)
     if config.data.loader == "grain":
-        return pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
+        mode, why = feed.choose_residency(config.data, info)
+        if parallel.is_main_process():
+            print(f"data: {why}", flush=True)
+        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode)
     if config.data.loader == "naive":
+        shardings = parallel.batch_shardings(mesh, keys)
         return (pipeline.to_global(shardings, b)
                 for b in pipeline.make_naive_train_iterator(config.data, info, seed=config.seed))
     raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
