@@ -52,11 +52,12 @@ def _ms(seconds) -> str:
 def markdown(results: dict) -> str:
     """The whole report: the run's header, the claims table, then one section per part measured."""
     p = results["parts"]
-    tr, to, mf, gr, dy = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics"))
+    tr, to, mf, gr, dy, ip = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics", "input"))
     lines = _header(results)
-    claims = [*_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy), *_growth_claims(gr),
-              *_mfu_claims(mf)]
+    claims = [*_input_claims(ip), *_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy),
+              *_growth_claims(gr), *_mfu_claims(mf)]
     lines += _table(["claim", "measured", "target", "met"], claims)
+    lines += (["## Input path", "", ip["markdown"], ""] if "markdown" in ip else [])
     lines += _train_section(tr) + _dynamics_section(dy) + _torch_section(to) + _mfu_section(mf) + \
         _growth_section(gr)
     return "\n".join(lines) + "\n"
@@ -80,6 +81,20 @@ def _header(results: dict) -> list:
             lines += [f"**{name}: failed** ({part['error']}); the other parts are complete.", ""]
 
     return lines
+
+
+def _input_claims(ip: dict) -> list:
+    """Claims of part g: the input path alone and the data wait in training, per residency tier."""
+    if "tiers" not in ip:
+        return []
+    t, tg = ip["tiers"], ip["targets"]
+    claims = [[f"input alone, {ip['batch']} x {ip['window']} frames: batches/s ({tier})",
+               f"**{t[tier]['alone']['batches_per_s']:.0f}**"
+               + (f" ({ip['speedup_vs_host'][tier]:.1f}x the host loader)" if "speedup_vs_host" in ip else ""),
+               f"≥ {tg['batches_per_s']:.0f}", _yes(met)] for tier, met in tg["met_batches_per_s"].items()]
+    claims += [[f"data wait in training ({tier})", f"**{100 * t[tier]['training']['data_wait_fraction']:.1f}%**",
+                f"≤ {100 * tg['data_wait']:.0f}%", _yes(met)] for tier, met in tg["met_data_wait"].items()]
+    return claims
 
 
 def _train_claims(tr: dict) -> list:
