@@ -42,6 +42,7 @@ def headline_config(steps: int):
     c = autoencoder.get_config(corpus)
     c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=())
     c.evals.heldout.splits = ("validation",)
+    c.train.best_metric = "validation/mpjpe"
     c.evals.final.update(splits=("validation",), references=(), by_label=False)
     del c.evals["clip"]
     return c

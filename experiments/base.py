@@ -35,7 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.residency = "auto"
     c.data.device_share = 0.25         # the share of one device's memory a resident corpus may take
     c.data.host_cache_mb = 2048.0      # "stream": decoded segments kept in host RAM (per worker process)
-    c.data.worker_count = 0            # grain mp_prefetch workers ("stream"); 0 = in the main process
+    # "stream": Grain worker processes; 0 = in the main process; -1 = measured at start (feed.auto_workers)
+    c.data.worker_count = -1
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
     c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform

@@ -222,7 +222,8 @@ def _final_params(workdir, step):
 @pytest.mark.slow  # four trainer subprocesses
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
-    checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run."""
+    checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run (the corpus
+    resident on the device: its windows and augmentation drawn there from the saved step on)."""
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     # The reference: the same run through the library in this process, saving only at the end (a
     # save does not change the training: the interrupted run's frequent checkpoints must not either).
@@ -255,7 +256,8 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
 
     subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
                    cwd=REPO)
-    assert json.loads((interrupted / "summary.json").read_text())["status"] == "done"
+    final = json.loads((interrupted / "summary.json").read_text())
+    assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 

@@ -43,19 +43,22 @@ def purpose(keys, which: int):
 
 def sample_noise(keys, noise: transforms.Noise, frames: int, skeleton) -> dict:
     """The draws of :meth:`transforms.Noise.sample` for windows ``[B, frames]``, one key each: the same
-    distributions, drawn with jax. A draw whose probability or scale is 0 is not drawn (zeros / no
-    key), and ``warp`` / ``mirror`` are left out when off, so :func:`transforms.make_example` skips
-    those transforms."""
+    distributions, drawn with jax. A draw whose probability or scale is 0 is left out, so
+    :func:`transforms.make_example` skips its transform (no noise at all: the input is the clean
+    window, computed once)."""
     r, j = len(features.rotating_joints(skeleton)), skeleton.num_joints
 
     def one(key):
         k = jax.random.split(key, 7)
-        d = {"rot": jax.random.normal(k[0], (frames, j, 3)) * noise.rot_std if noise.rot_std
-             else jnp.zeros((frames, j, 3)),
-             "pos": jax.random.normal(k[1], (frames, 3)) * noise.pos_std if noise.pos_std
-             else jnp.zeros((frames, 3)),
-             "joint_mask": jax.random.uniform(k[2], (frames, r)) < noise.joint_mask_prob,
-             "frame_mask": jax.random.uniform(k[3], (frames,)) < noise.frame_mask_prob}
+        d = {}
+        if noise.rot_std:
+            d["rot"] = jax.random.normal(k[0], (frames, j, 3)) * noise.rot_std
+        if noise.pos_std:
+            d["pos"] = jax.random.normal(k[1], (frames, 3)) * noise.pos_std
+        if noise.joint_mask_prob:
+            d["joint_mask"] = jax.random.uniform(k[2], (frames, r)) < noise.joint_mask_prob
+        if noise.frame_mask_prob:
+            d["frame_mask"] = jax.random.uniform(k[3], (frames,)) < noise.frame_mask_prob
         if noise.time_warp:
             d["warp"] = jax.random.uniform(k[4], (), minval=-noise.time_warp, maxval=noise.time_warp)
         if noise.mirror_prob:

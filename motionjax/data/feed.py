@@ -72,6 +72,31 @@ def choose_residency(cfg, info) -> tuple[str, str]:
                       "not fit (data.residency='auto'); windows augmented on the device")
 
 
+AUTO_WORKER_MS = 4.0  # host ms per batch the main process may spend before the stream gets workers
+
+
+def auto_workers(cfg, info, batches: int = 8, log=None) -> int:
+    """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
+    process makes ``batches`` span batches; at most :data:`AUTO_WORKER_MS` ms each, it keeps the work
+    (workers cost a process start and a copy of every batch), else enough workers to bring each one's
+    share under it, leaving one core to the main process."""
+    c = cfg.copy_and_resolve_references()
+    c.update(worker_count=0, prefetch=0)
+    it = pipeline.make_train_iterator(c, info, seed=0)
+    next(it)  # the first batch opens the shards
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    ms = 1e3 * (time.perf_counter() - start) / batches
+    it.close()
+    cores = len(os.sched_getaffinity(0))
+    workers = 0 if ms <= AUTO_WORKER_MS else max(1, min(cores - 1, int(np.ceil(ms / AUTO_WORKER_MS))))
+    if log:
+        log(f"data.worker_count=-1: {ms:.1f} ms of host work per batch in the main process -> {workers} "
+            f"Grain worker(s) ({cores} cores)")
+    return workers
+
+
 def batch_keys(cfg) -> tuple[str, ...]:
     """The batch leaves the train step reads, for ``config.data`` (``cfg``): the input window, the
     target, their ``valid`` mask, with ``data.bones = "clip"`` each window's clip ``offsets``, and with
@@ -136,6 +161,10 @@ class Feed(grain.DatasetIterator):
             self._source, self.sampler = None, []
         else:
             self.sampler = []
+            if cfg.worker_count < 0:
+                cfg = cfg.copy_and_resolve_references()
+                cfg.worker_count = auto_workers(cfg, info, log=_log_main)
+                self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
             shardings = span_shardings(mesh, span_keys)
             if self._loss_aware:
@@ -216,6 +245,11 @@ class Feed(grain.DatasetIterator):
         source, self._source = getattr(self, "_source", None), None
         if source is not None and hasattr(source, "close"):
             source.close()
+
+
+def _log_main(message: str) -> None:
+    if parallel.is_main_process():
+        print(message, flush=True)
 
 
 def _legacy_position(state, batch_size: int) -> int:

@@ -19,7 +19,7 @@ Training graph (:func:`train_dataset`)::
     -> ProcessBlocks                         this process's B / process_count windows of every
                                              global batch (disjoint and complete)
     -> batch(B / process_count)
-    -> mp_prefetch(worker_count)             0 workers = in the main process
+    -> mp_prefetch(worker_count)             0 workers = in the main process (-1: feed.auto_workers)
     -> thread prefetch -> to global jax Arrays (make_array_from_process_local_data) -> prefetch
 
 The start draws come from Grain's per-element generators, so spans depend only on ``seed``, and the
@@ -316,7 +316,7 @@ def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: fl
     """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``; with
     ``bones`` (the dataset skeleton's offsets ``[J, 3]``) also the clip's ``offsets`` (a record
     without its own has those). ``speed != 1`` plays the motion that much faster: frame ``i`` is
-    the clip at frame ``start + i·speed``, root lerped and rotations slerped between frames
+    the clip at frame ``start + i·speed``, root lerped and rotations nlerped between frames
     (:func:`transforms.read_window`, as on the device)."""
     span = transforms.read_span(clip["root_position"], clip["rotations"], start, end,
                                 transforms.span_frames(window, max(speed, 1.0)))

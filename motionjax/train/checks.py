@@ -50,7 +50,7 @@ RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train
              "train.keep_checkpoints", "train.stop_timeout_s",
              "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
              "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
-             "mesh", "evals")
+             "data.residency", "data.device_share", "data.host_cache_mb", "mesh", "evals")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -129,7 +129,10 @@ _RULES = {
     "data.window": _POSITIVE_INT,
     "data.chunk": _POSITIVE_INT,
     "data.batch_size": _POSITIVE_INT,
-    "data.worker_count": _NONNEGATIVE_INT,
+    "data.worker_count": (lambda v: _is_int(v) and v >= -1, "an integer >= 0, or -1 (auto: measured)"),
+    "data.residency": (lambda v: v in ("auto", "device", "stream"), "'auto', 'device' or 'stream'"),
+    "data.device_share": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "data.host_cache_mb": (lambda v: _is_number(v) and v >= 0, "a number of MB >= 0"),
     "data.prefetch": _NONNEGATIVE_INT,
     "data.eval_stride": _POSITIVE_INT,
     "data.std_floor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
