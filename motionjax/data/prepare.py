@@ -354,7 +354,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     by_label = [f"{k}={v}" for k, v in dict(settings.splits).items()
                 if rules[k].kind in ("label", "stratified")]
     try:
-        for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress):
+        # disable=None: a bar on a terminal only (in a log file, carriage-return updates)
+        for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress or None):
             if clip.get("label_error") and by_label and "error" not in clip:
                 clip = {"path": clip["path"], "error": f"{clip['label_error']}; the split rule "
                         f"{by_label[0]} needs its labels"}

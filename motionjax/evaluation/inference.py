@@ -154,7 +154,8 @@ def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None
     jobs = list(_readable(paths, spec, errors, log))  # everything read and checked first: the bar's total
     written = []
     total = sum(window_count(clip.num_frames, spec, overlap) for _, _, clip, _ in jobs)
-    with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True) as bar:
+    # disable=None: a bar on a terminal only (in a log file, carriage-return updates)
+    with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True, disable=None) as bar:
         for path, original, clip, units in jobs:
             out = out_dir / f"{path.stem}.bvh"
             result = back_to_file(apply_motion(predict, spec, clip, overlap=overlap, batch_size=batch_size,
