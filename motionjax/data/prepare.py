@@ -307,9 +307,10 @@ def _describe(skeleton: Skeleton) -> str:
 def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | None = None,
                   strict: bool = False,
                   records_per_shard: int = 4096, progress: bool = True, total: int | None = None,
-                  **fields) -> DatasetInfo:
+                  skipped: list | None = None, **fields) -> DatasetInfo:
     """Prepare in-memory motions (e.g. :func:`motionjax.data.synthetic.synthetic_motions`) in this
-    process; ``fields`` override :class:`Settings` fields (``window=64``)."""
+    process; ``fields`` override :class:`Settings` fields (``window=64``). ``skipped``: ``[{"path",
+    "reason"}]`` files the caller already left out, listed in the index with the clips left out here."""
     settings = dataclasses.replace(settings or Settings(), **fields)
 
     def converted():
@@ -321,7 +322,8 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | No
 
     with _build_lock(Path(out_dir)):
         return write_converted(converted(), out_dir, settings=settings, strict=strict,
-                               records_per_shard=records_per_shard, progress=progress, total=total)
+                               records_per_shard=records_per_shard, progress=progress, total=total,
+                               skipped=None if skipped is None else list(skipped))
 
 
 def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, strict: bool = False,
