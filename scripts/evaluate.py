@@ -1,6 +1,7 @@
 """Evaluate a trained run on another corpus: the trainer's metrics table, and its JSON.
 
-    scripts/evaluate.py --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
+    motionjax evaluate --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
+    (or scripts/evaluate.py, the same)
 
 ``--data``: a prepared directory (``index.json``; its skeleton must be the run's, its split
 ``--split``), or motion files (a file, a directory or a quoted glob such as ``'capture/*.bvh'``),

@@ -1,7 +1,8 @@
 """Watch motion: skeletons side by side as an MP4 (or GIF).
 
-    scripts/render.py A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
-    scripts/render.py --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
+    motionjax render A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
+    motionjax render --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
+    (or scripts/render.py, the same)
                                                                 a run's held-out clip: input / output / truth
 
 Files are read in their own units (detected from the bone lengths) and drawn at the first file's

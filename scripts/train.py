@@ -1,4 +1,5 @@
-"""Train an experiment: ``scripts/train.py --config experiments/X.py[:VARIANT] [--workdir runs/x]``.
+"""Train an experiment: ``motionjax train --config experiments/X.py[:VARIANT] [--workdir runs/x]``
+(``motionjax train`` runs this script, ``scripts/train.py``: the same flags).
 
 The run directory defaults to ``runs/X[_VARIANT]`` (:func:`experiments.run_name`).
 

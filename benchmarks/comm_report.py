@@ -28,8 +28,8 @@ per-device batch and reduces once; compute ``k T``, the same buckets, and bucket
 ``k T - T F_b / F`` (only the last slice's backward can hide it: the gradient collectives run after
 the loop over the others, as ``tests/test_grad_reduce.py`` checks on the compiled step).
 
-  scripts/comm_report.py --out docs/comm_report.md
-  scripts/comm_report.py --measured docs/comm_report.json --nvlink_gbps 900   # re-model, no compile
+  benchmarks/comm_report.py --out docs/comm_report.md
+  benchmarks/comm_report.py --measured docs/comm_report.json --nvlink_gbps 900   # re-model, no compile
 """
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def markdown(reports: list[dict]) -> str:
     lines = [
         "# Gradient reduction per train step: bytes, time, and what overlap hides",
         "",
-        "`scripts/comm_report.py` (model and method in its docstring and in docs/scale.md). Links: "
+        "`benchmarks/comm_report.py` (model and method in its docstring and in docs/scale.md). Links: "
         f"{_PER_HOST.value} devices per host; {_NVLINK.value:g} GB/s inside a host, {_NETWORK.value:g} GB/s "
         f"across; latency {_ALPHA_IN.value:g} / {_ALPHA_OUT.value:g} us per log2 step; compute at "
         f"{_FLOPS.value / 1e12:g} TFLOP/s. Weak scaling: the per-device batch is fixed.",
