@@ -193,6 +193,18 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_every_n_steps_in_a_log():
     assert "\r" in shown and "100/250" in shown and "step 100" not in shown
 
 
+def test_a_metric_with_nothing_to_score_is_not_a_diverged_model():
+    """Foot skating on clips whose feet never plant is nan for the truth as for the model: no frame to
+    score, not divergence; nan where the truth scored is."""
+    nan = float("nan")
+    rows = lambda model, truth: {"test": {"clean": {"model": {"mpjpe": 1.0, "foot_skate": model},
+                                                    "truth": {"mpjpe": 0.0, "foot_skate": truth}}}}
+    assert loop._nonfinite(rows(nan, nan)) == []
+    assert loop._nonfinite(rows(nan, 3.0)) == ["test/clean/foot_skate"]
+    assert loop._nonfinite({"test": {"noisy": {"model": {"mpjpe": nan}, "input": {"mpjpe": 2.0}}}}) == \
+        ["test/noisy/mpjpe"]
+
+
 def _fake_run(calls):
     """A stand-in for :func:`train.train_and_evaluate`: records each call, returns a summary whose
     model MPJPE tells the runs apart (1 cm with the dynamics loss, 2 cm without)."""

@@ -775,6 +775,16 @@ def kept_clips(info: DatasetInfo) -> list[int]:
     return sorted({c for segs in info.splits.values() for c, _, _ in segs})
 
 
+def summary_line(info: DatasetInfo) -> str:
+    """One line: the clips and hours kept, the clips per split, how many files or clips were not kept
+    (``index.json`` names them and why)."""
+    kept = kept_clips(info)
+    hours = sum(info.frames[c] for c in kept) / info.fps / 3600
+    splits = ", ".join(f"{k} {len({c for c, _, _ in v})}" for k, v in info.splits.items())
+    return (f"{info.data_dir}: {len(kept)} clips, {hours:.2f} h ({splits}); {len(info.skipped)} not kept"
+            + (f" (listed in {Path(info.data_dir) / INDEX})" if info.skipped else ""))
+
+
 def summary_table(info: DatasetInfo) -> str:
     """The prepare report: clips, frames and hours per split and per label; what was not kept."""
     def row(name, clips, frames):

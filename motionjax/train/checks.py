@@ -125,6 +125,8 @@ _NONNEGATIVE_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
 _POSITIVE_NUMBER = (lambda v: _is_number(v) and v > 0, "a positive number")
 _RULES = {
     "seed": (_is_int, "an integer"),
+    "data.source": (lambda v: isinstance(v, str) and bool(v.strip()), "'deepmimic', 'synthetic' or a folder "
+                    "or glob of motion files (--config.data.source=DIR)"),
     "data.fps": _POSITIVE_NUMBER,
     "data.window": _POSITIVE_INT,
     "data.chunk": _POSITIVE_INT,

@@ -304,11 +304,15 @@ def _evaluate_best(run: _Run, done: int) -> dict:
 
 
 def _nonfinite(results: dict) -> list[str]:
-    """``SPLIT/CONDITION/METRIC`` of the model's non-finite results."""
+    """``SPLIT/CONDITION/METRIC`` of the model's non-finite results. A metric that is non-finite for the
+    truth or the input row too had nothing to score (foot skating where no foot is planted), not a
+    diverged model."""
+    unscored = lambda row, k: any(isinstance(row.get(r), dict) and isinstance(row[r].get(k), numbers.Real)
+                                  and not math.isfinite(row[r][k]) for r in ("truth", "input"))
     return [f"{split}/{condition}/{k}" for split, rows in results.items() if isinstance(rows, dict)
             for condition, row in rows.items() if isinstance(row, dict)
             for k, v in row.get("model", {}).items()
-            if isinstance(v, numbers.Real) and not math.isfinite(v)]
+            if isinstance(v, numbers.Real) and not math.isfinite(v) and not unscored(row, k)]
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
