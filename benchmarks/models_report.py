@@ -91,7 +91,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", nargs="*", default=[], help="WEIGHT=RUN_DIR")
     parser.add_argument("--rate", nargs="*", default=[], help="CORPUS:NUMBERS=RUN_DIR")
-    parser.add_argument("--out", default="docs")
+    parser.add_argument("--out", default="docs/results")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
