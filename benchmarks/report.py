@@ -1,4 +1,4 @@
-"""The benchmark report of ``scripts/bench.py``: targets, machine description, the Markdown table
+"""The benchmark report of ``benchmarks/bench.py``: targets, machine description, the Markdown table
 and the plots, from the results dict its part runners fill (``{"quick", "date", "wall_s",
 "machine", "parts": {name: result}}``)."""
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _header(results: dict) -> list:
     m, p = results["machine"], results["parts"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     mode = results.get("mode", "quick" if results["quick"] else "default")
-    command = results.get("command", "python scripts/bench.py" + (" --quick" if results["quick"] else ""))
+    command = results.get("command", "python benchmarks/bench.py" + (" --quick" if results["quick"] else ""))
     lines = [f"# motionjax benchmarks{'' if mode == 'default' else f' (--{mode})'}", "",
              f"`{command}` on {m['cpu']}, {m['cores']} "
              f"cores, backend {m['backend']} ({m['devices']} × {m['device']}); {versions}. "
@@ -223,7 +223,7 @@ def _dynamics_section(dy: dict) -> list:
         t = dy["results"]["targets"]
         joints = ", ".join(str(j) for j in t.get("joints", []))
         lines += ["", f"## (c) Dynamics loss + gradient across J and frames per batch (windows of "
-                  f"{dy['results']['window']} frames; scripts/bench_dynamics.py)", "",
+                  f"{dy['results']['window']} frames; benchmarks/bench_dynamics.py)", "",
                   f"Targets (float32, J = {joints}): jvp ÷ blocked ≥ 1.5× at 1,024 and 4,096 frames, min "
                   f"{_num(t['jvp_over_blocked_min_at_1024_4096'])}×; ≥ 1× at 256, min "
                   f"{_num(t['jvp_over_blocked_min_at_256'])}×; dense ÷ blocked ≥ 50× at J = 24, 4,096 "
@@ -329,7 +329,7 @@ def plots(results: dict, out: Path) -> list[str]:
         plt.close(fig)
         written.append("growth.png")
     if "results" in results["parts"].get("dynamics", {}):
-        written.append("dynamics.png")  # part c drew it (scripts/bench_dynamics.py)
+        written.append("dynamics.png")  # part c drew it (benchmarks/bench_dynamics.py)
     bars = {}
     tr, to = results["parts"].get("train", {}), results["parts"].get("torch", {})
     for name, r in tr.get("rows", {}).items():

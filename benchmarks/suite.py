@@ -1,4 +1,4 @@
-"""The parts of ``scripts/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
+"""The parts of ``benchmarks/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
 baseline vs a PyTorch eager peer, MFU, cost growth.
 
 Every number comes from one run, on the same data and model size, so ratios are meaningful even on a
@@ -332,7 +332,7 @@ def part_input(sizes: Sizes, out: Path, done: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (c) dynamics loss across J: benchmarks/dynamics_grid.py (also scripts/bench_dynamics.py)
+# (c) dynamics loss across J: benchmarks/dynamics_grid.py (also benchmarks/bench_dynamics.py)
 
 
 def part_dynamics(sizes: Sizes, out: Path, done: dict) -> dict:

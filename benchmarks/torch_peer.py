@@ -11,7 +11,7 @@ a ``torch.utils.data`` ``DataLoader``), same optimizer (AdamW, warmup + cosine, 
 clipping). Eager fp32, the way the PyTorch tutorials train. ``tests/test_bench.py`` checks that
 models, IK and loss compute the same numbers as motionjax, so the benchmarks compare the speed of
 one computation; :func:`run_to_target` is the twin's time to a validation target
-(``scripts/time_to_target.py --levers optimized,torch``).
+(``benchmarks/bench_time_to_target.py --levers optimized,torch``).
 
 torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip install torch==2.13.0``).
 """

@@ -1,6 +1,6 @@
 """Input pipeline throughput: Grain loader (0/1/2 workers, with/without prefetch) vs the naive loader.
 
-    python scripts/bench_data.py [--quick] [--out results/bench_data.json] [--data-dir DIR]
+    python benchmarks/bench_data.py [--quick] [--out results/bench_data.json] [--data-dir DIR]
 
 Rows: per-window costs (record read + window draw; the noise draw and transforms batched as the
 Grain pipeline runs them and one window at a time as the naive loader does), then loader frames/s

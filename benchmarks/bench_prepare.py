@@ -6,9 +6,9 @@ against without on a corpus of repeated takes (~3,000 short clips: 100 actions x
 standing still before and after its action, the same idle pose in every clip, and 20 planted copies
 of each kind: exact, noised, mirrored, resampled, re-exported).
 
-    python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
+    python benchmarks/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
         [--corpora bandai,synthetic,takes] [--skip-loader] [--out results/bench_prepare.json]
-    python scripts/bench_prepare.py --corpora scale --scale 3000,30000 --repeats 1 --skip-loader \
+    python benchmarks/bench_prepare.py --corpora scale --scale 3000,30000 --repeats 1 --skip-loader \
         --out results/bench_prepare_scale.json     # docs/scale.md: the 30,000-clip prepare
 
 ``scale``: the synthetic corpus at each ``--scale`` size, with and without dedup (frames/s against the
