@@ -123,7 +123,8 @@ def run(steps: int, batches: int, out: Path, tiers=TIERS, log=print) -> dict:
     turn (one run: their ratios hold on a shared machine)."""
     config = headline_config(steps)
     info = pipeline.dataset_info(config.data)
-    result = {"config": f"experiments/autoencoder.py:{'bandai' if 'bandai' in config.data.dir else 'deepmimic'}",
+    corpus = "bandai" if "bandai" in config.data.dir else "deepmimic"
+    result = {"config": f"experiments/autoencoder.py:{corpus}",
               "batch": config.data.batch_size, "window": config.data.window, "steps": steps,
               "batches": batches, "backend": jax.default_backend(), "devices": jax.device_count(),
               "cores": len(os.sched_getaffinity(0)), "corpus_mb": feed.resident.corpus_nbytes(info) / 2**20,
@@ -136,8 +137,9 @@ def run(steps: int, batches: int, out: Path, tiers=TIERS, log=print) -> dict:
         row = {"alone": input_alone(config, info, tier, batches)}
         row["training"] = in_training(config, tier, out / "runs" / f"input_{tier}")
         result["tiers"][tier] = row
+        wait = row["training"]["data_wait_fraction"]
         log(f"input: {tier}: {row['alone']['batches_per_s']:.0f} batches/s alone, data wait "
-            f"{100 * row['training']['data_wait_fraction']:.1f}% in training ({time.perf_counter() - t:.0f} s)")
+            f"{100 * wait:.1f}% in training ({time.perf_counter() - t:.0f} s)")
     alone = {t: r["alone"]["batches_per_s"] for t, r in result["tiers"].items()}
     waits = {t: r["training"]["data_wait_fraction"] for t, r in result["tiers"].items() if t != "host"}
     result["targets"] = {

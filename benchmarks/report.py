@@ -90,9 +90,11 @@ def _input_claims(ip: dict) -> list:
     t, tg = ip["tiers"], ip["targets"]
     claims = [[f"input alone, {ip['batch']} x {ip['window']} frames: batches/s ({tier})",
                f"**{t[tier]['alone']['batches_per_s']:.0f}**"
-               + (f" ({ip['speedup_vs_host'][tier]:.1f}x the host loader)" if "speedup_vs_host" in ip else ""),
+               + (f" ({ip['speedup_vs_host'][tier]:.1f}x the host loader)"
+                  if "speedup_vs_host" in ip else ""),
                f"≥ {tg['batches_per_s']:.0f}", _yes(met)] for tier, met in tg["met_batches_per_s"].items()]
-    claims += [[f"data wait in training ({tier})", f"**{100 * t[tier]['training']['data_wait_fraction']:.1f}%**",
+    wait = {tier: t[tier]["training"]["data_wait_fraction"] for tier in tg["met_data_wait"]}
+    claims += [[f"data wait in training ({tier})", f"**{100 * wait[tier]:.1f}%**",
                 f"≤ {100 * tg['data_wait']:.0f}%", _yes(met)] for tier, met in tg["met_data_wait"].items()]
     return claims
 

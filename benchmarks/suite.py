@@ -492,7 +492,8 @@ def part_growth(sizes: Sizes, out: Path, done: dict) -> dict:
     return result
 
 
-RUNNERS = {"input": part_input, "train": part_train, "dynamics": part_dynamics, "torch": part_torch, "mfu": part_mfu,
+RUNNERS = {"input": part_input, "train": part_train, "dynamics": part_dynamics, "torch": part_torch,
+           "mfu": part_mfu,
            "growth": part_growth}
 
 

@@ -644,7 +644,8 @@ def load_flax_params(module: nn.Module, params) -> None:
 class WindowDataset(torch.utils.data.Dataset):
     """Training example ``i``: a slot of :func:`motionjax.data.pipeline.train_slots`, its window and
     noise drawn from a generator seeded by ``(seed, i)``, transformed on the host by the pipeline's
-    ``host_window`` and ``MakeExample`` (the numpy copy of the device augmentation: a PyTorch loader's way)."""
+    ``host_window`` and ``MakeExample`` (the numpy copy of the device augmentation: a PyTorch
+    loader's way)."""
 
     def __init__(self, cfg, info, seed: int = 0):
         self.slots, self.seed = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling), seed

@@ -12,7 +12,6 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
-from motionjax import parallel
 from motionjax.data import feed, pipeline, prepare, records, transforms
 from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
 
@@ -188,8 +187,8 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling))
     span = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)((0, *seg), np.random.default_rng(0))
     assert span["length"] == length
-    win = dict(zip(("root_position", "rotations", "valid"),
-                   transforms.read_window(span["root_position"], span["rotations"], span["length"], cfg.window)))
+    read = transforms.read_window(span["root_position"], span["rotations"], span["length"], cfg.window)
+    win = dict(zip(("root_position", "rotations", "valid"), read, strict=True))
     np.testing.assert_array_equal(win["valid"], np.arange(cfg.window) < length)
     clip = pipeline.ClipSource(info)[walk]
     np.testing.assert_array_equal(win["rotations"][:length], clip["rotations"][:length])

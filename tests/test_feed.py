@@ -56,7 +56,8 @@ def test_the_device_program_equals_the_numpy_reference_on_the_same_draws(cfg, in
     log = np.log(cfg.speed_range)
     speed = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), minval=-log, maxval=log))(
         augment.purpose(keys, augment._SPEED)), np.float64)
-    flip = np.asarray(jax.vmap(jax.random.uniform)(augment.purpose(keys, augment._REVERSE))) < cfg.reverse_prob
+    u = np.asarray(jax.vmap(jax.random.uniform)(augment.purpose(keys, augment._REVERSE)))
+    flip = u < cfg.reverse_prob
     eps = np.asarray(jax.vmap(lambda k: jax.random.normal(k, (info.skeleton.num_joints, 3)))(
         augment.purpose(keys, augment._POSE)), np.float64) * cfg.pose_offset
     draws = jax.tree.map(np.asarray, augment.sample_noise(augment.purpose(keys, augment._NOISE), aug.noise,
@@ -86,7 +87,8 @@ def test_the_draws_follow_the_configured_distributions(cfg, info):
     assert abs(corrupt.mean() - 0.75) < 0.03
     np.testing.assert_allclose(d["pos"][corrupt].std(), 0.02, rtol=0.03)
     np.testing.assert_allclose(d["rot"][corrupt].std(), 0.05, rtol=0.03)
-    assert abs(d["joint_mask"][corrupt].mean() - 0.1) < 0.01 and abs(d["frame_mask"][corrupt].mean() - 0.05) < 0.01
+    assert abs(d["joint_mask"][corrupt].mean() - 0.1) < 0.01
+    assert abs(d["frame_mask"][corrupt].mean() - 0.05) < 0.01
     assert not d["joint_mask"][~corrupt].any() and (d["warp"][~corrupt] == 0).all()
     assert abs(d["mirror"].mean() - 0.5) < 0.03  # mirroring augments both targets: never cleared
     assert np.abs(d["warp"]).max() <= 1.5 and abs(np.abs(d["warp"][corrupt]).mean() - 0.75) < 0.05
@@ -150,8 +152,8 @@ def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, 
         c.dynamics_sampling = w
         shares = pipeline.segment_shares(info, c.window, w)
         corpus = resident.load_corpus(info, c, source, shares)
-        tables = {n: jnp.asarray(getattr(corpus, n)) for n in ("root", "rotations", "first", "length", "offsets",
-                                                                 "window_first", "window_count", "window_cdf")}
+        names = ("root", "rotations", "first", "length", "offsets", "window_first", "window_count", "window_cdf")
+        tables = {n: jnp.asarray(getattr(corpus, n)) for n in names}
         keys = augment.example_keys(0, 0, 8192)
         spans = jax.jit(resident.sample_spans, static_argnums=(3, 4))(
             tables, jnp.asarray(resident.segment_cdf(shares)), keys, c.window, corpus.bisect_steps)
@@ -194,7 +196,8 @@ def test_a_mesh_of_eight_devices_gets_the_one_device_batches(cfg, info):
     """data 4 x time 2: each device draws and augments its own windows; the batch is the one-device
     batch (float32 rounding aside) with the step's shardings."""
     mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    one, eight = feed.Feed(cfg, info, seed=5, mode="device"), feed.Feed(cfg, info, mesh, seed=5, mode="device")
+    one = feed.Feed(cfg, info, seed=5, mode="device")
+    eight = feed.Feed(cfg, info, mesh, seed=5, mode="device")
     want, got = next(one), next(eight)
     assert got["noisy"].sharding.spec == jax.sharding.PartitionSpec("data", "time", None, None)
     assert len(got["noisy"].addressable_shards) == 8
@@ -251,6 +254,7 @@ def test_loss_aware_draws_on_the_device_follow_the_error_table(cfg, info):
     block = _take(it, 2)  # steps 3-4: drawn from the table of steps 1-2
     q = it.table.probabilities(2)
     draws = np.concatenate([b["segment"] for b in block])
-    assert q[hot] > 0.5 and abs((draws == hot).mean() - q[hot]) < 5 * np.sqrt(q[hot] * (1 - q[hot]) / draws.size)
+    p = q[hot]
+    assert p > 0.5 and abs((draws == hot).mean() - p) < 5 * np.sqrt(p * (1 - p) / draws.size)
     it.close()
 

@@ -81,7 +81,8 @@ def worker(workdir: Path, case: str = "two") -> None:
     rows = mesh.devices.reshape(processes, -1)
     assert [{d.process_index for d in row} for row in rows] == [{i} for i in range(processes)], mesh.devices
     info, state, step, window = _setup(config, mesh)
-    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed, mode=config.data.residency)
+    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed,
+                         mode=config.data.residency)
     losses = []
     for _ in range(config.train.steps):
         state, metrics = step(state, next(iterator))
@@ -135,7 +136,8 @@ def _assert_one_process_matches(tmp_path, config, devices: int, steps: int, para
     if mesh_shape is not None:
         assert dict(mesh.shape) == mesh_shape
     info, state, step, window = _setup(config, mesh)
-    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed, mode=config.data.residency)
+    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed,
+                         mode=config.data.residency)
     losses = []
     for _ in range(steps):
         state, metrics = step(state, next(iterator))

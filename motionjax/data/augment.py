@@ -97,18 +97,19 @@ class Augment:
             log = float(np.log(self.speed_range))
             speed = jnp.exp(jax.vmap(lambda k: jax.random.uniform(k, (), minval=-log, maxval=log))(
                 purpose(keys, _SPEED)))
-        root, rots, valid = transforms.read_window(spans["root_position"], spans["rotations"], spans["length"],
-                                                   self.window, speed)
+        root, rots, valid = transforms.read_window(spans["root_position"], spans["rotations"],
+                                                   spans["length"], self.window, speed)
         if self.reverse_prob:
             flip = jax.vmap(jax.random.uniform)(purpose(keys, _REVERSE)) < self.reverse_prob
             root, rots, valid = transforms.reverse_window(root, rots, valid, flip)
         if self.pose_offset:
-            eps = jax.vmap(lambda k: jax.random.normal(k, (self.skeleton.num_joints, 3)))(purpose(keys, _POSE))
+            j = self.skeleton.num_joints
+            eps = jax.vmap(lambda k: jax.random.normal(k, (j, 3)))(purpose(keys, _POSE))
             rots = transforms.offset_pose(self.skeleton, rots, eps * self.pose_offset)
         draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
-        out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std, chunk_size=self.chunk,
-                                      floor=self.floor, scale=self.scale, offsets=spans.get("offsets"),
-                                      observed=self.observed)
+        out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std,
+                                      chunk_size=self.chunk, floor=self.floor, scale=self.scale,
+                                      offsets=spans.get("offsets"), observed=self.observed)
         del out["mask"]  # for inspection on the host; the step does not read it
         out["valid"] = transforms.chunk(valid[..., None], self.chunk)
         if "segment" in spans:

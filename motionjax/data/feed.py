@@ -68,8 +68,8 @@ def choose_residency(cfg, info) -> tuple[str, str]:
                           "(data.residency='stream'); windows augmented on the device")
     if need <= budget:
         return "device", f"corpus resident on the devices: {size}; windows drawn and augmented there"
-    return "stream", (f"corpus streamed by Grain through a {cfg.host_cache_mb:,.0f} MB host cache: {size} does "
-                      "not fit (data.residency='auto'); windows augmented on the device")
+    return "stream", (f"corpus streamed by Grain through a {cfg.host_cache_mb:,.0f} MB host cache: {size} "
+                      "does not fit (data.residency='auto'); windows augmented on the device")
 
 
 AUTO_WORKER_MS = 4.0  # host ms per batch the main process may spend before the stream gets workers
@@ -119,7 +119,8 @@ def span_shardings(mesh, keys) -> dict:
 
 class Feed(grain.DatasetIterator):
     """The training iterator: ``next()`` is the batch of the next step, global arrays of ``keys``
-    (default :func:`batch_keys`) on ``mesh`` (default :func:`one_device_mesh`). A Grain ``DatasetIterator``, so
+    (default :func:`batch_keys`) on ``mesh`` (default :func:`one_device_mesh`). A Grain
+    ``DatasetIterator``, so
     ``grain.checkpoint.CheckpointSave/Restore`` save and restore it like Grain's own.
 
     ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
@@ -153,7 +154,8 @@ class Feed(grain.DatasetIterator):
 
             def program(step, tables, seg_cdf):
                 keys_ = augment.example_keys(seed, step, b)
-                spans = resident.sample_spans(tables, seg_cdf, augment.purpose(keys_, augment._START), span, steps)
+                starts = augment.purpose(keys_, augment._START)
+                spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
                 batch = self._augment({k: spans[k] for k in span_keys}, keys_)
                 return {k: batch[k] for k in keys}
 
@@ -181,7 +183,8 @@ class Feed(grain.DatasetIterator):
             shapes = {"root_position": ((b, self._augment.span, 3), np.float32),
                       "rotations": ((b, self._augment.span, j, 4), np.float32), "length": ((b,), np.int32),
                       "offsets": ((b, j, 3), np.float32), "segment": ((b,), np.int32)}
-            args = (np.int32(0), {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys})
+            abstract = {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys}
+            args = (np.int32(0), abstract)
         jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
         self._program = jitted.lower(*args).compile()
         self.compile_s = time.perf_counter() - start

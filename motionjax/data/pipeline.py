@@ -320,7 +320,8 @@ def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: fl
     (:func:`transforms.read_window`, as on the device)."""
     span = transforms.read_span(clip["root_position"], clip["rotations"], start, end,
                                 transforms.span_frames(window, max(speed, 1.0)))
-    root, rotations, valid = transforms.read_window(*span, end - start, window, None if speed == 1.0 else speed)
+    root, rotations, valid = transforms.read_window(*span, end - start, window,
+                                                    None if speed == 1.0 else speed)
     out = {"root_position": root, "rotations": rotations, "valid": valid}
     if bones is not None:
         out["offsets"] = np.asarray(clip.get("offsets", bones), np.float32)
@@ -433,7 +434,8 @@ def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -
 
 
 def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
-                        process_index=None, process_count=None, rows=None, sampler=None) -> grain.DatasetIterator:
+                        process_index=None, process_count=None, rows=None,
+                        sampler=None) -> grain.DatasetIterator:
     """The training span iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every

@@ -61,7 +61,8 @@ class Corpus:
     def arrays(self, sharding) -> dict:
         """The tables as jax arrays with ``sharding`` (replicated), every process passing its copy."""
         from motionjax import parallel
-        names = ("root", "rotations", "first", "length", "offsets", "window_first", "window_count", "window_cdf")
+        names = ("root", "rotations", "first", "length", "offsets", "window_first", "window_count",
+                 "window_cdf")
         return parallel.put({n: getattr(self, n) for n in names}, {n: sharding for n in names})
 
 

@@ -191,7 +191,8 @@ def _unit(axis: int, size: int, dtype) -> np.ndarray:
 def heading(skeleton: Skeleton, root_rotation):
     """Yaw part (twist about the up axis) of root rotations ``[..., 4]`` -> ``[..., 4]``."""
     xp = rot._xp(root_rotation)
-    yaw = root_rotation * (_unit(0, 4, root_rotation.dtype) + _unit(1 + skeleton.up_axis, 4, root_rotation.dtype))
+    dtype = root_rotation.dtype
+    yaw = root_rotation * (_unit(0, 4, dtype) + _unit(1 + skeleton.up_axis, 4, dtype))
     norm = xp.linalg.norm(yaw, axis=-1, keepdims=True)
     # A root upside down about a horizontal axis has no defined yaw: keep identity there.
     identity = rot.identity_quat(yaw.shape[:-1], yaw.dtype, xp)
@@ -225,8 +226,8 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
         bones = skeleton.offsets if offsets is None else offsets[..., None, :, :]  # every frame
         seen = slice(0, floor_frames or None)
         # In FK's own tree layout [3, J, ..., T]: no transpose back to joint order before the min.
-        pos, _ = forward_kinematics_tree(skeleton, rotations[..., seen, :, :], root[..., seen, :], bones * scale,
-                                         xp=xp)
+        pos, _ = forward_kinematics_tree(skeleton, rotations[..., seen, :, :], root[..., seen, :],
+                                         bones * scale, xp=xp)
         lowest = pos[skeleton.up_axis].min(axis=(0, -1))  # [...]
         root = root - lowest[..., None, None] * up
         origin = origin + (lowest / scale)[..., None] * up
@@ -482,7 +483,7 @@ def rotation_noise(skeleton: Skeleton, rotations, eps):
 def time_warp(root_position, rotations, delta):
     """Resample windows at ``u = t + δ·sin(πt/(T-1))`` (``delta [...]`` frames): lerp / nlerp."""
     xp = rot._xp(root_position, rotations, delta)
-    lead, t = root_position.shape[:-2], root_position.shape[-2]
+    t = root_position.shape[-2]
     base = np.arange(t, dtype=np.float32)
     shift = xp.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1)).astype(np.float32)
     u = xp.clip(base + shift, 0, t - 1)  # [..., T]
@@ -565,13 +566,14 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
         noisy = features.standardize(features.pack(skeleton, nroot, nrots), mean, std)
     frame_mask = draws.get("frame_mask")
     if frame_mask is not None or "joint_mask" in draws:
-        joint_mask = draws.get("joint_mask", xp.zeros(rots.shape[:-2] + (len(features.rotating_joints(skeleton)),),
-                                                      bool))
+        rotating = len(features.rotating_joints(skeleton))
+        joint_mask = draws.get("joint_mask", xp.zeros(rots.shape[:-2] + (rotating,), bool))
         frame_mask = xp.zeros(rots.shape[:-3] + rots.shape[-3:-2], bool) if frame_mask is None else frame_mask
         noisy = mask_features(skeleton, noisy, joint_mask, frame_mask)
     if observed:
         noisy = hold_last(noisy, observed)
-    mask = (xp.zeros(rots.shape[:-2], np.float32) if frame_mask is None else frame_mask)[..., None].astype(np.float32)
+    mask = xp.zeros(rots.shape[:-2], np.float32) if frame_mask is None else frame_mask
+    mask = mask[..., None].astype(np.float32)
     out = {"noisy": chunk(noisy.astype(np.float32), chunk_size),
            "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}
     if offsets is not None:

@@ -20,9 +20,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from motionjax import losses, models, parallel
-from motionjax.data import feed
 from motionjax.core.features import feature_dim
-from motionjax.data import transforms
+from motionjax.data import feed, transforms
 from motionjax.train import grad_reduce
 
 
