@@ -152,8 +152,7 @@ def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, 
         c.dynamics_sampling = w
         shares = pipeline.segment_shares(info, c.window, w)
         corpus = resident.load_corpus(info, c, source, shares)
-        names = ("root", "rotations", "first", "length", "offsets", "window_first", "window_count", "window_cdf")
-        tables = {n: jnp.asarray(getattr(corpus, n)) for n in names}
+        tables = corpus.arrays(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
         keys = augment.example_keys(0, 0, 8192)
         spans = jax.jit(resident.sample_spans, static_argnums=(3, 4))(
             tables, jnp.asarray(resident.segment_cdf(shares)), keys, c.window, corpus.bisect_steps)
