@@ -62,7 +62,8 @@ _NETWORK = flags.DEFINE_float("network_gbps", 50.0, "across-host bandwidth per d
 _ALPHA_IN = flags.DEFINE_float("alpha_in_us", 5.0, "latency per collective step inside a host, us")
 _ALPHA_OUT = flags.DEFINE_float("alpha_out_us", 15.0, "latency per collective step across hosts, us")
 _FLOPS = flags.DEFINE_float("flops_per_s", 400e12, "sustained device FLOP/s (H100 bf16 at ~40% of peak)")
-_OUT = flags.DEFINE_string("out", "docs/comm_report.md", "Markdown table; its JSON goes to results/ by it")
+_OUT = flags.DEFINE_string("out", "docs/comm_report.md",
+                           "Markdown table; its JSON goes to results/ beside it")
 _MICRO = flags.DEFINE_list("micro_batches", ["1", "2", "4", "8"],
                            "slices of the per-device batch per reduction (train.micro_batches)")
 _MEASURED = flags.DEFINE_string("measured", None, "a report's JSON: model its measured steps again (other "
