@@ -72,27 +72,30 @@ def choose_residency(cfg, info) -> tuple[str, str]:
                       "does not fit (data.residency='auto'); windows augmented on the device")
 
 
-AUTO_WORKER_MS = 4.0  # host ms per batch the main process may spend before the stream gets workers
+AUTO_WORKER_MS = 4.0  # host CPU ms per batch the main process may spend before the stream gets workers
 
 
-def auto_workers(cfg, info, batches: int = 8, log=None) -> int:
+def auto_workers(cfg, info, batches: int = 16, log=None) -> int:
     """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
-    process makes ``batches`` span batches; at most :data:`AUTO_WORKER_MS` ms each, it keeps the work
-    (workers cost a process start and a copy of every batch), else enough workers to bring each one's
-    share under it, leaving one core to the main process."""
+    process makes ``batches`` span batches after as many to warm its cache, and its CPU time per batch
+    (not wall time: other load on the host does not count) decides. At most :data:`AUTO_WORKER_MS`
+    ms, the main process keeps the work (its prefetch thread runs beside the device program; a worker
+    costs a process start and a copy of every batch); else enough workers to bring each one's share
+    under it, leaving one core to the main process."""
     c = cfg.copy_and_resolve_references()
     c.update(worker_count=0, prefetch=0)
     it = pipeline.make_train_iterator(c, info, seed=0)
-    next(it)  # the first batch opens the shards
-    start = time.perf_counter()
+    for _ in range(batches):  # opens the shards, fills the host cache
+        next(it)
+    start = time.process_time()
     for _ in range(batches):
         next(it)
-    ms = 1e3 * (time.perf_counter() - start) / batches
+    ms = 1e3 * (time.process_time() - start) / batches
     it.close()
     cores = len(os.sched_getaffinity(0))
     workers = 0 if ms <= AUTO_WORKER_MS else max(1, min(cores - 1, int(np.ceil(ms / AUTO_WORKER_MS))))
     if log:
-        log(f"data.worker_count=-1: {ms:.1f} ms of host work per batch in the main process -> {workers} "
+        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process -> {workers} "
             f"Grain worker(s) ({cores} cores)")
     return workers
 
