@@ -7,8 +7,8 @@ the GPU and the references run on the CPU in float64. On a CPU-only host the def
 the CPU itself, and float32 / bfloat16 against float64 is still a check of the same code.
 
 Tolerances are relative errors, ``|got - want| / |want|`` (vector norms), stated per dtype below:
-float32 allows TF32 products (about 2^-10 relative: XLA's default matmul precision on recent NVIDIA
-GPUs), bfloat16 its 8-bit mantissa. Inputs are rounded to the tested dtype first and the reference
+float32 leaves room for TF32 products (about 2^-10 relative), which XLA's default matmul precision
+may use on NVIDIA GPUs since Ampere; bfloat16 for its 8-bit mantissa. Inputs are rounded to the tested dtype first and the reference
 computes on the rounded values, so only the computation's error is measured.
 """
 import functools

@@ -62,7 +62,7 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic
     assert list(parts) == list(gpu_check.PARTS)
     environment = parts["environment"]
     assert environment["backend"] == "cpu" and environment["corpus"]["variant"] == "deepmimic"
-    assert parts["tests"]["counts"].get("passed", 0) >= 2 and not parts["tests"]["failed"]
+    assert parts["tests"]["counts"].get("passed", 0) >= 1 and not parts["tests"]["failed"]  # CPU halos
     ae = parts["autoencoder"]
     assert ae["steps"] == gpu_check.MODES["cpu"].steps and ae["steps_per_s"] > 0 and ae["compile_s"] > 0
     assert 0 < parts["mfu"]["mfu"] < 1 and parts["mfu"]["flops_per_step"] > 0
