@@ -29,7 +29,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadfile  # whole test files per worker: module fixtures built once
 
 bench: $(VENV)/.installed
-	$(PY) scripts/bench.py
+	$(PY) benchmarks/bench.py
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check motionjax scripts tests experiments benchmarks notebooks

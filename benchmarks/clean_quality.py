@@ -1,5 +1,5 @@
 """How well :mod:`motionjax.data.clean` finds and fixes corrupted frames on real captures
-(``scripts/bench_clean.py``).
+(``benchmarks/bench_clean.py``).
 
 Three parts, all on Bandai-1 (conformed, at 30 fps, as prepare sees it):
 

@@ -8,7 +8,7 @@ untimed call of the same program: steady state, as in training), so a load chang
 machine hits all alike; times are medians over rounds and each ratio comes with the spread of its
 per-round ratios. Prints a table, writes JSON and a PNG plot.
 
-The library of ``scripts/bench_dynamics.py`` (the command line) and of ``scripts/bench.py`` part c:
+The library of ``benchmarks/bench_dynamics.py`` (the command line) and of ``benchmarks/bench.py`` part c:
 ``run``, ``markdown`` and ``plot``.
 """
 from __future__ import annotations

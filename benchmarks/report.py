@@ -1,4 +1,4 @@
-"""The benchmark report of ``scripts/bench.py``: targets, machine description, the Markdown table
+"""The benchmark report of ``benchmarks/bench.py``: targets, machine description, the Markdown table
 and the plots, from the results dict its part runners fill (``{"quick", "date", "wall_s",
 "machine", "parts": {name: result}}``)."""
 from __future__ import annotations
@@ -52,11 +52,12 @@ def _ms(seconds) -> str:
 def markdown(results: dict) -> str:
     """The whole report: the run's header, the claims table, then one section per part measured."""
     p = results["parts"]
-    tr, to, mf, gr, dy = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics"))
+    tr, to, mf, gr, dy, ip = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics", "input"))
     lines = _header(results)
-    claims = [*_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy), *_growth_claims(gr),
-              *_mfu_claims(mf)]
+    claims = [*_input_claims(ip), *_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy),
+              *_growth_claims(gr), *_mfu_claims(mf)]
     lines += _table(["claim", "measured", "target", "met"], claims)
+    lines += (["## Input path", "", ip["markdown"], ""] if "markdown" in ip else [])
     lines += _train_section(tr) + _dynamics_section(dy) + _torch_section(to) + _mfu_section(mf) + \
         _growth_section(gr)
     return "\n".join(lines) + "\n"
@@ -67,7 +68,7 @@ def _header(results: dict) -> list:
     m, p = results["machine"], results["parts"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     mode = results.get("mode", "quick" if results["quick"] else "default")
-    command = results.get("command", "python scripts/bench.py" + (" --quick" if results["quick"] else ""))
+    command = results.get("command", "python benchmarks/bench.py" + (" --quick" if results["quick"] else ""))
     lines = [f"# motionjax benchmarks{'' if mode == 'default' else f' (--{mode})'}", "",
              f"`{command}` on {m['cpu']}, {m['cores']} "
              f"cores, backend {m['backend']} ({m['devices']} × {m['device']}); {versions}. "
@@ -80,6 +81,22 @@ def _header(results: dict) -> list:
             lines += [f"**{name}: failed** ({part['error']}); the other parts are complete.", ""]
 
     return lines
+
+
+def _input_claims(ip: dict) -> list:
+    """Claims of part g: the input path alone and the data wait in training, per residency tier."""
+    if "tiers" not in ip:
+        return []
+    t, tg = ip["tiers"], ip["targets"]
+    claims = [[f"input alone, {ip['batch']} x {ip['window']} frames: batches/s ({tier})",
+               f"**{t[tier]['alone']['batches_per_s']:.0f}**"
+               + (f" ({ip['speedup_vs_host'][tier]:.1f}x the host loader)"
+                  if "speedup_vs_host" in ip else ""),
+               f"≥ {tg['batches_per_s']:.0f}", _yes(met)] for tier, met in tg["met_batches_per_s"].items()]
+    wait = {tier: t[tier]["training"]["data_wait_fraction"] for tier in tg["met_data_wait"]}
+    claims += [[f"data wait in training ({tier})", f"**{100 * wait[tier]:.1f}%**",
+                f"≤ {100 * tg['data_wait']:.0f}%", _yes(met)] for tier, met in tg["met_data_wait"].items()]
+    return claims
 
 
 def _train_claims(tr: dict) -> list:
@@ -208,7 +225,7 @@ def _dynamics_section(dy: dict) -> list:
         t = dy["results"]["targets"]
         joints = ", ".join(str(j) for j in t.get("joints", []))
         lines += ["", f"## (c) Dynamics loss + gradient across J and frames per batch (windows of "
-                  f"{dy['results']['window']} frames; scripts/bench_dynamics.py)", "",
+                  f"{dy['results']['window']} frames; benchmarks/bench_dynamics.py)", "",
                   f"Targets (float32, J = {joints}): jvp ÷ blocked ≥ 1.5× at 1,024 and 4,096 frames, min "
                   f"{_num(t['jvp_over_blocked_min_at_1024_4096'])}×; ≥ 1× at 256, min "
                   f"{_num(t['jvp_over_blocked_min_at_256'])}×; dense ÷ blocked ≥ 50× at J = 24, 4,096 "
@@ -314,7 +331,7 @@ def plots(results: dict, out: Path) -> list[str]:
         plt.close(fig)
         written.append("growth.png")
     if "results" in results["parts"].get("dynamics", {}):
-        written.append("dynamics.png")  # part c drew it (scripts/bench_dynamics.py)
+        written.append("dynamics.png")  # part c drew it (benchmarks/bench_dynamics.py)
     bars = {}
     tr, to = results["parts"].get("train", {}), results["parts"].get("torch", {})
     for name, r in tr.get("rows", {}).items():

@@ -1,4 +1,4 @@
-"""The parts of ``scripts/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
+"""The parts of ``benchmarks/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
 baseline vs a PyTorch eager peer, MFU, cost growth.
 
 Every number comes from one run, on the same data and model size, so ratios are meaningful even on a
@@ -19,7 +19,11 @@ d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, 
    ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
    transforms). torch is the optional extra ``bench``; without it this part is skipped and says so;
 e. ``mfu``: XLA ``cost_analysis()`` FLOPs per step / step time / peak FLOP/s of a large matmul;
-f. ``growth``: step time vs window length T (and vs joints J, random trees), fitted exponents.
+f. ``growth``: step time vs window length T (and vs joints J, random trees), fitted exponents;
+g. ``input``: the input path of the headline autoencoder per residency tier (the corpus on the
+   devices, streamed by Grain, or augmented on the host as before #53): batches/s alone, CPU ms per
+   batch, the augmentation program's time and compile, and data wait in a real training run
+   (:mod:`benchmarks.input`).
 
 :data:`SIZES` says what each mode (``quick``, ``default``, ``full``) measures; :func:`run` runs
 parts in order and writes ``bench.json`` and ``bench.md`` after each one, so a run stopped part way
@@ -55,7 +59,7 @@ from motionjax.data import pipeline
 from motionjax.data.info import stand_in
 from motionjax.train import diagnostics
 
-PARTS = ("train", "dynamics", "torch", "mfu", "growth")
+PARTS = ("input", "train", "dynamics", "torch", "mfu", "growth")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,8 @@ class Sizes:
     growth_fixed: tuple[int, ...]   # f: T at B·T = 1,024 frames (the control: flat = no T² term)
     growth_j: tuple[int, ...]       # f: joints J of random trees
     grid: dict                      # c: dynamics_grid.run arguments (joints, frames, dtypes, budgets)
+    input_batches: int = 200        # g: batches of each input tier timed alone
+    input_steps: int = 150          # g: steps of each tier's training run (the headline autoencoder)
 
 
 SIZES = {
@@ -83,7 +89,8 @@ SIZES = {
     "quick": Sizes(steps=20, seeds=(0,), splits=("validation",), repeats=3, split_compute=False,
                    loader_batches=5, torch_pairs=0, torch_dense_steps=3, mfu_variants=False,
                    growth_t=(32, 128), growth_fixed=(), growth_j=(),
-                   grid=dict(joints=(13,), frames=(256,), dtypes=("float32",), budget_s=4.0)),
+                   grid=dict(joints=(13,), frames=(256,), dtypes=("float32",), budget_s=4.0),
+                   input_batches=20, input_steps=20),
     # `make bench`: every claim of the README's speed table that fits in ~12 minutes on 2 cores. The
     # grid is the SMPL-like body (J = 24) at the sizes the #15 targets name; its XLA compiles
     # (~1–2 min per row) are what bounds it, hence the grid budget.
@@ -315,7 +322,17 @@ def part_train(sizes: Sizes, out: Path, done: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (c) dynamics loss across J: benchmarks/dynamics_grid.py (also scripts/bench_dynamics.py)
+# (g) the input path per residency tier: benchmarks/input.py
+
+
+def part_input(sizes: Sizes, out: Path, done: dict) -> dict:
+    from benchmarks import input as input_bench
+    result = input_bench.run(sizes.input_steps, sizes.input_batches, out, log=log)
+    return {**result, "markdown": input_bench.markdown(result)}
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) dynamics loss across J: benchmarks/dynamics_grid.py (also benchmarks/bench_dynamics.py)
 
 
 def part_dynamics(sizes: Sizes, out: Path, done: dict) -> dict:
@@ -475,7 +492,8 @@ def part_growth(sizes: Sizes, out: Path, done: dict) -> dict:
     return result
 
 
-RUNNERS = {"train": part_train, "dynamics": part_dynamics, "torch": part_torch, "mfu": part_mfu,
+RUNNERS = {"input": part_input, "train": part_train, "dynamics": part_dynamics, "torch": part_torch,
+           "mfu": part_mfu,
            "growth": part_growth}
 
 

@@ -11,7 +11,7 @@ a ``torch.utils.data`` ``DataLoader``), same optimizer (AdamW, warmup + cosine, 
 clipping). Eager fp32, the way the PyTorch tutorials train. ``tests/test_bench.py`` checks that
 models, IK and loss compute the same numbers as motionjax, so the benchmarks compare the speed of
 one computation; :func:`run_to_target` is the twin's time to a validation target
-(``scripts/time_to_target.py --levers optimized,torch``).
+(``benchmarks/bench_time_to_target.py --levers optimized,torch``).
 
 torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip install torch==2.13.0``).
 """
@@ -643,10 +643,13 @@ def load_flax_params(module: nn.Module, params) -> None:
 
 class WindowDataset(torch.utils.data.Dataset):
     """Training example ``i``: a slot of :func:`motionjax.data.pipeline.train_slots`, its window and
-    noise drawn from a generator seeded by ``(seed, i)``, transformed by the pipeline's ``MakeExample``."""
+    noise drawn from a generator seeded by ``(seed, i)``, transformed on the host by the pipeline's
+    ``host_window`` and ``MakeExample`` (the numpy copy of the device augmentation: a PyTorch
+    loader's way)."""
 
     def __init__(self, cfg, info, seed: int = 0):
         self.slots, self.seed = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling), seed
+        self.cfg, self.skeleton = cfg, info.skeleton
         self.sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
         self.make = pipeline.MakeExample(info, cfg, transforms.Noise.from_config(cfg))
 
@@ -658,7 +661,7 @@ class WindowDataset(torch.utils.data.Dataset):
         w = self.sample(self.slots[i], rng)
         while w is None:  # a bad record (already counted by SampleWindow): draw another slot
             w = self.sample(self.slots[rng.integers(len(self.slots))], rng)
-        out = self.make(w, rng)
+        out = self.make(pipeline.host_window(w, self.cfg, self.skeleton, rng), rng)
         # noisy, clean [N, C, F], valid [N, C, 1], and with data.bones = "clip" the clip's offsets [J, 3]
         return {k: out[k] for k in ("noisy", "clean", "valid", "offsets") if k in out}
 

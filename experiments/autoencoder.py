@@ -6,7 +6,8 @@ reference gets too. The output is a motion (root trajectory + local joint rotati
 BVH), scored by FK joint positions.
 
 Variants (``--config experiments/autoencoder.py:VARIANT``), comma-separated:
-  ``bandai`` (default) or ``deepmimic``: the corpus;
+  ``bandai`` (default), ``deepmimic`` or ``folder``: the corpus (``folder``: your motion files,
+  ``--config.data.source=DIR``, trained as Bandai is: docs/your_data.md);
   ``16``, ``8``, ``4``: numbers per frame (the rate of the rate-distortion table; default 16; the
   table compares them at ``--config.train.steps=3000``);
   ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian) and, on Bandai, the 3,000-step
@@ -19,18 +20,21 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     parts = [p for p in (arg or "").split(",") if p]
-    flags = ("bandai", "deepmimic", "dynamics", "runlocal")
+    flags = ("bandai", "deepmimic", "folder", "dynamics", "runlocal")
     unknown = [p for p in parts if p not in flags and not p.isdigit()]
     if unknown:
-        raise ValueError(f"unknown config variant {unknown}; expected bandai|deepmimic, 16|8|4, "
+        raise ValueError(f"unknown config variant {unknown}; expected bandai|deepmimic|folder, 16|8|4, "
                          "dynamics, runlocal")
     c = base.get_config()
-    corpus = "deepmimic" if "deepmimic" in parts else "bandai"
+    corpus = next((p for p in ("deepmimic", "folder") if p in parts), "bandai")
     rate = next((int(p) for p in parts if p.isdigit()), 16)  # latent numbers per frame
-    if corpus == "bandai":
+    if corpus == "folder":  # motion capture like Bandai's: its settings below
+        base.use_folder(c, window=64)
+    elif corpus == "bandai":
         # Held-out contents beside the in-distribution splits (docs/models.md "Off the training
         # distribution"); the time-to-target task keeps the splits it was measured on.
         base.use_bandai(c, window=64, ood="dynamics" not in parts)
+    if corpus != "deepmimic":
         # 32 windows x 64 frames per step: at equal frames, twice the updates of batch 64 won on
         # validation (2.64 vs 2.83 cm at 800 vs 400 steps).
         c.data.batch_size = 32
@@ -54,9 +58,9 @@ def get_config(arg: str | None = None):
     # Bandai: the decoder also predicts joint positions and the output rotations are their IK projection
     # (model.position_head): validation 1.22 -> 1.03 cm at 3,000 steps. Off on DeepMimic: its knees and
     # elbows are hinges, which the IK reaches only when the rotation head's twists are right.
-    c.model.update(name="tconv", dim=192 if corpus == "bandai" else 128, depth=1, kernel=5, stride=4,
+    c.model.update(name="tconv", dim=128 if corpus == "deepmimic" else 192, depth=1, kernel=5, stride=4,
                    stages=2, latent_dim=4 * rate, residual=False, upsample="interp", input_positions=True,
-                   position_head=corpus == "bandai", dtype="float32")
+                   position_head=corpus != "deepmimic", dtype="float32")
     # The pose (root-relative, MPJPE's quantity) carries the weight; the global position term keeps the
     # root trajectory. With position=10 alone, metres of root travel dominated the gradient: 7.69 ->
     # 3.21 cm validation at 400 steps.
@@ -68,7 +72,7 @@ def get_config(arg: str | None = None):
     # At 3,000 steps, dropout 0.1 (1.45), width 256 at 3e-3 (1.67), kernel 9 (1.45), depth 2 (1.64),
     # time reversal, and with the head learning rate 3e-3 and a parameter EMA did not help (docs/models.md).
     c.train.update(warmup_steps=100, weight_decay=1e-4, eval_every=500, checkpoint_every=500, references=())
-    if corpus == "bandai":
+    if corpus != "deepmimic":
         # Muon (train.step.make_optimizer: every weight of rank >= 2, conv kernels as [taps*in, out], at
         # AdamW's update RMS, so AdamW's rate, warmup and cosine carry over): 1.0 cm validation in 1,750
         # steps against AdamW's 4,500 (3 seeds), and 0.42 / 0.83 cm validation / ood_validation against

@@ -29,7 +29,14 @@ def get_config() -> ml_collections.ConfigDict:
     # "memory": the largest batch whose train step fits device memory; "throughput": the fastest that
     # fits (motionjax.train.batch_finder, run by the trainer before its first step); replaces batch_size.
     c.data.auto_batch = ""
-    c.data.worker_count = 0            # grain mp_prefetch workers; 0 (main process) is best on 2 cores
+    # Where the training corpus lives (motionjax.data.feed): "device" (frames on every device once; windows
+    # drawn, gathered and augmented there: the host moves nothing per step), "stream" (Grain reads records
+    # through a host cache and ships each window's frames; the device augments), "auto" (device when it fits).
+    c.data.residency = "auto"
+    c.data.device_share = 0.25         # the share of one device's memory a resident corpus may take
+    c.data.host_cache_mb = 2048.0      # "stream": decoded segments kept in host RAM (per worker process)
+    # "stream": Grain worker processes; 0 = in the main process; -1 = measured at start (feed.auto_workers)
+    c.data.worker_count = -1
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
     c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform
@@ -166,6 +173,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_bucket_mb = 4.0       # explicit reductions: leaves summed in buckets of about this (fp32)
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
     c.train.log_every = 10             # steps between train-metric logs
+    c.train.progress_every = 100       # no terminal (a log file, CI): a progress line every this many steps
     c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
@@ -196,11 +204,31 @@ def get_config() -> ml_collections.ConfigDict:
 BANDAI_SOURCE = "../shared/data/bandai-namco-1/data"
 
 
+# A folder of your own motion files (docs/your_data.md): the config variants ``folder`` of
+# experiments/autoencoder.py and experiments/predict.py; --config.data.source=DIR names it.
+FOLDER_SPLITS = {"train": "rest", "validation": "stratified:content:0.1", "test": "stratified:content:0.1"}
+
+
 # Contents never trained on (docs/models.md "Off the training distribution"): each set is one
 # everyday gesture (15 clips, one per style) and the rarest combat and reply contents (1-2 clips), so
 # the two are alike in kind and disjoint; the mirrored pair walk-left/walk-right stays in training.
 BANDAI_OOD = {"ood_validation": "label:content=guide,punch,kick",
               "ood_test": "label:content=bow,slash,respond"}
+
+
+def use_folder(c: ml_collections.ConfigDict, window: int | None = None) -> ml_collections.ConfigDict:
+    """Point ``c.data`` at a folder of motion files (BVH, DeepMimic), given on the command line
+    (``--config.data.source=DIR``; until then empty, which the trainer refuses with that hint): whole
+    clips drawn for ~10% validation and ~10% test (per ``content`` label where clips have label
+    sidecars, else at random: :data:`FOLDER_SPLITS`). The prepared directory is
+    ``data_cache/folder_w<window>[_clean]`` (another folder there replaces it: give each corpus its own
+    ``--config.data.dir`` to keep several)."""
+    if window is not None:
+        c.data.window = window
+    c.data.source = ""
+    c.data.dir = f"data_cache/folder_w{c.data.window}" + ("_clean" if c.data.clean == "repair" else "")
+    c.data.splits = ml_collections.ConfigDict(FOLDER_SPLITS)
+    return c
 
 
 def use_bandai(c: ml_collections.ConfigDict, window: int | None = None, ood: bool = False

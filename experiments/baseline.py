@@ -2,7 +2,7 @@
 
 Same data, model and loss, done the plain way: the main-thread numpy loader (no Grain, no
 prefetch), fp32 compute, and the dense ``jax.jacfwd`` Jacobian in the dynamics loss. The default
-experiment has the dynamics loss off, so there the Jacobian changes nothing: ``scripts/bench.py``
+experiment has the dynamics loss off, so there the Jacobian changes nothing: ``benchmarks/bench.py``
 turns it on in both configs it compares.
 
 ``get_config()`` is the plain ``deepmimic_denoise``; ``get_config("NAME")`` or

@@ -10,7 +10,7 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     c = base.get_config()
-    c.model.dtype = "float32"         # on CPU bf16 matmuls are slower than fp32 (scripts/bench.py, part e)
+    c.model.dtype = "float32"         # on CPU bf16 matmuls are slower than fp32 (benchmarks/bench.py, part e)
     # Why this model (#13; unseen clips = the test split, noise level 1, root-relative MPJPE, cm):
     # the previous default, a residual transformer whose correction went through a stride-2, 32-numbers-
     # per-frame bottleneck, made noisy unseen input worse (4.44 out vs 3.40 in) and added 3.7 cm to

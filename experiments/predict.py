@@ -18,7 +18,8 @@ zero-velocity and constant-velocity baselines and the truth's own plausibility b
 
 Variants (``--config experiments/predict.py:VARIANT``), comma-separated:
   ``bandai`` (default) or ``deepmimic``: the corpus (Bandai: 60 observed + 30 predicted frames at
-  30 fps; DeepMimic's short segments: 20 + 12 frames in its 32-frame windows);
+  30 fps; DeepMimic's short segments: 20 + 12 frames in its 32-frame windows); ``folder``: your motion
+  files (``--config.data.source=DIR``), as Bandai (docs/your_data.md);
   ``long``: Bandai, 2 s predicted (60 + 60 frames; the 2 s horizon is scored too);
   ``simlpe``: the siMLPe-style reference alone (every DCT frequency of the forecast kept; the default
   run trains it beside the model, ``train.reference_models``);
@@ -30,7 +31,7 @@ import ml_collections
 
 from experiments import base
 
-FLAGS = ("bandai", "deepmimic", "long", "simlpe", "dynamics", "alone", "runlocal")
+FLAGS = ("bandai", "deepmimic", "folder", "long", "simlpe", "dynamics", "alone", "runlocal")
 
 
 def get_config(arg: str | None = None):
@@ -39,14 +40,14 @@ def get_config(arg: str | None = None):
     if unknown:
         raise ValueError(f"unknown config variant {unknown}; expected some of {FLAGS}")
     c = base.get_config()
-    corpus = "deepmimic" if "deepmimic" in parts else "bandai"
+    corpus = next((p for p in ("deepmimic", "folder") if p in parts), "bandai")
     if corpus == "deepmimic":
         if "long" in parts:
             raise ValueError("variant 'long' needs Bandai (DeepMimic's segments are shorter than 2 s + 2 s)")
         c.data.update(window=32, chunk=8, observed=20)  # base's prepared DeepMimic windows
     else:
         future = 60 if "long" in parts else 30  # frames at 30 fps: 2 s or 1 s
-        base.use_bandai(c, window=60 + future)
+        (base.use_folder if corpus == "folder" else base.use_bandai)(c, window=60 + future)
         c.data.update(chunk=30, observed=60)
         c.data.update(mirror_prob=0.5, speed_range=1.25)  # the autoencoder's augmentation (docs/models.md)
     c.data.batch_size = 32

@@ -1,6 +1,7 @@
 """Apply a trained run to motion files of any length: denoise a capture, or encode and decode it.
 
-    scripts/apply.py --workdir RUN INPUT.bvh|DIR [...] --out DIR [--step best] [--overlap FRAMES]
+    motionjax apply --workdir RUN INPUT.bvh|DIR [...] --out DIR [--step best] [--overlap FRAMES]
+    (or scripts/apply.py, the same)
 
 Each file is read in the run's units, frame rate and joint order (the same tree in any order), cut
 into the run's windows overlapping by ``--overlap`` frames (default a quarter window), run through the

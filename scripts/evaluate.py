@@ -1,16 +1,20 @@
 """Evaluate a trained run on another corpus: the trainer's metrics table, and its JSON.
 
-    scripts/evaluate.py --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
+    motionjax evaluate --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
+    (or scripts/evaluate.py, the same)
 
 ``--data``: a prepared directory (``index.json``; its skeleton must be the run's, its split
 ``--split``), or motion files (a file, a directory or a quoted glob such as ``'capture/*.bvh'``),
 prepared on first use with the run's settings (frame rate, window, units, joint order) into
-``data_cache/eval/`` with every clip in ``--split``; a file that does not read or has another
-skeleton is named and left out. The model is the run's checkpoint ``--step`` (default: the best on
-validation), its input standardized with the run's own statistics; the table has the model, its
+``data_cache/eval/`` with every clip in ``--split``, none dropped as a copy of another (``--dedup``
+drops copies, as training data is). Every file left out (it does not read, another skeleton) and
+every clip scored on less (shorter than the window: fewer frames, a forecaster's fewer horizons) is
+named on the console with its reason. The model is the run's checkpoint ``--step`` (default: the best
+on validation), its input standardized with the run's own statistics; the table has the model, the
+reference models trained beside it (``RUN/NAME``: ``train.reference_models``, ``no_dynamics``), its
 input and the per-frame PCA reference (fitted on the run's training data), as the trainer prints; a
 forecasting run's (``experiments/predict.py``) is its horizon table beside the zero- and
-constant-velocity baselines and the truth.
+constant-velocity baselines and the truth, with how many clips each horizon averages.
 The JSON goes to ``--out`` (default ``RUN/eval/<corpus>_<split>.json``).
 """
 import json
@@ -25,6 +29,7 @@ _SPLIT = flags.DEFINE_string("split", "test", "split to evaluate (motion files a
 _STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
 _OUT = flags.DEFINE_string("out", None, "JSON path (default RUN/eval/<corpus>_<split>.json)")
 _CACHE = flags.DEFINE_string("cache", "data_cache/eval", "where motion files are prepared")
+_DEDUP = flags.DEFINE_bool("dedup", False, "drop copies among the motion files, as training data does")
 flags.mark_flags_as_required(["workdir", "data"])
 
 
@@ -39,15 +44,17 @@ def main(argv):
     step = int(_STEP.value) if _STEP.value.isdigit() else _STEP.value
     try:
         run = trained.load(_WORKDIR.value, step)
-        info = runs.corpus_for(run, _DATA.value, _SPLIT.value, _CACHE.value)
-        results = runs.evaluate(run, info, _SPLIT.value)
+        info = runs.corpus_for(run, _DATA.value, _SPLIT.value, _CACHE.value, dedup=_DEDUP.value)
+        results = runs.evaluate(run, info, _SPLIT.value, references=_WORKDIR.value)
     except (FileNotFoundError, ValueError, MotionFormatError, inference.SkeletonMismatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     name = Path(info.data_dir).name
     table = evaluators.forecast_table(results) or evaluators.results_table(results)
+    segments = info.splits[_SPLIT.value]
     print(f"{_WORKDIR.value} step {run.step} on {info.data_dir} ({_SPLIT.value}: "
-          f"{len(info.splits[_SPLIT.value])} segments, {info.split_frames(_SPLIT.value)} frames)")
+          f"{len({c for c, _, _ in segments})} clips, {len(segments)} segments, "
+          f"{info.split_frames(_SPLIT.value)} frames; files left out: {len(info.skipped)})")
     print("\n".join(table))
     out = Path(_OUT.value or Path(_WORKDIR.value) / "eval" / f"{name}_{_SPLIT.value}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Export a trained run for inference: ``scripts/export.py --workdir runs/x [--out DIR] [--batch 1]``.
+"""Export a trained run for inference: ``motionjax export --workdir runs/x [--out DIR] [--batch 1]``
+(or ``scripts/export.py``, the same).
 
 Writes ``model.stablehlo`` (``jax.export``, any batch), ``model.onnx`` (jax2onnx, ``--batch``
 windows per call) and ``model_int8.onnx`` (onnxruntime dynamic int8) into ``--out`` (default

@@ -1,11 +1,13 @@
 """Convert motion files into ArrayRecord shards + index.json + feature stats (motionjax.data.prepare).
 
-    python scripts/prepare_data.py                         # DeepMimic clips -> data_cache/deepmimic_clean
-    python scripts/prepare_data.py --source '../shared/data/bandai-namco-1/data/*.bvh' \\
+    motionjax prepare                         # DeepMimic clips -> data_cache/deepmimic_clean
+    motionjax prepare --source '../shared/data/bandai-namco-1/data/*.bvh' \\
         --out data_cache/bandai1 \\
         --split train=rest --split validation=stratified:content:0.1 --split test=stratified:content:0.1
-    python scripts/prepare_data.py --config experiments/autoencoder.py  # a config's data settings
-    python scripts/prepare_data.py --synthetic 128000 --out data_cache/synthetic   # I/O benchmarks
+    motionjax prepare --config experiments/autoencoder.py  # a config's data settings
+    motionjax prepare --synthetic 128000 --out data_cache/synthetic   # I/O benchmarks
+
+(``motionjax prepare`` runs this script, ``scripts/prepare_data.py``: the same flags.)
 
 Units are detected from the bone lengths (``--units`` overrides), a placeholder root joint is
 folded, label sidecars (``clip.json``) are read, duplicates are dropped. Re-running with the same

@@ -1,51 +1,31 @@
 """Watch motion: skeletons side by side as an MP4 (or GIF).
 
-    scripts/render.py A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
-    scripts/render.py --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
+    motionjax render A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
+    motionjax render --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
+    (or scripts/render.py, the same)
                                                                 a run's held-out clip: input / output / truth
 
 Files are read in their own units (detected from the bone lengths) and drawn at the first file's
-frame rate, cut to the shortest; e.g. an input and ``scripts/apply.py``'s output of it. With
+frame rate, cut to the shortest, one panel each, titled by file stem (by path where stems collide:
+``clip.bvh out/clip.bvh`` draws ``clip`` and ``out/clip``); e.g. an input and ``scripts/apply.py``'s
+output of it. With
 ``--workdir``, the run's model (its best checkpoint) is applied to a whole clip of ``--split``
 (default: the one that moves most), the input noised as the run's clip evaluator does, and drawn next
 to the truth. The frames come from :func:`motionjax.evaluation.artifacts.render_video`, as the trainer's
 ``heldout_clip.mp4``.
 """
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
 
 _OUT = flags.DEFINE_string("out", None, "video file to write (.mp4 or .gif)")
-_NAMES = flags.DEFINE_list("names", None, "panel titles (default: the file stems)")
+_NAMES = flags.DEFINE_list("names", None, "panel titles (default: the file stems; paths where they collide)")
 _WORKDIR = flags.DEFINE_string("workdir", None, "a run directory: render one of its held-out clips")
 _SPLIT = flags.DEFINE_string("split", "test", "with --workdir: the split to take the clip from")
 _CLIP = flags.DEFINE_string("clip", None, "with --workdir: clip name (default: the one with most motion)")
 _STEP = flags.DEFINE_string("step", "best", "with --workdir: checkpoint step, 'best' or 'latest'")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "with --workdir: at most this much of the clip")
 flags.mark_flag_as_required("out")
-
-
-def render_files(paths, out, names=None) -> int:
-    import numpy as np
-
-    from motionjax.data import corpus, transforms
-    from motionjax.evaluation import artifacts
-    from motionjax.formats import load
-
-    motions = [corpus.conform(load(p))[0] for p in paths]
-    fps = motions[0].fps
-    clips = {}
-    for name, m in zip(names or [Path(p).stem for p in paths], motions, strict=True):
-        root, rotations = transforms.resample(m.root_position, m.rotations, m.fps, fps)
-        m = type(m)(m.skeleton, fps, root, rotations, name=m.name)
-        clips[name] = m.positions()
-    frames = min(len(c) for c in clips.values())
-    skeletons = {m.skeleton.names for m in motions}
-    if len(skeletons) > 1:
-        raise ValueError(f"the files have {len(skeletons)} different skeletons; render them one by one")
-    return artifacts.render_video(motions[0].skeleton, {k: np.asarray(v[:frames]) for k, v in clips.items()},
-                                  out, fps)
 
 
 def main(argv):
@@ -57,7 +37,9 @@ def main(argv):
 
     try:
         if paths:
-            n = render_files(paths, _OUT.value, _NAMES.value)
+            from motionjax.evaluation import artifacts
+
+            n = artifacts.render_files(paths, _OUT.value, _NAMES.value)
         else:
             from motionjax.efficiency import trained
             from motionjax.evaluation import artifacts, runs

@@ -1,4 +1,5 @@
-"""Train an experiment: ``scripts/train.py --config experiments/X.py[:VARIANT] [--workdir runs/x]``.
+"""Train an experiment: ``motionjax train --config experiments/X.py[:VARIANT] [--workdir runs/x]``
+(``motionjax train`` runs this script, ``scripts/train.py``: the same flags).
 
 The run directory defaults to ``runs/X[_VARIANT]`` (:func:`experiments.run_name`).
 
@@ -55,7 +56,12 @@ def main(argv):
     try:
         train.check_config(config, jax.device_count(), jax.process_count())
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
-            pipeline.dataset_info(config.data)
+            d = config.data
+            if d.source != "synthetic" and not os.path.exists(os.path.join(d.dir, "index.json")):
+                print(f"data: preparing {d.source} into {d.dir} (once: later runs reuse it)", flush=True)
+            info = pipeline.dataset_info(d)
+            if d.source != "synthetic":
+                print(f"data: {prepare.summary_line(info)}", flush=True)
         multihost_utils.sync_global_devices("dataset prepared")
         summary = train.run_experiment(config, workdir)
     except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError, records.DamagedShardError,

@@ -1,10 +1,10 @@
-"""scripts/ablations.py's arithmetic: steps to a target between evaluations, and the seed table."""
+"""benchmarks/ablations.py's arithmetic: steps to a target between evaluations, and the seed table."""
 import importlib.util
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ablations.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ablations.py"
 spec = importlib.util.spec_from_file_location("ablations", SCRIPT)
 ablations = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ablations)

@@ -118,9 +118,9 @@ def test_a_foreign_corpus_is_prepared_once_in_the_runs_joint_order(spec, tmp_pat
     info = inference.prepare_corpus([good, broken], spec, settings, tmp_path / "cache", log=lines.append)
     assert info.names == ("good",) and info.skeleton.names == spec.skeleton.names
     assert list(info.splits) == ["test"] and info.fps == spec.fps and info.window == spec.window
-    assert len(lines) == 1 and lines[0].startswith(f"error: {broken}:")
+    assert len(lines) == 1 and lines[0].startswith(f"skipped {broken}: ")
     again = inference.prepare_corpus([good, broken], spec, settings, tmp_path / "cache", log=lines.append)
-    assert again.data_dir == info.data_dir and len(lines) == 1  # prepared once
+    assert again.data_dir == info.data_dir and lines == [lines[0]] * 2  # prepared once, named each time
 
 
 def _biased(x):

@@ -272,7 +272,7 @@ def test_torch_loss_matches_motionjax_on_clip_bones_and_padding():
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/bench.py and its report (benchmarks/report.py)
+# benchmarks/bench.py and its report (benchmarks/report.py)
 
 
 def test_bench_skips_torch_part_without_torch(monkeypatch, tmp_path):
@@ -384,34 +384,34 @@ def test_bench_run_keeps_finished_parts_when_one_fails_or_is_stopped(monkeypatch
         return dict(GROWTH)
 
     monkeypatch.setattr(suite, "RUNNERS", {"train": fail, "growth": growth})
-    results = suite.run(["growth", "train"], "quick", tmp_path, "python scripts/bench.py --quick")
+    results = suite.run(["growth", "train"], "quick", tmp_path, "python benchmarks/bench.py --quick")
     assert list(results["parts"]) == ["train", "growth"]  # in PARTS order, whatever the order asked
     assert set(results["part_wall_s"]) == {"train", "growth"}
     table = (tmp_path / "bench.md").read_text()
     assert "**train: failed** (RuntimeError: boom)" in table and "| step time ∝ T^k | k = 1.00" in table
-    assert "`python scripts/bench.py --quick`" in table and "Time per part: train" in table
+    assert "`python benchmarks/bench.py --quick`" in table and "Time per part: train" in table
 
     def stop(sizes, out, done):
-        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM through scripts/bench.py's handler
+        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM through benchmarks/bench.py's handler
 
     monkeypatch.setattr(suite, "RUNNERS", {"mfu": stop, "growth": growth})
     (tmp_path / "bench.json").write_text(json.dumps({"parts": {"train": {"error": "RuntimeError: boom"}}}))
     with pytest.raises(KeyboardInterrupt):
-        suite.run(["mfu", "growth"], "quick", tmp_path, "python scripts/bench.py --quick")
+        suite.run(["mfu", "growth"], "quick", tmp_path, "python benchmarks/bench.py --quick")
     kept = json.loads((tmp_path / "bench.json").read_text())
     assert kept["parts"]["mfu"]["error"] == "interrupted" and "growth" not in kept["parts"]
 
 
 def test_bench_command_line_picks_the_mode_and_grid_budget(monkeypatch):
-    from scripts import bench
+    from benchmarks import bench
     calls = []
     monkeypatch.setattr(bench, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
     bench.main(["--full", "--parts", "dynamics", "--grid-budget", "0"])
     bench.main(["--quick"])
     bench.main([])
     (parts, mode, _, command), kwargs = calls[0]
-    assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python scripts/bench.py --full --parts "
-                                              "dynamics --grid-budget 0", {"grid_budget_s": 0.0})
+    assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python benchmarks/bench.py --full "
+                                              "--parts dynamics --grid-budget 0", {"grid_budget_s": 0.0})
     assert calls[1][0][:2] == (["train", "torch", "mfu", "growth"], "quick")
     assert calls[2][0][:2] == (list(bench.PARTS), "default") and calls[2][1] == {"grid_budget_s": None}
     for argv in (["--quick", "--full"], ["--parts", "train,fk"]):
@@ -438,7 +438,7 @@ def test_bench_table_states_the_grid_targets_on_the_joints_measured():
             "not_run": [{"J": "52 (random_tree)", "frames": 4096, "dtype": "float32"}],
             "grid_budget_s": 180.0, "targets": dynamics_grid.check_targets(rows)}
     part = {"results": grid, "markdown": dynamics_grid.markdown(grid), "met": True}
-    table = report.markdown({"quick": False, "mode": "default", "command": "python scripts/bench.py",
+    table = report.markdown({"quick": False, "mode": "default", "command": "python benchmarks/bench.py",
                              "date": "", "wall_s": 1.0, "parts": {"dynamics": part},
                              "machine": report.machine()})
     assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** "

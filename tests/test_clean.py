@@ -171,7 +171,7 @@ def test_a_clean_clip_is_left_alone(motion):
 def test_every_injected_kind_is_found_where_it_was_put(motion, kind):
     rng = np.random.default_rng(1)
     # The smallest pop (0.4 m) is within a fast joint's frame-to-frame motion of the 0.35 m bound: its
-    # recall is measured (scripts/bench_clean.py), not asserted.
+    # recall is measured (benchmarks/bench_clean.py), not asserted.
     for magnitude in anomalies.MAGNITUDES[kind][kind == "pop":]:
         bad, truth = anomalies.inject(motion, kind, magnitude, rng)
         rep = prepare.convert(bad, _settings())["cleaning"]

@@ -1,5 +1,7 @@
-"""The Grain pipeline: determinism, exact resume (state and orbax), per-process shards, global
-sharded batches, workers, eval coverage, bad records in the stream, dynamics-weighted sampling."""
+"""The Grain pipeline (the stream tier: training spans) and the held-out batches: determinism, exact
+resume (state and orbax), per-process shards, global sharded batches, workers, eval coverage, bad
+records in the stream, dynamics-weighted sampling, the host segment cache, and the window reads
+(speed, reversal, pose offset) in numpy. The device side of training batches: tests/test_feed.py."""
 import logging
 
 import grain
@@ -10,8 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
-from motionjax import parallel
-from motionjax.data import pipeline, prepare, records, transforms
+from motionjax.data import feed, pipeline, prepare, records, transforms
 from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
 
 
@@ -36,22 +37,19 @@ def _equal(a, b):
     return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
 
 
-def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
+def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
     its = [pipeline.make_train_iterator(cfg, info, seed=s) for s in (0, 0, 1)]
     try:
         a, b, c = (_take(it, 3) for it in its)
     finally:
         for it in its:
             it.close()
-    n, f = cfg.window // cfg.chunk, info.feature_dim
-    assert {k: v.shape for k, v in a[0].items()} == {
-        "noisy": (8, n, cfg.chunk, f), "clean": (8, n, cfg.chunk, f), "mask": (8, n, cfg.chunk, 1),
-        "valid": (8, n, cfg.chunk, 1), "offsets": (8, info.skeleton.num_joints, 3)}
-    assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in a[0].values())
+    j = info.skeleton.num_joints
+    assert {k: (v.shape, v.dtype) for k, v in a[0].items()} == {
+        "root_position": ((8, cfg.window, 3), np.float32), "rotations": ((8, cfg.window, j, 4), np.float32),
+        "length": ((8,), np.int32), "offsets": ((8, j, 3), np.float32)}
+    assert all(np.isfinite(v).all() for v in a[0].values()) and (a[0]["length"] > 0).all()
     assert _equal(a, b) and not _equal(a, c)
-    # Clean features are standardized with the stored stats: roughly zero mean, unit scale.
-    clean = np.concatenate([x["clean"] for x in a]).reshape(-1, f)
-    assert abs(clean.mean()) < 0.2 and 0.5 < clean.std() < 1.5
 
 
 def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
@@ -85,30 +83,28 @@ def test_process_blocks_are_the_one_process_batches(info, cfg, count):
     with pytest.raises(ValueError, match="does not split over 3 processes"):
         pipeline.ProcessBlocks(stream, cfg.batch_size, 0, 3)
 
-    plain = cfg.copy_and_resolve_references()
-    plain.mirror_prob = 0.0  # drawn per batch, in each process (it would mirror other windows)
-    one = pipeline.train_dataset(plain, info, seed=0)
-    shares = [pipeline.train_dataset(plain, info, seed=0, process_index=i, process_count=count)
+    one = pipeline.train_dataset(cfg, info, seed=0)
+    shares = [pipeline.train_dataset(cfg, info, seed=0, process_index=i, process_count=count)
               for i in range(count)]
     for want, *parts in zip(_take(iter(one), 2), *(_take(iter(s), 2) for s in shares), strict=True):
-        assert all(p["clean"].shape[0] == cfg.batch_size // count for p in parts)
-        np.testing.assert_array_equal(np.concatenate([p["clean"] for p in parts]), want["clean"])
-        np.testing.assert_array_equal(np.concatenate([p["valid"] for p in parts]), want["valid"])
+        assert all(p["rotations"].shape[0] == cfg.batch_size // count for p in parts)
+        for key in want:
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key], err_msg=key)
 
 
 def test_device_prefetch_builds_global_sharded_batches(cfg, info):
     mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    sharding = NamedSharding(mesh, PartitionSpec("data", "time", None, None))
-    shardings = parallel.batch_shardings(mesh, ("noisy", "clean", "valid"))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    shardings = feed.span_shardings(mesh, ("root_position", "rotations", "length"))
     host = pipeline.make_train_iterator(cfg, info, seed=5)
     dev = pipeline.make_train_iterator(cfg, info, seed=5, shardings=shardings)
     try:
         expected = _take(host, 3)
         for want in expected:
             got = next(dev)
-            assert sorted(got) == ["clean", "noisy", "valid"]  # only the keys given shardings travel
-            assert isinstance(got["noisy"], jax.Array) and got["noisy"].sharding == sharding
-            assert len(got["noisy"].addressable_shards) == 8
+            assert sorted(got) == ["length", "root_position", "rotations"]  # only keys with shardings travel
+            assert isinstance(got["rotations"], jax.Array) and got["rotations"].sharding == sharding
+            assert len(got["rotations"].addressable_shards) == 8
             assert _equal([jax.tree.map(np.asarray, got)], [want])
         state = dev.get_state()
         after = _take(dev, 1)
@@ -153,10 +149,10 @@ def test_eval_batches_cover_the_split_deterministically(cfg, info):
 
 def test_naive_loader_has_the_same_batch_layout(cfg, info):
     naive = next(pipeline.make_naive_train_iterator(cfg, info, seed=0))
-    it = pipeline.make_train_iterator(cfg, info, seed=0)
-    grain_batch = next(it)
+    it = feed.Feed(cfg, info, seed=0, mode="stream")
+    fed = next(it)
     it.close()
-    assert {k: v.shape for k, v in naive.items()} == {k: v.shape for k, v in grain_batch.items()}
+    assert {k: v.shape for k, v in naive.items() if k != "mask"} == {k: v.shape for k, v in fed.items()}
 
 
 def test_window_sampling_follows_the_dynamics_mixture(cfg, info):
@@ -189,8 +185,10 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
     length = seg[2] - seg[1]
     assert cfg.window / 2 <= length < cfg.window  # 30 frames at 30 fps
     assert any(tuple(s[1:]) == seg for s in pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling))
-    sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
-    win = sample((0, *seg), np.random.default_rng(0))
+    span = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)((0, *seg), np.random.default_rng(0))
+    assert span["length"] == length
+    read = transforms.read_window(span["root_position"], span["rotations"], span["length"], cfg.window)
+    win = dict(zip(("root_position", "rotations", "valid"), read, strict=True))
     np.testing.assert_array_equal(win["valid"], np.arange(cfg.window) < length)
     clip = pipeline.ClipSource(info)[walk]
     np.testing.assert_array_equal(win["rotations"][:length], clip["rotations"][:length])
@@ -204,7 +202,7 @@ def test_short_segments_train_as_edge_padded_windows(cfg, info):
 def test_speed_augmentation_plays_windows_faster_or_slower(cfg, info):
     """``data.speed_range``: a window at speed 2 is every other frame of the clip, at speed 1/2 every
     other frame is the slerp midpoint of its neighbours; frames past the segment are edge padding
-    and marked invalid; off by default (no extra random draw: the same windows as before)."""
+    and marked invalid; off by default (the span is the window itself)."""
     clip_id, begin, end = info.splits["train"][0]
     clip = pipeline.ClipSource(info)[clip_id]
     root, rots = clip["root_position"], clip["rotations"]
@@ -222,24 +220,26 @@ def test_speed_augmentation_plays_windows_faster_or_slower(cfg, info):
     np.testing.assert_allclose(tail["root_position"][2:], root[[end - 1] * 6], atol=1e-6)
     assert cfg.speed_range == 1.0
     sample = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)
-    win = sample((0, clip_id, begin, end), np.random.default_rng(3))
-    cdf = sample._segment(clip_id, begin, end)[1]
+    span = sample((0, clip_id, begin, end), np.random.default_rng(3))
+    cdf = sample._segment(clip_id, begin, end)["cdf"]
     start = begin + int(np.searchsorted(cdf, np.random.default_rng(3).random() * cdf[-1], side="right"))
-    np.testing.assert_array_equal(win["rotations"], rots[start:start + cfg.window])
+    np.testing.assert_array_equal(span["rotations"], rots[start:start + cfg.window])
     faster = cfg.copy_and_resolve_references()
     faster.speed_range = 1.25
-    speeds = pipeline.SampleWindow(pipeline.ClipSource(info), info, faster)
-    win = speeds((0, clip_id, begin, end), np.random.default_rng(3))
-    assert not np.array_equal(win["rotations"], rots[start:start + cfg.window])
+    longer = pipeline.SampleWindow(pipeline.ClipSource(info), info, faster)((0, clip_id, begin, end),
+                                                                            np.random.default_rng(3))
+    assert longer["rotations"].shape[0] == transforms.span_frames(cfg.window, 1.25) > cfg.window
+    np.testing.assert_array_equal(longer["rotations"][:cfg.window], span["rotations"])  # the same start
 
 
 def _plain_and_augmented(cfg, info, slot, seed: int, **augmentation) -> tuple[dict, dict]:
-    """The window of ``slot`` sampled with the config as is (each augmentation off) and with
-    ``augmentation`` set, from the same random draws."""
+    """The window of ``slot`` read (:func:`pipeline.host_window`, the device path's transforms in numpy)
+    with the config as is (each augmentation off) and with ``augmentation`` set, from the same draws."""
     assert all(cfg[k] == 0.0 for k in augmentation)
     augmented_cfg = cfg.copy_and_resolve_references()
     augmented_cfg.update(augmentation)
-    return tuple(pipeline.SampleWindow(pipeline.ClipSource(info), info, c)(slot, np.random.default_rng(seed))
+    span = pipeline.SampleWindow(pipeline.ClipSource(info), info, cfg)(slot, np.random.default_rng(seed))
+    return tuple(pipeline.host_window(span, c, info.skeleton, np.random.default_rng(seed))
                  for c in (cfg, augmented_cfg))
 
 
@@ -292,7 +292,7 @@ def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog)
     with caplog.at_level(logging.WARNING):
         batches = _take(it, 4)
     it.close()
-    assert all(np.isfinite(b["noisy"]).all() for b in batches)
+    assert all(np.isfinite(b["root_position"]).all() for b in batches)
     assert "humanoid3d_cartwheel" in caplog.text and "NaN" in caplog.text
     strict = cfg.copy_and_resolve_references()
     strict.strict = True
@@ -317,8 +317,8 @@ def test_synthetic_corpus_streams_without_storage(cfg):
     it = pipeline.make_train_iterator(c, info, seed=0)
     batch = next(it)
     it.close()
-    assert batch["noisy"].shape == (c.batch_size, c.window // c.chunk, c.chunk, info.feature_dim)
-    assert np.isfinite(batch["noisy"]).all() and batch["valid"].all()
+    assert batch["rotations"].shape == (c.batch_size, c.window, info.skeleton.num_joints, 4)
+    assert np.isfinite(batch["rotations"]).all() and (batch["length"] >= c.window).all()
     # The held-out tails (13 frames each) evaluate as padded windows.
     batches = pipeline.make_eval_batches(c, info, "validation")
     assert len(batches) == 40 // c.batch_size and sum(float(b["valid"].sum()) for b in batches) == 40 * 13
@@ -361,3 +361,37 @@ def test_std_floor_raises_only_the_smallest_stds(cfg, info):
     np.testing.assert_array_equal(got.std[~low], info.std[~low])
     np.testing.assert_array_equal(got.std[low], np.float32(0.05))
     np.testing.assert_array_equal(got.mean, info.mean)
+
+
+def test_the_host_cache_keeps_dynamic_segments_longest_and_counts_hits():
+    """:class:`pipeline.SegmentCache`: over capacity the calmest segment goes first (the oldest among
+    equals); a segment larger than the cache is not kept and evicts nothing; hits and misses count."""
+    cache = pipeline.SegmentCache(capacity=300)
+    for key, priority in (("calm", 1.0), ("burst", 9.0), ("mid", 5.0)):
+        assert cache.get(key) is None
+        cache.put(key, key.upper(), 100, priority)
+    cache.put("new", "NEW", 100, 3.0)  # full: "calm" goes, not the oldest-but-dynamic "burst"
+    assert cache.get("calm") is None and cache.get("burst") == "BURST" and cache.get("new") == "NEW"
+    cache.put("huge", "HUGE", 301, 99.0)
+    assert cache.get("huge") is None and cache.get("mid") == "MID"
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["evictions"], stats["segments"]) == (3, 5, 1, 3)
+    assert stats["hit_rate"] == 3 / 8
+
+
+def test_a_small_host_cache_still_yields_the_same_spans(cfg, info):
+    """The cache changes what is read when, never what is drawn: the span stream with a cache that
+    holds one segment equals the stream with one that holds them all, and misses more."""
+    tiny = cfg.copy_and_resolve_references()
+    tiny.host_cache_mb = 0.01
+    samplers = {k: [] for k in ("all", "tiny")}
+    its = {k: pipeline.make_train_iterator(c, info, seed=4, sampler=samplers[k])
+           for k, c in (("all", cfg), ("tiny", tiny))}
+    try:
+        got = {k: _take(it, 6) for k, it in its.items()}
+    finally:
+        for it in its.values():
+            it.close()
+    assert _equal(got["all"], got["tiny"])
+    full, small = (samplers[k][0].cache.stats() for k in ("all", "tiny"))
+    assert small["hit_rate"] < full["hit_rate"] and small["evictions"] > 0 and full["evictions"] == 0

@@ -1,12 +1,14 @@
 """Multi-controller training: 2 local CPU processes x 2 devices vs 1 process x 4 devices.
 
 The test starts this file twice as a worker (``python tests/test_multiprocess.py WORKDIR``) joined by
-``jax.distributed`` (gloo collectives). Each worker reads only its own share of the data (the
-Grain pipeline shards by process), builds its slice of the global batch, trains 10 steps of the
-real train step on a (data 2 x time 2) mesh whose 'data' axis spans the processes, blocks on every
-step, and checkpoints from both processes. The test then checks, in its own process on 4 devices:
-both processes hold identical parameters; the losses equal a single-process run fed the same global
-batches within 1e-5; and the 2-process checkpoint restores onto the 1-process mesh.
+``jax.distributed`` (gloo collectives). Each worker takes its batches from the training feed
+(:mod:`motionjax.data.feed`: two processes with the corpus resident on their devices, four with it
+streamed, each process reading only its own share), trains 10 steps of the real train step on a
+(data 2 x time 2) mesh whose 'data' axis spans the processes, blocks on every step, and checkpoints
+from both processes. The test then checks, in its own process on 4 devices: both processes hold
+identical parameters; the losses equal a single-process run of its own feed (a batch is a function
+of the seed and the step: the same windows, noise and augmentation) within 1e-5; and the 2-process
+checkpoint restores onto the 1-process mesh.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import pytest
 
 from experiments import base
 from motionjax import parallel, train
-from motionjax.data import pipeline
+from motionjax.data import feed, pipeline
 
 STEPS = 10
 FOUR_STEPS = 5
@@ -38,14 +40,10 @@ def _config(case: str = "two"):
     config = base.get_config()
     config.mesh.shape = (("data", -1), ("time", 2))
     config.data.update(source="synthetic", synthetic_clips=16, synthetic_frames=64, batch_size=4, window=32,
-                       chunk=8, prefetch=0)
+                       chunk=8, prefetch=0, residency="device", speed_range=1.25)
     if case == "four":
         config.mesh.shape = (("data", -1), ("time", 1))
-        config.data.batch_size = 8
-        # No per-batch draws (noise, masks, mirroring: each process draws its own), so the one-process
-        # run's own stream holds the same batches as the four processes' blocks.
-        config.data.update(rot_noise=0.0, pos_noise=0.0, joint_mask_prob=0.0, frame_mask_prob=0.0,
-                           time_warp=0.0, mirror_prob=0.0)
+        config.data.update(batch_size=8, residency="stream")
         config.train.update(grad_reduce="int8", grad_reduce_levels=2, grad_reduce_host_size=2,
                             grad_bucket_mb=0.01)
     config.model.update(dim=32, depth=1, heads=2, halo=4, latent_dim=8, stride=2)
@@ -83,12 +81,11 @@ def worker(workdir: Path, case: str = "two") -> None:
     rows = mesh.devices.reshape(processes, -1)
     assert [{d.process_index for d in row} for row in rows] == [{i} for i in range(processes)], mesh.devices
     info, state, step, window = _setup(config, mesh)
-    shardings = parallel.batch_shardings(mesh, ("noisy", "clean"))
-    iterator = pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
+    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed,
+                         mode=config.data.residency)
     losses = []
     for _ in range(config.train.steps):
-        batch = next(iterator)
-        state, metrics = step(state, {k: batch[k] for k in ("noisy", "clean")})
+        state, metrics = step(state, next(iterator))
         losses.append(float(metrics["loss"]))  # blocks: queued collective steps can hang gloo
     mngr = train.make_checkpoint_manager(workdir, config.train)
     mngr.save(config.train.steps, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
@@ -129,26 +126,23 @@ def _launch(tmp_path, n: int, case: str):
     return codes, "\n".join(f"--- worker {i} ---\n" + log.read_text()[-3000:] for i, log in enumerate(logs))
 
 
-def _assert_one_process_matches(tmp_path, config, devices: int, processes: int, steps: int, params: dict,
-                                mesh_shape=None, own_stream: bool = False, exact: bool = False):
-    """One process on ``devices`` devices, the same mesh, fed the same global batches (the
-    concatenation of the ``processes`` shares, in process order = the order of the 'data' axis; with
-    ``own_stream``, the one-process pipeline's own batches, which hold the same windows): its losses
-    equal the workers' ``losses.json`` (1e-5: the logged loss is a psum, added in the transport's
-    order) and its parameters ``params`` (1e-5; ``exact``: bit for bit). Returns its state."""
+def _assert_one_process_matches(tmp_path, config, devices: int, steps: int, params: dict, mesh_shape=None,
+                                exact: bool = False):
+    """One process on ``devices`` devices, the same mesh, fed by its own feed (the same batches: a
+    batch is a function of the seed and the step): its losses equal the workers' ``losses.json``
+    (1e-5: the logged loss is a psum, added in the transport's order) and its parameters ``params``
+    (1e-5; ``exact``: bit for bit). Returns its state."""
     mesh = parallel.make_mesh(config.mesh, devices=jax.devices()[:devices])
     if mesh_shape is not None:
         assert dict(mesh.shape) == mesh_shape
     info, state, step, window = _setup(config, mesh)
-    shares = [pipeline.make_train_iterator(config.data, info, seed=config.seed, process_index=i,
-                                           process_count=n) for i, n in
-              ([(0, 1)] if own_stream else [(i, processes) for i in range(processes)])]
+    iterator = feed.Feed(config.data, info, mesh, ("noisy", "clean"), seed=config.seed,
+                         mode=config.data.residency)
     losses = []
     for _ in range(steps):
-        parts = [next(it) for it in shares]
-        batch = {k: jax.device_put(np.concatenate([b[k] for b in parts]), window) for k in ("noisy", "clean")}
-        state, metrics = step(state, batch)
+        state, metrics = step(state, next(iterator))
         losses.append(float(metrics["loss"]))
+    iterator.close()
     np.testing.assert_allclose(json.loads((tmp_path / "losses.json").read_text()), losses, rtol=0, atol=1e-5)
     reference = _local_params(state)
     for k in params:
@@ -168,10 +162,9 @@ def test_two_processes_match_one(tmp_path):
     for k in p0:
         np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
 
-    # One process, 4 devices, the same mesh shape, fed the same global batches: the concatenation
-    # of the two processes' shares, in process order (= the order of the 'data' axis).
+    # One process, 4 devices, the same mesh shape, its own feed (the corpus resident on its devices).
     config = _config()
-    state = _assert_one_process_matches(tmp_path, config, 4, 2, STEPS, p0, mesh_shape={"data": 2, "time": 2})
+    state = _assert_one_process_matches(tmp_path, config, 4, STEPS, p0, mesh_shape={"data": 2, "time": 2})
 
     # The 2-process checkpoint restores onto this 1-process mesh.
     mngr = train.make_checkpoint_manager(tmp_path, config.train)
@@ -189,16 +182,15 @@ def test_four_processes_int8_two_level_match_one(tmp_path):
     each process, int8 across the 4 over gloo, an all-gather inside): every process ends with the same
     parameters and residual-fed losses, equal bit for bit to one process on 8 devices with the same
     settings (every sum of the gradient is taken by its owner in device order: only the transport
-    differs), which reads its own data stream: the pipeline gives the processes the blocks of its
-    global batches."""
+    differs), which reads its own data stream: the Grain pipeline gives the processes the blocks of
+    its global batches, and the device draws every example's augmentation by its global index."""
     codes, tails = _launch(tmp_path, 4, "four")
     assert codes == [0] * 4, tails
     params = [dict(np.load(tmp_path / f"params_{i}.npz")) for i in range(4)]
     for p in params[1:]:
         for k in params[0]:
             np.testing.assert_array_equal(p[k], params[0][k], err_msg=k)
-    _assert_one_process_matches(tmp_path, _config("four"), 8, 4, FOUR_STEPS, params[0], own_stream=True,
-                                exact=True)
+    _assert_one_process_matches(tmp_path, _config("four"), 8, FOUR_STEPS, params[0], exact=True)
 
 
 @pytest.mark.slow  # scripts/launch_local.sh: four trainer processes, twice

@@ -5,6 +5,7 @@ import types
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.fft
 from flax import nnx
 
@@ -140,33 +141,87 @@ def test_the_input_never_sees_the_future():
     np.testing.assert_array_equal(a["clean"].reshape(t, -1)[:observed], noisy[:observed])
 
 
-def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(deepmimic_dir, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def forecaster(deepmimic_dir, tmp_path_factory):
+    """A runlocal forecaster trained beside its siMLPe-style reference (``RUN/simlpe``)."""
     from motionjax import train
 
     config = experiments.load("experiments/predict.py:deepmimic,runlocal")
     config.data.dir = str(deepmimic_dir)
-    summary = train.run_experiment(config, tmp_path / "run")
+    workdir = tmp_path_factory.mktemp("forecaster") / "run"
+    return workdir, train.run_experiment(config, workdir)
+
+
+def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(forecaster, deepmimic_dir):
+    workdir, summary = forecaster
     assert summary["status"] == "done" and summary["steps"] == 6
     rows = summary["results"]["test"]["clean"]
     assert {"model", "simlpe", "zero_velocity", "constant_velocity", "truth"} <= set(rows)
     # The reference trained too, with its own (smaller) model.
-    assert (tmp_path / "run" / "simlpe" / "summary.json").exists()
+    assert (workdir / "simlpe" / "summary.json").exists()
     for method in ("model", "simlpe", "zero_velocity", "constant_velocity"):
         assert all(np.isfinite(rows[method][f"mpjpe_{h}ms"]) for h in (80, 160, 320, 400))
         assert rows[method]["mpjpe_400ms"] > rows[method]["mpjpe_80ms"] > 0  # errors grow with the horizon
     assert rows["truth"]["mpjpe"] == 0.0
     # The held-out scalars choose the checkpoint.
     assert "eval/validation/mpjpe" in summary["history"]
-    table = capsys.readouterr().out
+    table = "\n".join(summary["table"])  # what the trainer printed
     assert "zero_velocity" in table and "1000ms" not in table and "400ms" in table
     # scripts/evaluate.py's path: the restored best checkpoint scores test as the run's final table did.
     from motionjax.efficiency import trained
     from motionjax.evaluation import runs
 
-    run = trained.load(tmp_path / "run")
+    run = trained.load(workdir)
     assert run.step == summary["evaluated_step"]
     again = runs.evaluate(run, runs.corpus_for(run, deepmimic_dir), "test")["test"]["clean"]
     for method in ("model", "zero_velocity", "truth"):
         for key, value in rows[method].items():
             np.testing.assert_allclose(again[method][key], value, rtol=1e-4, atol=1e-6,
                                        err_msg=f"{method} {key}")
+
+
+def test_someone_elses_bvh_folder_is_scored_whole_and_says_what_each_horizon_averages(forecaster, tmp_path):
+    """A folder of BVH files as another lab hands it over: two copies of one take under the same file
+    name in two folders, a take shorter than the 32-frame window (26 frames: it reaches the 80 and
+    160 ms horizons, frames 21 and 24, not 320 and 400 ms), one no longer than the 20 observed frames,
+    and a broken file. Every copy is scored (no dedup unless asked), the short ones and the broken one
+    are named with their reasons, each horizon says how many clips it averages, and the siMLPe-style
+    reference the run trained (RUN/simlpe) has its row."""
+    from motionjax.efficiency import trained
+    from motionjax.evaluation import evaluators, runs
+    from motionjax.formats import Motion, deepmimic_clip_paths, load, write_bvh
+
+    workdir, _ = forecaster
+    take = load(next(p for p in deepmimic_clip_paths() if "getup_faceup" in p.name))  # 60 fps, 227 frames
+    at_30 = lambda m, frames: Motion(m.skeleton, 30.0, m.root_position[::2][:frames],
+                                     m.rotations[::2][:frames], name=m.name)
+    folder = tmp_path / "theirs"
+    for sub in ("a", "b"):
+        (folder / sub).mkdir(parents=True)
+        write_bvh(folder / sub / "getup.bvh", at_30(take, None))
+    write_bvh(folder / "part.bvh", at_30(take, 26))
+    write_bvh(folder / "tiny.bvh", at_30(take, 15))
+    (folder / "broken.bvh").write_text("HIERARCHY\nROOT hips\n{\n")
+    run = trained.load(workdir)
+    lines = []
+    info = runs.corpus_for(run, folder, "test", tmp_path / "cache", log=lines.append)
+    assert sorted(info.names) == ["a/getup", "b/getup", "part", "tiny"]  # both copies kept
+    assert lines[0].startswith(f"skipped {folder / 'broken.bvh'}: ") and len(lines) == 3, lines
+    assert lines[1:] == ["short: part: 26 frames, fewer than the run's 32-frame window: scored on its 6 "
+                         "predicted frames, not at 320 ms, 400 ms",
+                         "short: tiny: 15 frames, fewer than the run's 32-frame window, no more than the 20 "
+                         "it observes: nothing to forecast, not scored"]
+    results = runs.evaluate(run, info, "test", references=workdir, log=lines.append)["test"]["clean"]
+    assert {"model", "simlpe", "zero_velocity", "truth"} <= set(results) and len(lines) == 3
+    counts = {k: v for k, v in results["model"].items() if k.startswith("clips")}
+    assert counts == {"clips_80ms": 3, "clips_160ms": 3, "clips_320ms": 2, "clips_400ms": 2, "clips": 3}
+    table = evaluators.forecast_table({"test": {"clean": results}})
+    assert table[1].split() == ["test", "(clips", "averaged)", "3", "3", "2", "2", "3"], table
+    assert [line.split()[1] for line in table[2:4]] == ["model", "simlpe"]
+    # Asked to, the copy goes, named with what it copies.
+    lines.clear()
+    deduped = runs.corpus_for(run, folder, "test", tmp_path / "cache", log=lines.append,
+                              dedup=True)
+    assert sorted(deduped.names) == ["a/getup", "b/getup", "part", "tiny"]  # listed; one in no split
+    assert len({c for c, _, _ in deduped.splits["test"]}) == 3
+    assert any(line.startswith("skipped b/getup: exact duplicate") for line in lines), lines

@@ -87,7 +87,7 @@ def test_draws_follow_the_error_table(cfg, info):
     """After one segment alone has a large error, the next block draws it at its mixture probability
     (binomial bounds), and each window comes from the segment its batch names."""
     it = priority.LossAwareIterator(cfg, info, seed=0)
-    live = np.flatnonzero(it.shares > 0)
+    live = np.flatnonzero(it.table.shares > 0)
     hot = live[len(live) // 2]
     next(it)  # the first block: today's shares
     it.record(1, live, np.where(live == hot, 1.0, 0.01))  # step 1 saw every segment
@@ -95,13 +95,13 @@ def test_draws_follow_the_error_table(cfg, info):
         next(it)
     block = [jax.tree.map(np.asarray, next(it)) for _ in range(cfg.loss_block)]  # drawn from step 1
     q = it.q
-    expected = priority.mixture(it.shares, np.where(np.arange(q.size) == hot, 1.0, 0.01),
+    expected = priority.mixture(it.table.shares, np.where(np.arange(q.size) == hot, 1.0, 0.01),
                                 np.isin(np.arange(q.size), live), cfg.loss_sampling)
     np.testing.assert_allclose(q, expected)
     draws = np.concatenate([b["segment"] for b in block])
     n, p = draws.size, q[hot]
     assert abs((draws == hot).mean() - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-9
-    assert q[hot] > 10 * it.shares[hot] * (1 - cfg.loss_sampling)  # it is drawn far above its floor
+    assert q[hot] > 10 * it.table.shares[hot] * (1 - cfg.loss_sampling)  # it is drawn far above its floor
     it.close()
 
 

@@ -45,3 +45,52 @@ def test_gif_and_render_video_write_the_frame_count(clips, tmp_path):
         assert gif.n_frames == 17 and gif.info["duration"] == 50
     with pytest.raises(ValueError, match="expected .mp4 or .gif"):
         artifacts.write_video([np.zeros((8, 8, 3), np.uint8)], tmp_path / "clip.avi")
+
+
+def test_an_input_and_its_output_of_the_same_name_get_a_panel_each(deepmimic_dir, tmp_path):
+    """``render.py clip.bvh out/clip.bvh`` (an input and ``apply.py``'s output of it): two panels,
+    titled by path where the stems collide."""
+    from experiments import base
+    from motionjax.data.info import load_info
+    from motionjax.evaluation import inference
+    from motionjax.formats import write_bvh
+
+    config = base.get_config()
+    spec = inference.ModelSpec.from_run(config, load_info(deepmimic_dir))
+    source = tmp_path / "clip.bvh"
+    write_bvh(source, read_deepmimic(next(p for p in deepmimic_clip_paths() if "run" in p.name)))
+    written, errors = inference.apply_files(lambda x: x, spec, [source], tmp_path / "out")
+    assert written == [tmp_path / "out" / "clip.bvh"] and not errors
+    paths = [source, written[0]]
+    assert artifacts.panel_names(paths) == ["clip", "out/clip"]
+    assert artifacts.panel_names([source, source]) == ["clip", "clip (2)"]
+    frames = {}
+    for k, files in ((1, paths[:1]), (2, paths)):
+        video = tmp_path / f"{k}.mp4"
+        n = artifacts.render_files(files, video)
+        with av.open(str(video)) as container:
+            decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(decoded) == n == 25                          # run: 25 frames at 30 fps, both files
+        frames[k] = decoded[0]
+    assert frames[2].shape[1] == 2 * frames[1].shape[1] == 480  # a 240-pixel panel per file
+    with pytest.raises(ValueError, match="1 panel names for 2 files"):
+        artifacts.render_files(paths, tmp_path / "x.mp4", names=["input"])
+
+
+def test_long_titles_are_fitted_inside_the_frame(clips, monkeypatch):
+    """A long path as a panel title and a long video title: no ink in the frame's outer columns (a
+    title wider than its panel is clipped at the frame's edge: checked with the fitting turned off)."""
+    skeleton, named = clips
+    long = "/data/captures/2026/session_07/performer_b/walk_forward_then_turn_left.bvh"
+    names = {long: named["input"][:1], "output": named["output"][:1]}
+    title = "a held-out take of performer b from the second session, noise level 1.0"
+
+    def edge_ink(frame):
+        dark = frame.min(axis=-1) < 160
+        return dark[:, :2].any() or dark[:, -2:].any()
+
+    frame = next(artifacts.skeleton_frames(skeleton, names, title=title))
+    top = frame[: frame.shape[0] // 5].min(axis=-1) < 160
+    assert top[:, : frame.shape[1] // 2].any() and not edge_ink(frame)  # titles drawn, and inside
+    monkeypatch.setattr(artifacts, "_fit", lambda *args, **kwargs: None)
+    assert edge_ink(next(artifacts.skeleton_frames(skeleton, names, title=title)))

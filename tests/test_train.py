@@ -1,6 +1,8 @@
 """The trainer: sharded == unsharded steps, the non-finite guard, exact resume after kill -9,
 SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices)."""
+import io
 import json
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -13,8 +15,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from motionjax import parallel, train
-from motionjax.data import pipeline
-from motionjax.train import loop
+from motionjax.data import feed, pipeline
+from motionjax.train import logs, loop
 from runs import REPO, runlocal_config, train_cmd, wait_for_checkpoint
 
 
@@ -27,8 +29,8 @@ def data_dir(deepmimic_dir):
 def batches(data_dir):
     """Three training batches (numpy), the same for every mesh."""
     config = runlocal_config(data_dir)
-    iterator = pipeline.make_train_iterator(config.data, pipeline.dataset_info(config.data), seed=0)
-    out = [{k: np.asarray(next(iterator)[k]) for k in ("noisy", "clean")} for _ in range(3)]
+    iterator = feed.Feed(config.data, pipeline.dataset_info(config.data), keys=("noisy", "clean"), seed=0)
+    out = [jax.tree.map(np.asarray, next(iterator)) for _ in range(3)]
     iterator.close()
     return out
 
@@ -154,6 +156,55 @@ def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir
     assert any(jax.tree.leaves(moved))  # and training went on from it
 
 
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_every_n_steps_in_a_log():
+    """In a log file (no terminal): one line at every ``every``-th step and the last, with the loss,
+    the rate, the data wait and the ETA the rate gives, and no carriage returns; on a terminal a bar."""
+    chrono = logs.Chrono(frames_per_step=10)
+    chrono.steps, chrono.data_wait_s = 20, 0.0
+    chrono._t0 -= 10.0  # 20 steps in (about) 10 s: 2 steps/s
+    log = _Stream(tty=False)
+    progress = logs.Progress(total=250, initial=0, desc="run", every=100, chrono=chrono, stream=log)
+    for step in range(1, 251):
+        progress.update(1)
+        progress.show(step, loss=0.5 / step)
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 3, lines
+    assert [line.split()[:3] for line in lines] == [["run:", "step", f"{s}/250"] for s in (100, 200, 250)]
+    assert "loss 0.0050 " in lines[0] and " 2.00 steps/s " in lines[0] and " data wait 0% " in lines[0]
+    assert lines[0].endswith("ETA 1m15s") and lines[2].endswith("ETA 0s")  # 150 steps left at 2 steps/s
+
+    terminal = _Stream(tty=True)
+    progress = logs.Progress(total=250, initial=0, desc="run", every=100, chrono=chrono, stream=terminal)
+    for step in range(1, 101):
+        progress.update(1)
+        progress.show(step, loss=0.5)
+    progress.close()
+    shown = terminal.getvalue()
+    assert "\r" in shown and "100/250" in shown and "step 100" not in shown
+
+
+def test_a_metric_with_nothing_to_score_is_not_a_diverged_model():
+    """Foot skating on clips whose feet never plant is nan for the truth as for the model: no frame to
+    score, not divergence; nan where the truth scored is."""
+    nan = float("nan")
+    rows = lambda model, truth: {"test": {"clean": {"model": {"mpjpe": 1.0, "foot_skate": model},
+                                                    "truth": {"mpjpe": 0.0, "foot_skate": truth}}}}
+    assert loop._nonfinite(rows(nan, nan)) == []
+    assert loop._nonfinite(rows(nan, 3.0)) == ["test/clean/foot_skate"]
+    assert loop._nonfinite({"test": {"noisy": {"model": {"mpjpe": nan}, "input": {"mpjpe": 2.0}}}}) == \
+        ["test/noisy/mpjpe"]
+
+
 def _fake_run(calls):
     """A stand-in for :func:`train.train_and_evaluate`: records each call, returns a summary whose
     model MPJPE tells the runs apart (1 cm with the dynamics loss, 2 cm without)."""
@@ -222,7 +273,8 @@ def _final_params(workdir, step):
 @pytest.mark.slow  # four trainer subprocesses
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
-    checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run."""
+    checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run (the corpus
+    resident on the device: its windows and augmentation drawn there from the saved step on)."""
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     # The reference: the same run through the library in this process, saving only at the end (a
     # save does not change the training: the interrupted run's frequent checkpoints must not either).
@@ -253,9 +305,13 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
 
-    subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
-                   cwd=REPO)
-    assert json.loads((interrupted / "summary.json").read_text())["status"] == "done"
+    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
+                          cwd=REPO, text=True)
+    # No terminal: plain progress lines (train.progress_every, and the last step), no tqdm bar.
+    assert "\r" not in done.stderr and re.search(r"^interrupted: step 40/40  loss \S+  [\d.]+ steps/s  "
+                                                 r"data wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr
+    final = json.loads((interrupted / "summary.json").read_text())
+    assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 

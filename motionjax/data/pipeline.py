@@ -1,37 +1,43 @@
-"""The Grain input pipeline: clip records -> windows -> normalized, noised, chunked batches on the mesh.
+"""The Grain input pipeline: clip records -> training spans on the mesh (``data.residency =
+"stream"``), and the held-out batches of evaluation.
+
+The host draws each training window's start and ships its span (the frames from the start,
+:func:`transforms.read_span`); :mod:`motionjax.data.augment` reads the window at its speed and does
+every other transform on the device (:mod:`motionjax.data.feed` puts the two together; with the corpus
+on the device, :mod:`motionjax.data.resident` draws the spans there and Grain is not used).
 
 Training graph (:func:`train_dataset`)::
 
   slots: training segments, each repeated   (train_slots; ints, pickle in bytes)
          by its share of the windows
     -> shuffle(seed) -> repeat()             reshuffled every epoch; one stream for any process count
-    -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic), check
+    -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic) through
+                                             a host cache that keeps dynamic segments longest, check
                                              it (bad ones: skipped, counted, warned; strict raises),
-                                             draw a start (uniform/dynamics-score mixture); lazy:
-                                             a process reads only the windows it takes
+                                             draw a start (uniform/dynamics-score mixture), slice the
+                                             span; lazy: a process reads only the windows it takes
     -> ProcessBlocks                         this process's B / process_count windows of every
                                              global batch (disjoint and complete)
     -> batch(B / process_count)
-    -> random_map(MakeExample)               draw the noise, then canonicalize, mirror, noise,
-                                             standardize, mask, chunk: vectorized over the batch
-                                             (transforms.make_example)
-    -> mp_prefetch(worker_count)             0 workers = in the main process
+    -> mp_prefetch(worker_count)             0 workers = in the main process (-1: feed.auto_workers)
     -> thread prefetch -> to global jax Arrays (make_array_from_process_local_data) -> prefetch
 
-Every random choice comes from Grain's per-element generators (one per window in ``SampleWindow``,
-one per batch in ``MakeExample``), so batches depend only on ``seed``, and the iterator state Grain
-checkpoints
-(``get_state``/``set_state``, ``grain.checkpoint.CheckpointSave``) restores the exact stream. The
-prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the
-consumer took, not those waiting in the buffers.
+The start draws come from Grain's per-element generators, so spans depend only on ``seed``, and the
+iterator state Grain checkpoints (``get_state``/``set_state``, ``grain.checkpoint.CheckpointSave``)
+restores the exact stream. The prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their
+state counts the batches the consumer took, not those waiting in the buffers.
 
-Batches: ``{"noisy", "clean": [B, N, C, F] float32 standardized features, "valid": [B, N, C, 1]
-(0 = edge padding past the end of a short segment: every loss term and metric weights frames by
-it), "mask": [B, N, C, 1] (1 = frame masked out of ``noisy``; for inspection on the host, it does
-not go to the devices)}``; with ``data.bones = "clip"`` also
-``"offsets": [B, J, 3]`` float32, the rest offsets (m) of each window's clip (its performer's bones;
-mirrored and retargeted with the window), for FK in losses and metrics. ``"canonical"``: no
-``offsets``; every clip moves on the dataset skeleton (the per-joint median of the clips' bones).
+Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
+``data.bones = "clip"`` also ``"offsets" [B, J, 3]`` (each window's clip's rest offsets: its
+performer's bones), and with loss-aware sampling ``"segment" [B]`` (:mod:`motionjax.data.augment`).
+
+Evaluation batches (:func:`make_eval_batches`) are made on the host with the same transforms
+(:func:`transforms.make_example` in numpy): ``{"noisy", "clean": [B, N, C, F] float32 standardized
+features, "valid": [B, N, C, 1] (0 = edge padding past the end of a short segment: every loss term
+and metric weights frames by it), "mask": [B, N, C, 1] (1 = frame masked out of ``noisy``)}``; with
+``data.bones = "clip"`` also ``"offsets": [B, J, 3]`` float32, for FK in losses and metrics.
+``"canonical"``: no ``offsets``; every clip moves on the dataset skeleton (the per-joint median of the
+clips' bones).
 """
 from __future__ import annotations
 
@@ -211,96 +217,135 @@ class ProcessBlocks(grain.MapDataset):
         return f"ProcessBlocks({self._index}, {self._block} of {self._batch})"
 
 
+class SegmentCache:
+    """Decoded training segments in host memory, up to ``capacity`` bytes.
+
+    When a new segment does not fit, the cached ones with the calmest windows go first (lowest
+    dynamics priority; the oldest among equals): the reference system's motion-aware eviction, which
+    keeps the dynamic bursts (drawn most under dynamics sampling, and the windows a model learns
+    last) resident longest. :meth:`stats` counts hits and misses."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.bytes, self.hits, self.misses, self.evictions = int(capacity), 0, 0, 0, 0
+        self._items: dict = {}  # key -> (value, nbytes, priority); insertion order = age
+
+    def get(self, key):
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return item[0]
+
+    def put(self, key, value, nbytes: int, priority: float) -> None:
+        if nbytes > self.capacity:  # never fits: evict nothing for it
+            return
+        while self._items and self.bytes + nbytes > self.capacity:
+            calm = min(self._items, key=lambda k: self._items[k][2])  # first among equals: the oldest
+            self.bytes -= self._items.pop(calm)[1]
+            self.evictions += 1
+        self._items[key] = (value, nbytes, priority)
+        self.bytes += nbytes
+
+    def stats(self) -> dict:
+        looks = self.hits + self.misses
+        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hits / looks if looks else None,
+                "evictions": self.evictions, "cached_mb": self.bytes / 2**20, "segments": len(self._items)}
+
+
 class SampleWindow:
-    """``(slot, rng) -> window`` (or None for a bad record), one training example.
+    """``(slot, rng) -> span`` (or None for a bad record), one training draw.
 
     The start is drawn from :func:`transforms.window_weights` restricted to the slot's segment
-    (``dynamics_sampling`` mixes score-weighted and uniform).
+    (``dynamics_sampling`` mixes score-weighted and uniform); the span is the
+    :func:`transforms.span_frames` frames from it (:func:`transforms.read_span`). Segments are read
+    through a :class:`SegmentCache` of ``data.host_cache_mb``.
     """
-
-    CACHE = 256  # segments kept decoded with their start distribution (a small corpus stays resident)
 
     def __init__(self, source: ClipSource, info: DatasetInfo, cfg, name_segment: bool = False):
         self.source, self.skeleton, self.name_segment = source, info.skeleton, name_segment
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
-        self.log_speed = float(np.log(cfg.speed_range))
-        self.reverse_prob = float(cfg.reverse_prob)
-        self.pose_offset = float(cfg.pose_offset)
+        self.span = transforms.span_frames(cfg.window, cfg.speed_range)
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
-        self._cache = {}
+        self.cache_bytes = int(cfg.host_cache_mb * 2**20)
+        self.cache = SegmentCache(self.cache_bytes)
 
-    def __getstate__(self):
-        return dict(self.__dict__, _cache={})
+    def __getstate__(self):  # each worker process starts with an empty cache of its own
+        return dict(self.__dict__, cache=SegmentCache(self.cache_bytes))
 
-    def _segment(self, clip_id: int, begin: int, end: int):
-        """``(clip, start CDF)``; raises BadRecordError for a bad record."""
+    def _segment(self, clip_id: int, begin: int, end: int) -> dict:
+        """The segment's frames, bones and start CDF; raises BadRecordError for a bad record."""
         key = (clip_id, begin, end)
-        if key not in self._cache:
+        segment = self.cache.get(key)
+        if segment is None:
             clip = self.source[clip_id]
             records.check_clip(clip, self.skeleton)
             scores = transforms.segment_windows(clip["score"][begin:end], self.window)
             p = transforms.window_weights(scores, self.dynamics_sampling, self.num_windows, self.total_score)
-            if len(self._cache) >= self.CACHE:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = clip, np.cumsum(p)
-        return self._cache[key]
+            segment = {"root_position": np.array(clip["root_position"][begin:end], np.float32),
+                       "rotations": np.array(clip["rotations"][begin:end], np.float32), "cdf": np.cumsum(p)}
+            if self.bones is not None:
+                segment["offsets"] = np.asarray(clip.get("offsets", self.bones), np.float32)
+            nbytes = sum(v.nbytes for v in segment.values())
+            self.cache.put(key, segment, nbytes, float(scores.max()) if scores.size else 0.0)
+        return segment
 
     def __call__(self, slot, rng: np.random.Generator):
         first, clip_id, begin, end = (int(v) for v in slot)
         try:
-            clip, cdf = self._segment(clip_id, begin, end)
+            segment = self._segment(clip_id, begin, end)
         except records.BadRecordError as e:
             self.bad.skip(e, f"#{clip_id}")
             return None
+        cdf = segment["cdf"]
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
-        start = begin + min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
-        speed = np.exp(rng.uniform(-self.log_speed, self.log_speed)) if self.log_speed else 1.0
-        window = _window(clip, start, end, self.window, self.bones, speed)
-        # No draw when off, so configs without it keep their random stream.
-        if self.reverse_prob and rng.random() < self.reverse_prob:
-            window = _reverse(window)
-        if self.pose_offset:  # no draw when off, as above
-            eps = rng.normal(0.0, self.pose_offset, (self.skeleton.num_joints, 3))
-            window = _offset_pose(window, self.skeleton, eps)
+        start = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+        root, rotations = transforms.read_span(segment["root_position"], segment["rotations"], start,
+                                               end - begin, self.span)
+        out = {"root_position": root, "rotations": rotations, "length": np.int32(end - begin - start)}
+        if self.bones is not None:
+            out["offsets"] = segment["offsets"]
         if self.name_segment:  # rows of segment_rows: the first column is the segment
-            window["segment"] = np.int32(first)
-        return window
+            out["segment"] = np.int32(first)
+        return out
 
 
 def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
     """Frames ``[start, start + window)`` of a clip, edge-padded past the segment ``end``; with
     ``bones`` (the dataset skeleton's offsets ``[J, 3]``) also the clip's ``offsets`` (a record
     without its own has those). ``speed != 1`` plays the motion that much faster: frame ``i`` is
-    the clip at frame ``start + i·speed``, root lerped and rotations slerped between frames."""
-    if speed == 1.0:
-        frames = np.arange(start, start + window)
-        idx = np.minimum(frames, end - 1)
-        root, rotations = clip["root_position"][idx], clip["rotations"][idx]
-    else:
-        frames = start + np.arange(window) * speed
-        root, rotations = transforms.interpolate_frames(clip["root_position"], clip["rotations"],
-                                                        np.minimum(frames, end - 1))
-    out = {"root_position": root, "rotations": rotations, "valid": (frames <= end - 1).astype(np.float32)}
+    the clip at frame ``start + i·speed``, root lerped and rotations nlerped between frames
+    (:func:`transforms.read_window`, as on the device)."""
+    span = transforms.read_span(clip["root_position"], clip["rotations"], start, end,
+                                transforms.span_frames(window, max(speed, 1.0)))
+    root, rotations, valid = transforms.read_window(*span, end - start, window,
+                                                    None if speed == 1.0 else speed)
+    out = {"root_position": root, "rotations": rotations, "valid": valid}
     if bones is not None:
         out["offsets"] = np.asarray(clip.get("offsets", bones), np.float32)
     return out
 
 
-def _reverse(window: dict) -> dict:
-    """The window played backwards (time axis flipped; ``offsets`` are per clip and stay)."""
-    return {k: (v if k == "offsets" else v[::-1].copy()) for k, v in window.items()}
-
-
-def _offset_pose(window: dict, skeleton, eps) -> dict:
-    """Every frame's joint rotations turned by the same rotation vectors ``eps [J, 3]`` (rad, in each
-    joint's tangent space; the root's left alone, so heading and trajectory stay): the same motion
-    from a pose the corpus may not hold (``data.pose_offset``, #34)."""
-    eps = np.asarray(eps, np.float32).copy()
-    eps[0] = 0.0
-    rotations = transforms.rotation_noise(skeleton, window["rotations"], eps[None])
-    return dict(window, rotations=rotations.astype(window["rotations"].dtype))
+def host_window(span: dict, cfg, skeleton, rng: np.random.Generator) -> dict:
+    """One span -> its training window on the host, with the draws of ``config.data`` (speed, reversal,
+    pose offset) from ``rng``: the naive baseline loader's copy of what :class:`motionjax.data.augment.
+    Augment` does on the device, with the same transforms."""
+    log_speed = float(np.log(cfg.speed_range))
+    speed = float(np.exp(rng.uniform(-log_speed, log_speed))) if log_speed else None
+    root, rotations, valid = transforms.read_window(span["root_position"], span["rotations"], span["length"],
+                                                    cfg.window, speed)
+    if cfg.reverse_prob:
+        root, rotations, valid = transforms.reverse_window(root, rotations, valid,
+                                                           np.asarray(rng.random() < cfg.reverse_prob))
+    if cfg.pose_offset:
+        rotations = transforms.offset_pose(skeleton, rotations, rng.normal(0.0, cfg.pose_offset,
+                                                                           (skeleton.num_joints, 3)))
+    out = {"root_position": root, "rotations": rotations, "valid": valid}
+    if "offsets" in span:
+        out["offsets"] = span["offsets"]
+    return out
 
 
 def _is_window(x) -> bool:
@@ -339,24 +384,26 @@ def _local_batch_size(batch_size: int, process_count: int) -> int:
 
 
 def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
-                  process_count: int | None = None, rows: np.ndarray | None = None) -> grain.IterDataset:
-    """The host-side training stream of this process (numpy batches of ``batch_size / processes``):
-    over :func:`slot_dataset`, or over ``rows`` (:func:`segment_rows`, repeated; batches then hold
-    each window's ``"segment" [B]``)."""
+                  process_count: int | None = None, rows: np.ndarray | None = None,
+                  sampler: list | None = None) -> grain.IterDataset:
+    """The host-side training stream of this process (numpy span batches of ``batch_size /
+    processes``): over :func:`slot_dataset`, or over ``rows`` (:func:`segment_rows`, repeated; batches
+    then hold each window's ``"segment" [B]``). ``sampler``: a list that gets the
+    :class:`SampleWindow` (its cache statistics, when it runs in this process)."""
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
     ds = slot_dataset(info, cfg, seed=seed) if rows is None else grain.MapDataset.source(rows).repeat()
     # A window's generator is a function of its place in the global stream, before the blocks are taken.
-    ds = ds.random_map(SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None), seed=seed)
+    sample = SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None)
+    if sampler is not None:
+        sampler.append(sample)
+    ds = ds.random_map(sample, seed=seed)
     if pc > 1:
         ds = ProcessBlocks(ds, cfg.batch_size, pi, pc)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
     ds = ds.filter(_is_window).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     ds = ds.batch(_local_batch_size(cfg.batch_size, pc), drop_remainder=True)
-    # Batch i's noise generator: a function of (seed, process, i), so processes draw different noise.
-    noise_seed = int(np.random.SeedSequence([seed, pi]).generate_state(1)[0])
-    ds = ds.random_map(MakeExample(info, cfg, transforms.Noise.from_config(cfg)), seed=noise_seed)
     if cfg.worker_count > 0:
         from absl import flags
         if not flags.FLAGS.is_parsed():  # grain's multiprocessing reads absl flags
@@ -387,19 +434,21 @@ def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -
 
 
 def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
-                        process_index=None, process_count=None, rows=None) -> grain.DatasetIterator:
-    """The training iterator (a Grain ``DatasetIterator``: checkpoint it with
+                        process_index=None, process_count=None, rows=None,
+                        sampler=None) -> grain.DatasetIterator:
+    """The training span iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
-    key. ``rows``: see :func:`train_dataset`. Call ``.close()`` when done."""
+    key. ``rows``, ``sampler``: see :func:`train_dataset`. Call ``.close()`` when done."""
     ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count,
-                       rows=rows)
+                       rows=rows, sampler=sampler)
     return iter(device_prefetch(ds, shardings, cfg.prefetch))
 
 
 def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
     """The baseline loader: same windows, noise and transforms, one window at a time in numpy on
-    the main thread, no Grain, no workers, no prefetch (how a plain training script does it)."""
+    the main thread, no Grain, no workers, no prefetch, no device (how a plain training script does
+    it)."""
     _check(cfg, info)
     slots = train_slots(info, cfg.window, cfg.dynamics_sampling)
     sample = SampleWindow(ClipSource(info), info, cfg)
@@ -408,9 +457,9 @@ def make_naive_train_iterator(cfg, info: DatasetInfo, seed: int = 0):
     while True:
         examples = []
         while len(examples) < cfg.batch_size:
-            w = sample(slots[rng.integers(len(slots))], rng)
-            if w is not None:
-                examples.append(make(w, rng))
+            span = sample(slots[rng.integers(len(slots))], rng)
+            if span is not None:
+                examples.append(make(host_window(span, cfg, info.skeleton, rng), rng))
         yield {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
 

@@ -307,9 +307,10 @@ def _describe(skeleton: Skeleton) -> str:
 def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | None = None,
                   strict: bool = False,
                   records_per_shard: int = 4096, progress: bool = True, total: int | None = None,
-                  **fields) -> DatasetInfo:
+                  skipped: list | None = None, **fields) -> DatasetInfo:
     """Prepare in-memory motions (e.g. :func:`motionjax.data.synthetic.synthetic_motions`) in this
-    process; ``fields`` override :class:`Settings` fields (``window=64``)."""
+    process; ``fields`` override :class:`Settings` fields (``window=64``). ``skipped``: ``[{"path",
+    "reason"}]`` files the caller already left out, listed in the index with the clips left out here."""
     settings = dataclasses.replace(settings or Settings(), **fields)
 
     def converted():
@@ -321,7 +322,8 @@ def write_dataset(motions: Iterable[Motion], out_dir, *, settings: Settings | No
 
     with _build_lock(Path(out_dir)):
         return write_converted(converted(), out_dir, settings=settings, strict=strict,
-                               records_per_shard=records_per_shard, progress=progress, total=total)
+                               records_per_shard=records_per_shard, progress=progress, total=total,
+                               skipped=None if skipped is None else list(skipped))
 
 
 def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, strict: bool = False,
@@ -354,7 +356,8 @@ def write_converted(clips: Iterable[dict], out_dir, *, settings: Settings, stric
     by_label = [f"{k}={v}" for k, v in dict(settings.splits).items()
                 if rules[k].kind in ("label", "stratified")]
     try:
-        for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress):
+        # disable=None: a bar on a terminal only (in a log file, carriage-return updates)
+        for clip in tqdm(clips, total=total, desc="prepare", unit="clip", disable=not progress or None):
             if clip.get("label_error") and by_label and "error" not in clip:
                 clip = {"path": clip["path"], "error": f"{clip['label_error']}; the split rule "
                         f"{by_label[0]} needs its labels"}
@@ -770,6 +773,16 @@ def _restamp(out: Path, doc: dict, digest: str, content: str) -> None:
 def kept_clips(info: DatasetInfo) -> list[int]:
     """The clips in some split (the others were dropped: duplicates, another skeleton tree)."""
     return sorted({c for segs in info.splits.values() for c, _, _ in segs})
+
+
+def summary_line(info: DatasetInfo) -> str:
+    """One line: the clips and hours kept, the clips per split, how many files or clips were not kept
+    (``index.json`` names them and why)."""
+    kept = kept_clips(info)
+    hours = sum(info.frames[c] for c in kept) / info.fps / 3600
+    splits = ", ".join(f"{k} {len({c for c, _, _ in v})}" for k, v in info.splits.items())
+    return (f"{info.data_dir}: {len(kept)} clips, {hours:.2f} h ({splits}); {len(info.skipped)} not kept"
+            + (f" (listed in {Path(info.data_dir) / INDEX})" if info.skipped else ""))
 
 
 def summary_table(info: DatasetInfo) -> str:

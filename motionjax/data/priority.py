@@ -50,51 +50,32 @@ def mixture(shares, error, fresh, weight: float) -> np.ndarray:
     return q / q.sum()
 
 
-class LossAwareIterator(grain.DatasetIterator):
-    """The training iterator with loss-aware sampling (``data.loss_sampling > 0``).
+class ErrorTable:
+    """Each training segment's latest window error and the step it was measured at, and the mixture
+    (:func:`mixture`) they give: the state loss-aware sampling keeps, whether the windows are drawn by
+    Grain (:class:`LossAwareIterator`) or on the device (:mod:`motionjax.data.feed`)."""
 
-    A Grain ``DatasetIterator`` (so ``grain.checkpoint.CheckpointSave/Restore`` save and restore it
-    like the plain one) whose batches also hold ``"segment" [B]``. The loop reports each step's
-    window errors with :meth:`record`. Arguments as :func:`pipeline.make_train_iterator`.
-    """
-
-    def __init__(self, cfg, info: DatasetInfo, *, shardings=None, seed: int = 0, process_index=None,
-                 process_count=None):
-        super().__init__()
+    def __init__(self, cfg, shares):
         if not 0 < cfg.loss_sampling < 1:
             raise ValueError(f"config.data.loss_sampling={cfg.loss_sampling}: expected a number in (0, 1)")
-        self._cfg, self._info, self._shardings, self._seed = cfg, info, shardings, seed
-        self._where = dict(process_index=process_index, process_count=process_count)
-        self.shares = pipeline.segment_shares(info, cfg.window, cfg.dynamics_sampling)
+        self.weight, self.staleness = cfg.loss_sampling, cfg.loss_staleness
+        self.shares = np.asarray(shares, np.float64)
         self.error = np.zeros(self.shares.size)          # latest window error of each segment (m)
         self.seen = np.full(self.shares.size, -1, np.int64)  # the step it was measured at (-1: never)
         self.pending: list = []                          # [step, segments, errors] not in the table yet
-        self.served = 0                                  # batches handed out (= steps dispatched)
-        self.block, self.q, self._inner = -1, None, None
 
-    # -- what the loop calls ----------------------------------------------------------------------
     def record(self, step: int, segments, errors) -> None:
         """Step ``step``'s (1-based) windows: their segments ``[B]`` and errors ``[B]`` (global)."""
         self.pending.append([int(step), np.asarray(segments, np.int64).tolist(),
                              np.asarray(errors, np.float64).tolist()])
 
-    def __next__(self):
-        block = self.served // self._cfg.loss_block
-        if block != self.block:
-            self._apply(upto=self.served - 1)  # steps the loop has surely read: see the module doc
-            self._open(block, self.probabilities(self.served))
-        batch = next(self._inner)
-        self.served += 1
-        return batch
-
     def probabilities(self, step: int) -> np.ndarray:
         """``[S]`` the mixture the table gives at ``step`` (:func:`mixture`)."""
-        staleness = self._cfg.loss_staleness
-        fresh = (self.seen >= 0) & ((step - self.seen <= staleness) if staleness else True)
-        return mixture(self.shares, self.error, fresh, self._cfg.loss_sampling)
+        fresh = (self.seen >= 0) & ((step - self.seen <= self.staleness) if self.staleness else True)
+        return mixture(self.shares, self.error, fresh, self.weight)
 
-    # -- the table and the blocks -----------------------------------------------------------------
-    def _apply(self, upto: int) -> None:
+    def apply(self, upto: int) -> None:
+        """Move the pending errors of steps ``<= upto`` into the table."""
         keep = []
         for step, segments, errors in self.pending:
             if step > upto:
@@ -108,6 +89,50 @@ class LossAwareIterator(grain.DatasetIterator):
             self.error[hit], self.seen[hit] = total[hit] / count[hit], step
         self.pending = keep
 
+    def get_state(self) -> dict:
+        return {"error": self.error.tolist(), "seen": self.seen.tolist(), "pending": self.pending}
+
+    def set_state(self, state: dict) -> None:
+        if len(state["error"]) != self.shares.size:
+            raise ValueError(f"the saved loss-aware sampler has {len(state['error'])} training segments, "
+                             f"this dataset {self.shares.size}: not the same data")
+        self.error = np.asarray(state["error"], np.float64)
+        self.seen = np.asarray(state["seen"], np.int64)
+        self.pending = [list(p) for p in state["pending"]]
+
+
+class LossAwareIterator(grain.DatasetIterator):
+    """The training iterator with loss-aware sampling (``data.loss_sampling > 0``).
+
+    A Grain ``DatasetIterator`` (so ``grain.checkpoint.CheckpointSave/Restore`` save and restore it
+    like the plain one) whose batches also hold ``"segment" [B]``. The loop reports each step's
+    window errors with :meth:`record`. Arguments as :func:`pipeline.make_train_iterator`.
+    """
+
+    def __init__(self, cfg, info: DatasetInfo, *, shardings=None, seed: int = 0, process_index=None,
+                 process_count=None):
+        super().__init__()
+        self._cfg, self._info, self._shardings, self._seed = cfg, info, shardings, seed
+        self._where = dict(process_index=process_index, process_count=process_count)
+        self.table = ErrorTable(cfg, pipeline.segment_shares(info, cfg.window, cfg.dynamics_sampling))
+        self.served = 0                                  # batches handed out (= steps dispatched)
+        self.block, self.q, self._inner = -1, None, None
+
+    # -- what the loop calls ----------------------------------------------------------------------
+    def record(self, step: int, segments, errors) -> None:
+        """Step ``step``'s (1-based) windows: their segments ``[B]`` and errors ``[B]`` (global)."""
+        self.table.record(step, segments, errors)
+
+    def __next__(self):
+        block = self.served // self._cfg.loss_block
+        if block != self.block:
+            self.table.apply(upto=self.served - 1)  # steps the loop has surely read: see the module doc
+            self._open(block, self.table.probabilities(self.served))
+        batch = next(self._inner)
+        self.served += 1
+        return batch
+
+    # -- the blocks -------------------------------------------------------------------------------
     def _block_seed(self, block: int) -> int:
         return int(np.random.SeedSequence([self._seed, block]).generate_state(1)[0])
 
@@ -126,17 +151,11 @@ class LossAwareIterator(grain.DatasetIterator):
     def get_state(self) -> dict:
         return {"served": self.served, "block": self.block,
                 "q": None if self.q is None else self.q.tolist(),
-                "inner": None if self._inner is None else self._inner.get_state(),
-                "error": self.error.tolist(), "seen": self.seen.tolist(), "pending": self.pending}
+                "inner": None if self._inner is None else self._inner.get_state(), **self.table.get_state()}
 
     def set_state(self, state: dict) -> None:
-        if len(state["error"]) != self.shares.size:
-            raise ValueError(f"the saved loss-aware sampler has {len(state['error'])} training segments, "
-                             f"this dataset {self.shares.size}: not the same data")
+        self.table.set_state(state)
         self.served = int(state["served"])
-        self.error = np.asarray(state["error"], np.float64)
-        self.seen = np.asarray(state["seen"], np.int64)
-        self.pending = [list(p) for p in state["pending"]]
         if state["inner"] is None:
             if self._inner is not None:
                 self._inner.close()

@@ -1,9 +1,11 @@
-"""Streaming window transforms (numpy, run in the loader workers) and their model-side inverse.
+"""Window transforms (augmentation, normalization, noise) and their model-side inverse.
 
-Every function takes arrays with any leading dims, so one call transforms one window
-``[T, ...]`` or a whole batch ``[B, T, ...]`` (the pipeline batches first and transforms once:
-numpy's per-call overhead dominates on windows this small). Rotation math comes from
-:mod:`motionjax.core.rotations` / :mod:`motionjax.core.kinematics`, which return numpy for numpy inputs.
+The window transforms are written once over the array module of their inputs, like
+:mod:`motionjax.core.rotations`: numpy in, numpy out (evaluation, inference, the reference the tests
+hold the device path to); jax in, jax out (:mod:`motionjax.data.augment` runs them on the device,
+inside one jitted program per batch). Every function takes arrays with any leading dims, so one call
+transforms one window ``[T, ...]`` or a whole batch ``[B, T, ...]``. No in-place writes and no
+data-dependent Python branches on jax inputs (they would not trace).
 
 Forward, per window (:func:`make_example`):
   mirror (augmentation, both targets) -> canonicalize (root-relative, heading removed at the
@@ -24,7 +26,7 @@ import numpy as np
 
 from motionjax.core import features
 from motionjax.core import rotations as rot
-from motionjax.core.kinematics import forward_kinematics
+from motionjax.core.kinematics import forward_kinematics, forward_kinematics_tree
 from motionjax.core.skeleton import Skeleton
 
 # --------------------------------------------------------------------------------------------
@@ -105,6 +107,71 @@ def window_weights(scores, dynamics_sampling: float, num_windows: int, total_sco
 
 
 # --------------------------------------------------------------------------------------------
+# Windows from spans (training draws)
+
+
+def span_frames(window: int, speed_range: float = 1.0) -> int:
+    """Frames a training draw reads from its start: ``window``, or at speeds up to ``speed_range``
+    the frames ``0 … (window-1)·speed_range`` and one more to interpolate towards."""
+    return window if speed_range == 1.0 else int(np.ceil((window - 1) * speed_range)) + 2
+
+
+def read_span(root_position, rotations, start, end, frames: int):
+    """``frames`` frames of clips ``[T, 3]``, ``[T, J, 4]`` from ``start``, the frames past the segment
+    ``end`` (exclusive) repeating frame ``end - 1``: ``(root [frames, 3], rotations [frames, J, 4])``."""
+    idx = np.minimum(np.arange(start, start + frames), end - 1)
+    return root_position[idx], rotations[idx]
+
+
+def read_window(root_span, rot_span, length, window: int, speed=None):
+    """A window from each span ``[..., S, 3]``, ``[..., S, J, 4]`` whose first ``length [...]`` frames
+    are real (the later ones repeat the last real one, :func:`read_span`).
+
+    Frame ``i`` is span frame ``min(i·speed, length - 1)`` (``speed [...]``; None: 1), root lerped and
+    rotations nlerped between neighbouring frames (within θ³/200 rad of slerp, :func:`rot.quat_nlerp`:
+    5e-6 rad for frames 0.1 rad apart, at a tenth of its cost on XLA:CPU), so ``speed > 1`` plays the
+    motion faster. Returns
+    ``(root [..., T, 3], rotations [..., T, J, 4], valid [..., T] float32)``, valid = 1 where
+    ``i·speed <= length - 1`` (0: edge padding past the segment's end)."""
+    xp = rot._xp(root_span, rot_span, length, speed)
+    length = xp.asarray(length)[..., None]
+    if speed is None:
+        i = xp.asarray(np.arange(window))
+        idx = xp.minimum(i, length - 1)
+        take = lambda x: xp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)),  # noqa: E731
+                                            axis=idx.ndim - 1)
+        return take(root_span), take(rot_span), (i <= length - 1).astype(np.float32)
+    f = np.arange(window, dtype=np.float32) * xp.asarray(speed, np.float32)[..., None]  # [..., T]
+    valid = (f <= length - 1).astype(np.float32)
+    f = xp.minimum(f, (length - 1).astype(np.float32))
+    i0 = xp.floor(f).astype(np.int32)
+    i1 = xp.minimum(i0 + 1, root_span.shape[-2] - 1)
+    frac = (f - i0).astype(root_span.dtype)[..., None]
+    take = lambda x, i: xp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - i.ndim)),  # noqa: E731
+                                           axis=i.ndim - 1)
+    root = take(root_span, i0) * (1 - frac) + take(root_span, i1) * frac
+    quats = rot.quat_nlerp(take(rot_span, i0), take(rot_span, i1),
+                           xp.broadcast_to(frac, i0.shape + (rot_span.shape[-2],)))
+    return root, quats.astype(rot_span.dtype), valid
+
+
+def reverse_window(root_position, rotations, valid, flip):
+    """Windows ``[..., T, 3]``, ``[..., T, J, 4]``, ``valid [..., T]`` played backwards where ``flip
+    [...]`` (bool) is set."""
+    xp = rot._xp(root_position, rotations, valid, flip)
+    f = lambda x: xp.where(flip.reshape(flip.shape + (1,) * (x.ndim - flip.ndim)), xp.flip(x, flip.ndim), x)  # noqa: E731
+    return f(root_position), f(rotations), f(valid)
+
+
+def offset_pose(skeleton: Skeleton, rotations, eps):
+    """Every frame's joint rotations ``[..., T, J, 4]`` turned by the same rotation vectors ``eps [...,
+    J, 3]`` (rad, in each joint's tangent space; the root's left alone, so heading and trajectory
+    stay): the same motion from a pose the corpus may not hold (``data.pose_offset``)."""
+    eps = eps * (np.arange(skeleton.num_joints) > 0).astype(eps.dtype)[:, None]
+    return rotation_noise(skeleton, rotations, eps[..., None, :, :]).astype(rotations.dtype)
+
+
+# --------------------------------------------------------------------------------------------
 # Window normalization
 
 
@@ -116,15 +183,20 @@ def rest_height(skeleton: Skeleton) -> float:
     return float(-pos[:, skeleton.up_axis].min())
 
 
+def _unit(axis: int, size: int, dtype) -> np.ndarray:
+    """``[size]``: 1 at ``axis``, 0 elsewhere (selects a component without an in-place write)."""
+    return (np.arange(size) == axis).astype(dtype)
+
+
 def heading(skeleton: Skeleton, root_rotation):
     """Yaw part (twist about the up axis) of root rotations ``[..., 4]`` -> ``[..., 4]``."""
-    yaw = np.zeros_like(root_rotation)
-    yaw[..., 0] = root_rotation[..., 0]
-    yaw[..., 1 + skeleton.up_axis] = root_rotation[..., 1 + skeleton.up_axis]
-    norm = np.linalg.norm(yaw, axis=-1, keepdims=True)
+    xp = rot._xp(root_rotation)
+    dtype = root_rotation.dtype
+    yaw = root_rotation * (_unit(0, 4, dtype) + _unit(1 + skeleton.up_axis, 4, dtype))
+    norm = xp.linalg.norm(yaw, axis=-1, keepdims=True)
     # A root upside down about a horizontal axis has no defined yaw: keep identity there.
-    identity = rot.identity_quat(yaw.shape[:-1], yaw.dtype, np)
-    return np.where(norm > 1e-6, yaw / np.maximum(norm, 1e-6), identity)
+    identity = rot.identity_quat(yaw.shape[:-1], yaw.dtype, xp)
+    return xp.where(norm > 1e-6, yaw / xp.maximum(norm, 1e-6), identity)
 
 
 def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0,
@@ -142,21 +214,23 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
     Returns ``(root_position, rotations, yaw [..., 4], origin [..., 3])``; :func:`uncanonicalize`
     with ``yaw``/``origin`` undoes it exactly.
     """
-    up = skeleton.up_axis
+    xp = rot._xp(root_position, rotations, offsets)
+    up = _unit(skeleton.up_axis, 3, root_position.dtype)
     yaw = heading(skeleton, rotations[..., 0, 0, :])
     inv = rot.quat_conj(yaw)[..., None, :]
-    origin = root_position[..., 0, :].copy()
-    origin[..., up] = 0
+    origin = root_position[..., 0, :] * (1 - up)
     root = rot.quat_rotate(inv, root_position - origin[..., None, :]) * scale
-    rotations = np.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
+    rotations = xp.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
                                 rotations[..., :, 1:, :]], axis=-2)
     if floor:
-        bones = skeleton.offsets if offsets is None else np.asarray(offsets)[..., None, :, :]  # every frame
+        bones = skeleton.offsets if offsets is None else offsets[..., None, :, :]  # every frame
         seen = slice(0, floor_frames or None)
-        pos, _ = forward_kinematics(skeleton, rotations[..., seen, :, :], root[..., seen, :], bones * scale)
-        lowest = pos[..., up].min(axis=(-1, -2))  # [...]
-        root[..., up] -= lowest[..., None]
-        origin[..., up] += lowest / scale
+        # In FK's own tree layout [3, J, ..., T]: no transpose back to joint order before the min.
+        pos, _ = forward_kinematics_tree(skeleton, rotations[..., seen, :, :], root[..., seen, :],
+                                         bones * scale, xp=xp)
+        lowest = pos[skeleton.up_axis].min(axis=(0, -1))  # [...]
+        root = root - lowest[..., None, None] * up
+        origin = origin + (lowest / scale)[..., None] * up
     return root, rotations, yaw, origin
 
 
@@ -307,7 +381,6 @@ def mirror_offsets(skeleton: Skeleton, offsets, frames: MirrorFrames | None = No
     (``frames`` as in :func:`mirror`). With them, FK of :func:`mirror`'s output is FK of its input
     reflected for any offsets, also a performer whose two sides differ; offsets that are already
     mirror images come back unchanged."""
-    offsets = np.asarray(offsets)
     frames = _plain_frames(skeleton) if frames is None else frames
     return (offsets * _parent_frames(skeleton, frames).astype(offsets.dtype))[..., skeleton.symmetry, :]
 
@@ -403,24 +476,24 @@ def rotation_noise(skeleton: Skeleton, rotations, eps):
     hinges (they stay on their axis) and zero for fixed joints."""
     ball = skeleton.ball_mask.astype(eps.dtype)[:, None]
     hinge_axes = skeleton.hinge_axes.astype(eps.dtype)
-    eps = eps * ball + np.sum(eps * hinge_axes, axis=-1, keepdims=True) * hinge_axes
+    eps = eps * ball + (eps * hinge_axes).sum(axis=-1, keepdims=True) * hinge_axes
     return rot.quat_mul(rotations, rot.axis_angle_to_quat(eps))
 
 
 def time_warp(root_position, rotations, delta):
     """Resample windows at ``u = t + δ·sin(πt/(T-1))`` (``delta [...]`` frames): lerp / nlerp."""
-    lead, t = root_position.shape[:-2], root_position.shape[-2]
+    xp = rot._xp(root_position, rotations, delta)
+    t = root_position.shape[-2]
     base = np.arange(t, dtype=np.float32)
-    shift = np.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1))
-    u = np.clip(base + shift, 0, t - 1).reshape(-1, t)  # [L, T]
-    i0 = np.minimum(np.floor(u).astype(int), t - 2)
-    frac = (u - i0).astype(root_position.dtype)
-    rows = np.arange(u.shape[0])[:, None]
-    root, rots = root_position.reshape(-1, t, 3), rotations.reshape(-1, *rotations.shape[-3:])
-    root = root[rows, i0] * (1 - frac[..., None]) + root[rows, i0 + 1] * frac[..., None]
-    frac_j = np.broadcast_to(frac[..., None], i0.shape + (rots.shape[-2],))
-    quats = rot.quat_nlerp(rots[rows, i0], rots[rows, i0 + 1], frac_j)
-    return root.reshape(*lead, t, 3), quats.reshape(rotations.shape)
+    shift = xp.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1)).astype(np.float32)
+    u = xp.clip(base + shift, 0, t - 1)  # [..., T]
+    i0 = xp.minimum(xp.floor(u).astype(np.int32), t - 2)
+    frac = (u - i0).astype(root_position.dtype)[..., None]  # [..., T, 1]
+    take = lambda x, i: xp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - i.ndim)), axis=i.ndim - 1)  # noqa: E731
+    root = take(root_position, i0) * (1 - frac) + take(root_position, i0 + 1) * frac
+    frac_j = xp.broadcast_to(frac, i0.shape + (rotations.shape[-2],))
+    quats = rot.quat_nlerp(take(rotations, i0), take(rotations, i0 + 1), frac_j)
+    return root, quats
 
 
 def hold_last(x, observed: int):
@@ -444,10 +517,10 @@ def forecast_frames(window: int, observed: int, seam: bool = False) -> np.ndarra
 
 def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
     """Zero standardized features ``[..., T, F]`` of masked joints ``[..., T, R]`` and frames ``[..., T]``."""
-    root = np.ones(joint_mask.shape[:-1] + (3,), bool)
-    keep = np.concatenate([root, ~np.repeat(joint_mask, 6, axis=-1)], -1)
-    keep &= ~frame_mask[..., None]
-    return np.where(keep, x, np.float32(0))
+    xp = rot._xp(x, joint_mask, frame_mask)
+    root = xp.ones(joint_mask.shape[:-1] + (3,), bool)
+    keep = xp.concatenate([root, ~xp.repeat(joint_mask, 6, axis=-1)], -1) & ~frame_mask[..., None]
+    return xp.where(keep, x, np.float32(0))
 
 
 def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean, std, *,
@@ -464,29 +537,45 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
     masked-out frames), plus ``"offsets" [..., J, 3]`` float32 when ``offsets`` is given.
     """
+    xp = rot._xp(root_position, rotations, offsets, *draws.values())
     frames = mirror_frames(skeleton, mean)
-    m = np.asarray(draws["mirror"]) & (frames is not None)
-    if m.ndim == 0 and m:
-        root_position, rotations = mirror(skeleton, root_position, rotations, frames)
-        offsets = None if offsets is None else mirror_offsets(skeleton, offsets, frames)
-    elif m.any():
-        root_position, rotations = root_position.copy(), rotations.copy()
-        root_position[m], rotations[m] = mirror(skeleton, root_position[m], rotations[m], frames)
+    m = draws.get("mirror")
+    # numpy: mirror only when some window is (a branch on values); jax: whenever the draws hold the flag.
+    if frames is not None and m is not None and (xp is not np or np.any(m)):
+        flip = lambda a, b: xp.where(m.reshape(m.shape + (1,) * (a.ndim - m.ndim)), a, b)  # noqa: E731
+        mroot, mrots = mirror(skeleton, root_position, rotations, frames)
+        root_position, rotations = flip(mroot, root_position), flip(mrots, rotations)
         if offsets is not None:
-            offsets = np.array(offsets)
-            offsets[m] = mirror_offsets(skeleton, offsets[m], frames)
+            offsets = flip(mirror_offsets(skeleton, offsets, frames), offsets)
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
                                     offsets=offsets, floor_frames=observed)
     clean = features.standardize(features.pack(skeleton, root, rots), mean, std)
-    nroot, nrots = time_warp(root, rots, draws["warp"]) if np.any(draws["warp"]) else (root, rots)
-    nrots = rotation_noise(skeleton, nrots, draws["rot"])
-    noisy = features.standardize(features.pack(skeleton, nroot + draws["pos"], nrots), mean, std)
-    noisy = mask_features(skeleton, noisy, draws["joint_mask"], draws["frame_mask"])
+    # A draw left out (the device leaves out what its config turns off) corrupts nothing: with none,
+    # the input is the clean window.
+    warp = draws.get("warp")
+    if warp is not None and (xp is not np or np.any(warp)):  # as the mirror above
+        nroot, nrots = time_warp(root, rots, warp)
+    else:
+        nroot, nrots = root, rots
+    if "rot" in draws:
+        nrots = rotation_noise(skeleton, nrots, draws["rot"])
+    if "pos" in draws:
+        nroot = nroot + draws["pos"]
+    noisy = clean
+    if nroot is not root or nrots is not rots:
+        noisy = features.standardize(features.pack(skeleton, nroot, nrots), mean, std)
+    frame_mask = draws.get("frame_mask")
+    if frame_mask is not None or "joint_mask" in draws:
+        rotating = len(features.rotating_joints(skeleton))
+        joint_mask = draws.get("joint_mask", xp.zeros(rots.shape[:-2] + (rotating,), bool))
+        frame_mask = xp.zeros(rots.shape[:-3] + rots.shape[-3:-2], bool) if frame_mask is None else frame_mask
+        noisy = mask_features(skeleton, noisy, joint_mask, frame_mask)
     if observed:
         noisy = hold_last(noisy, observed)
-    mask = draws["frame_mask"][..., None].astype(np.float32)
+    mask = xp.zeros(rots.shape[:-2], np.float32) if frame_mask is None else frame_mask
+    mask = mask[..., None].astype(np.float32)
     out = {"noisy": chunk(noisy.astype(np.float32), chunk_size),
            "clean": chunk(clean.astype(np.float32), chunk_size), "mask": chunk(mask, chunk_size)}
     if offsets is not None:
-        out["offsets"] = (np.asarray(offsets) * scale).astype(np.float32)
+        out["offsets"] = (offsets * scale).astype(np.float32)
     return out

@@ -9,6 +9,6 @@
 - :mod:`.finetune`: the trainer's step run on a pruned model (masked) or a student (distilled).
 
 The trainer imports none of these; thin scripts (``scripts/export.py``, ``scripts/find_batch.py``,
-``scripts/efficiency_report.py``) call them. (The batch finder, which sizes the trainer's own step,
+``benchmarks/efficiency_report.py``) call them. (The batch finder, which sizes the trainer's own step,
 is :mod:`motionjax.train.batch_finder`.)
 """

@@ -1,5 +1,5 @@
 """Every efficiency variant of one trained run, measured alike: the table and Pareto plot of
-``docs/efficiency.md`` (``scripts/efficiency_report.py``).
+``docs/efficiency.md`` (``benchmarks/efficiency_report.py``).
 
 Per variant: test-split MPJPE (cm, root-relative, noisy input at ``evals.final.noise_level``: the
 denoising task), parameter count, stored bytes (parameters, or the file for exports) and CPU latency

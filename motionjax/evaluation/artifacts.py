@@ -201,8 +201,15 @@ def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: fl
         ax.set_aspect("equal")
         floors.append(ax.add_collection(LineCollection([], colors="0.85", linewidths=0.8)))
         limbs.append(ax.add_collection(LineCollection([], colors=colors, linewidths=2.0)))
-    label = fig.suptitle(f"{title}  0.00 s".strip())
-    fig.tight_layout()  # with the title in place: the panels make room for it
+    label = fig.suptitle(title)
+    renderer = canvas.get_renderer()
+    slot = fig.bbox.width / len(names)  # pixels a panel has: its title fits there (else it is clipped)
+    for ax in axes:
+        _fit(ax.title, slot - 4, renderer)
+    _fit(label, fig.bbox.width - 4, renderer, reserve=f"  {pos.shape[1] / fps:5.2f} s")  # with the clock
+    title = label.get_text()
+    label.set_text(f"{title}  0.00 s".strip())
+    fig.tight_layout()  # with the titles in place: the panels make room for them
     for t in range(pos.shape[1]):
         for k in range(len(names)):
             # Floor grid lines at fixed world coordinates, seen from this panel's camera position.
@@ -220,6 +227,57 @@ def skeleton_frames(skeleton: Skeleton, clips: dict, *, title: str = "", fps: fl
         label.set_text(f"{title}  {t / fps:5.2f} s".strip())
         canvas.draw()
         yield np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def _fit(text, width: float, renderer, reserve: str = "", smallest: float = 6.0) -> None:
+    """Make matplotlib ``text`` at most ``width`` pixels wide: a smaller font, down to ``smallest``
+    points, then its start cut (``…/walk.bvh``: the end names the file). ``reserve``: room kept for
+    what is appended to it later (a clock)."""
+    words = text.get_text()
+    text.set_text(words + reserve)
+    while text.get_window_extent(renderer).width > width and text.get_fontsize() > smallest:
+        text.set_fontsize(text.get_fontsize() - 0.5)
+    cut = 0
+    while text.get_window_extent(renderer).width > width and cut < len(words) - 1:
+        cut += 1
+        text.set_text("…" + words[cut:] + reserve)
+    text.set_text(text.get_text()[:len(text.get_text()) - len(reserve)])
+
+
+def panel_names(paths) -> list[str]:
+    """A panel title per motion file: its stem, or where stems collide its path below the files'
+    common folder (``clip.bvh out/clip.bvh`` -> ``clip``, ``out/clip``); a file given twice gets
+    ``(2)``."""
+    from motionjax.evaluation.inference import clip_names
+
+    names, out = clip_names(paths), []
+    for p in paths:
+        name = names[Path(p)]
+        out.append(name if name not in out else f"{name} ({sum(n.split(' (')[0] == name for n in out) + 1})")
+    return out
+
+
+def render_files(paths, out, names=None) -> int:
+    """Motion files side by side (one panel each, titled ``names``, default :func:`panel_names`) as a
+    video ``out``: each in its own units (:func:`motionjax.data.corpus.conform`), resampled to the first
+    file's frame rate and cut to the shortest. Returns the frame count. ``ValueError`` when the files'
+    skeletons differ or ``names`` does not have one title per file."""
+    from motionjax.data import corpus, transforms
+    from motionjax.formats import load
+
+    names = list(names) if names else panel_names(paths)
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} panel names for {len(paths)} files: give one per file")
+    motions = [corpus.conform(load(p))[0] for p in paths]
+    skeletons = {m.skeleton.names for m in motions}
+    if len(skeletons) > 1:
+        raise ValueError(f"the files have {len(skeletons)} different skeletons; render them one by one")
+    fps, clips = motions[0].fps, {}
+    for name, m in zip(names, motions, strict=True):
+        root, rotations = transforms.resample(m.root_position, m.rotations, m.fps, fps)
+        clips[name] = type(m)(m.skeleton, fps, root, rotations, name=m.name).positions()
+    frames = min(len(c) for c in clips.values())
+    return render_video(motions[0].skeleton, {k: np.asarray(v[:frames]) for k, v in clips.items()}, out, fps)
 
 
 def write_video(frames, path, fps: float = 30.0) -> int:

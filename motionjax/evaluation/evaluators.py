@@ -202,10 +202,12 @@ def results_table(results: dict) -> list[str]:
         if not isinstance(rows, dict):
             continue
         for condition, row in rows.items():
-            # The input row: the (noisy) input's own error, 0 for clean input.
-            for method in ("input", "model", "no_dynamics", "pca"):
+            # The input row: the (noisy) input's own error, 0 for clean input; reference models
+            # (train.references, train.reference_models) after the model.
+            order = ["input", "model", *(m for m in row if m not in ("input", "model", "pca")), "pca"]
+            for method in order:
                 m = row.get(method)
-                if m is not None:
+                if isinstance(m, dict) and "mpjpe" in m:
                     lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
                                  f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
                                  f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
@@ -235,6 +237,11 @@ def forecast_table(results: dict) -> list[str]:
             order = [m for m in FORECAST_METHODS[:2] if m in row]  # the model, then reference models
             order += [m for m in row if m not in FORECAST_METHODS]
             order += [m for m in FORECAST_METHODS[2:] if m in row]
+            counts = next((m for m in row.values() if "clips" in m), None)
+            if counts is not None:  # how many clips each column averages (short clips reach fewer horizons)
+                lines.append(f"{split:11s} {'(clips averaged)':18s} "
+                             + " ".join(f"{counts.get(f'clips_{h}ms', '—'):>6}" for h in horizons)
+                             + f" {counts['clips']:>6}")
             for method in order:
                 m = row[method]
                 lines.append(f"{split:11s} {method:18s} "

@@ -113,14 +113,21 @@ def evaluate(forecasters: dict, batches, skeleton: Skeleton, fps: float, mean, s
     eval ``batches`` (``noisy``, ``clean``, ``valid``, optional ``offsets``), plus (``truth``) the row
     ``"truth"``: the true motion's own plausibility (its errors are 0). Metrics: ``mpjpe_<h>ms`` at each
     horizon, the :data:`ERROR_METRICS` over the predicted frames, the :data:`MOTION_METRICS` and
-    :data:`~motionjax.evaluation.metrics.PHYSICS_METRICS` over them and the seam."""
+    :data:`~motionjax.evaluation.metrics.PHYSICS_METRICS` over them and the seam; and how many clips
+    (batches' ``clip`` ids) each averages: ``clips_<h>ms`` (a clip shorter than the window reaches
+    fewer horizons) and ``clips`` (those with a predicted frame), ints in every row."""
     totals = {name: _Sums() for name in (*forecasters, *(("truth",) if truth else ()))}
-    window = None
+    window, reached = None, None  # reached[t]: the clips with a predicted frame t
     for batch in batches:
         clean = _frames(batch["clean"])
         window = clean.shape[1]
         valid = _frames(batch["valid"])[..., 0]
         future = valid * transforms.forecast_frames(window, observed)
+        if "clip" in batch:
+            ids = np.asarray(batch["clip"])
+            reached = reached or [set() for _ in range(window)]
+            for t in np.flatnonzero(future.any(0)):
+                reached[t].update(ids[future[:, t] > 0].tolist())
         seam = valid * transforms.forecast_frames(window, observed, seam=True)
         offsets = batch.get("offsets")
         true_pos = metrics.feature_positions(skeleton, clean, mean, std, offsets)
@@ -142,4 +149,8 @@ def evaluate(forecasters: dict, batches, skeleton: Skeleton, fps: float, mean, s
     if window is None:
         raise ValueError("forecast evaluate: no eval batches (is the held-out split empty?)")
     horizons = horizon_frames(observed, window, fps, horizons_ms)
-    return {name: t.result(horizons) for name, t in totals.items()}
+    clips = {}
+    if reached is not None:
+        clips = {f"clips_{h}ms": len(reached[t]) for h, t in horizons.items()}
+        clips["clips"] = len(set().union(*reached))
+    return {name: {**t.result(horizons), **clips} for name, t in totals.items()}

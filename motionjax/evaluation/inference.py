@@ -12,9 +12,11 @@ channels and frame rate (:func:`motionjax.data.corpus.unconform`,
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +156,8 @@ def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None
     jobs = list(_readable(paths, spec, errors, log))  # everything read and checked first: the bar's total
     written = []
     total = sum(window_count(clip.num_frames, spec, overlap) for _, _, clip, _ in jobs)
-    with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True) as bar:
+    # disable=None: a bar on a terminal only (in a log file, carriage-return updates)
+    with tqdm(total=total, unit="window", desc="apply", dynamic_ncols=True, disable=None) as bar:
         for path, original, clip, units in jobs:
             out = out_dir / f"{path.stem}.bvh"
             result = back_to_file(apply_motion(predict, spec, clip, overlap=overlap, batch_size=batch_size,
@@ -168,29 +171,55 @@ def apply_files(predict, spec: ModelSpec, paths, out_dir, *, overlap: int | None
 
 
 def prepare_corpus(paths, spec: ModelSpec, settings: prepare.Settings, cache_dir, split: str = "test",
-                   log=print):
+                   log=print, dedup: bool = False):
     """Motion files as a prepared directory the run can be evaluated on: each clip in the run's units,
     frame rate and joint order (:func:`model_view`), prepared with the run's ``settings`` (window, fps)
-    into one split ``split``. A file that does not read or whose skeleton is not the run's is reported
-    (``log``) and left out. Prepared once: ``cache_dir/<name>-<digest>`` of the files (paths, sizes,
-    mtimes) and the settings. Returns its :class:`~motionjax.data.info.DatasetInfo`."""
+    into one split ``split``. Every file is scored: no deduplication (that is for training data) unless
+    ``dedup``; clips are named by file stem (by the path below the files' common folder where stems
+    collide). Each file left out (it does not read, its skeleton is not the run's, a copy with
+    ``dedup``) is named with its reason by ``log`` (``"skipped PATH: why"``), on every call. Prepared
+    once: ``cache_dir/<name>-<digest>`` of the files (paths, sizes, mtimes) and the settings. Returns
+    its :class:`~motionjax.data.info.DatasetInfo`."""
     paths = sorted(Path(p) for p in paths)
     if not paths:
         raise FileNotFoundError("no motion files to evaluate on")
+    settings = dataclasses.replace(settings, dedup=bool(dedup))
     key = hashlib.sha256(json.dumps([[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]
                                     + [settings.to_json(), split, spec.skeleton.names], default=str).encode())
-    name = paths[0].parent.name if len(paths) > 1 else paths[0].stem
+    name = Path(os.path.commonpath([str(p.absolute().parent) for p in paths])).name if len(paths) > 1 \
+        else paths[0].stem
     out = Path(cache_dir) / f"{name}-{key.hexdigest()[:12]}"
-    if (out / INDEX).exists():
-        return load_info(out)
-    readable = _readable(paths, spec, [], log)  # the others are named and left out
-    motions = [dataclasses.replace(clip, name=path.stem) for path, _, clip, _ in readable]
-    if not motions:
-        raise ValueError(f"none of the {len(paths)} motion files can be evaluated by this run")
-    # The clips are in metres and the run's order already: preparation keeps them as they are.
-    settings = dataclasses.replace(settings, units="m", up_axis="xyz"[spec.skeleton.up_axis],
-                                   splits=((split, "rest"),))
-    return prepare.write_dataset(motions, out, settings=settings, progress=False)
+    if not (out / INDEX).exists():
+        names, motions, skipped = clip_names(paths), [], []
+        for path in paths:
+            errors = []  # named below, from the index
+            for _, _, clip, _ in _readable([path], spec, errors, lambda line: None):
+                motions.append(dataclasses.replace(clip, name=names[path]))
+            skipped += [{"path": str(path), "reason": e[len(str(path)):].lstrip(": ")} for e in errors]
+        if not motions:
+            why = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
+            raise ValueError(f"none of the {len(paths)} motion files can be evaluated by this run: {why}"
+                             + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""))
+        # The clips are in metres and the run's order already: preparation keeps them as they are.
+        settings = dataclasses.replace(settings, units="m", up_axis="xyz"[spec.skeleton.up_axis],
+                                       splits=((split, "rest"),))
+        prepare.write_dataset(motions, out, settings=settings, progress=False, skipped=skipped)
+    info = load_info(out)
+    for s in info.skipped:
+        log(f"skipped {s['path']}: {s['reason']}")
+    return info
+
+
+def clip_names(paths) -> dict:
+    """``{path: clip name}``: each file's stem, or where stems collide its path below the files' common
+    folder without the suffix (``a/clip``, ``b/clip``)."""
+    paths = [Path(p) for p in paths]
+    stems = collections.Counter(p.stem for p in paths)
+    if max(stems.values(), default=0) < 2:
+        return {p: p.stem for p in paths}
+    root = Path(os.path.commonpath([str(p.absolute().parent) for p in paths]))
+    return {p: p.stem if stems[p.stem] == 1 else p.absolute().relative_to(root).with_suffix("").as_posix()
+            for p in paths}
 
 
 def prepared_clip(info, index: int, begin: int = 0, end: int | None = None) -> Motion:

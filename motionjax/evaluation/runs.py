@@ -8,18 +8,21 @@ the settings of the run's ``evals.final`` evaluator (inputs, noise level, refere
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from pathlib import Path
 
 from motionjax.data import corpus, prepare
 from motionjax.data.info import INDEX, load_info
-from motionjax.evaluation import evaluators, inference
+from motionjax.evaluation import evaluators, forecast, inference
 
 
-def corpus_for(run, data, split: str = "test", cache_dir="data_cache/eval", log=print):
+def corpus_for(run, data, split: str = "test", cache_dir="data_cache/eval", log=print, dedup: bool = False):
     """The :class:`~motionjax.data.info.DatasetInfo` of ``data`` for ``run`` (a
     :class:`~motionjax.efficiency.trained.Trained`): a prepared directory (with ``index.json``), or motion
-    files (a file, a directory or a glob) prepared under ``cache_dir`` with every clip in split ``split``.
+    files (a file, a directory or a glob) prepared under ``cache_dir`` with every clip in split ``split``
+    and (unless ``dedup``) none dropped as a copy of another. ``log`` names each file left out and each
+    clip scored on fewer frames or horizons than the others (:func:`coverage_notes`).
     Raises :class:`.inference.SkeletonMismatchError` naming the directory and what differs, or
     ``ValueError`` for a missing split or another frame rate."""
     spec = inference.ModelSpec.from_run(run.config, run.info)
@@ -28,30 +31,99 @@ def corpus_for(run, data, split: str = "test", cache_dir="data_cache/eval", log=
         paths = prepare.resolve_sources(str(data))
         if not paths:
             raise FileNotFoundError(f"{data}: neither a prepared directory (no {INDEX}) nor motion files")
-        return inference.prepare_corpus(paths, spec, prepare.Settings.from_config(run.config.data), cache_dir,
-                                        split, log)
-    info = load_info(path)
-    if corpus.topology(info.skeleton) != corpus.topology(run.info.skeleton):
-        raise inference.SkeletonMismatchError(
-            f"{path}: skeleton differs from the run's: "
-            f"{corpus.topology_difference(info.skeleton, run.info.skeleton)} (the same tree in another "
-            "joint order evaluates from its motion files, which are put in the run's order)")
-    if abs(info.fps - spec.fps) > 1e-6:
-        raise ValueError(f"{path} was prepared at {info.fps:g} fps, the run at {spec.fps:g}: evaluate its "
-                         "motion files instead (they are resampled)")
-    if split not in info.splits:
-        raise ValueError(f"{path} has no split {split!r}; it has {sorted(info.splits)}")
+        info = inference.prepare_corpus(paths, spec, prepare.Settings.from_config(run.config.data), cache_dir,
+                                        split, log, dedup=dedup)
+    else:
+        info = load_info(path)
+        if corpus.topology(info.skeleton) != corpus.topology(run.info.skeleton):
+            raise inference.SkeletonMismatchError(
+                f"{path}: skeleton differs from the run's: "
+                f"{corpus.topology_difference(info.skeleton, run.info.skeleton)} (the same tree in another "
+                "joint order evaluates from its motion files, which are put in the run's order)")
+        if abs(info.fps - spec.fps) > 1e-6:
+            raise ValueError(f"{path} was prepared at {info.fps:g} fps, the run at {spec.fps:g}: evaluate "
+                             "its motion files instead (they are resampled)")
+        if split not in info.splits:
+            raise ValueError(f"{path} has no split {split!r}; it has {sorted(info.splits)}")
+        for s in info.skipped:
+            log(f"skipped (when {path} was prepared) {s['path']}: {s['reason']}")
+    for line in coverage_notes(run.config, info, split):
+        log(line)
     return info
 
 
-def evaluate(run, info, split: str = "test") -> dict:
+def coverage_notes(config, info, split: str) -> list[str]:
+    """One line per clip of ``info``'s ``split`` that the run's final evaluation (``config.evals.final``)
+    scores on less than the others: shorter than the window (padded; the padding is not scored; a
+    forecaster's horizons past its end are not scored, and with no frame past the observed ones it is not
+    scored at all), or frames cut by cleaning (``data.clean``)."""
+    window, final = int(config.data.window), dict(config.evals.final)
+    observed = int(config.data.observed) if final.get("kind") == "forecast" else 0
+    horizons = forecast.horizon_frames(observed, window, info.fps,
+                                       final.get("horizons_ms", forecast.HORIZONS_MS)) if observed else {}
+    segments = info.splits[split]
+    count = collections.Counter(c for c, _, _ in segments)
+    covered = collections.Counter()
+    for rows in info.splits.values():
+        for c, b, e in rows:
+            covered[c] += e - b
+    lines = []
+    for clip, begin, end in segments:
+        n = end - begin
+        name = info.names[clip] + (f" frames {begin}-{end}" if count[clip] > 1 else "")
+        if n >= window:
+            continue
+        short = f"short: {name}: {n} frames, fewer than the run's {window}-frame window"
+        if observed and n <= observed:
+            lines.append(f"{short}, no more than the {observed} it observes: nothing to forecast, not scored")
+        elif observed:
+            missed = [f"{h} ms" for h, t in horizons.items() if t >= n]
+            lines.append(f"{short}: scored on its {n - observed} predicted frames"
+                         + (f", not at {', '.join(missed)}" if missed else ""))
+        else:
+            lines.append(f"{short}: scored on its {n} frames (the padding past them is not scored)")
+    for clip in dict.fromkeys(c for c, _, _ in segments):
+        if covered[clip] < info.frames[clip]:
+            lines.append(f"cut: {info.names[clip]}: {covered[clip]} of its {info.frames[clip]} frames kept; "
+                         f"cleaning (data.clean) left out the rest ({Path(info.data_dir) / 'cleaning.json'})")
+    return lines
+
+
+def reference_runs(config, workdir) -> dict:
+    """``{name: run directory}`` of the reference models trained beside the run in ``workdir``
+    (:func:`motionjax.train.loop.run_experiment`: ``train.reference_models``, and ``no_dynamics`` where
+    ``train.references`` names it and the run has the dynamics loss), whether or not they exist yet."""
+    names = list(config.train.reference_models.keys())
+    if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        names.insert(0, "no_dynamics")
+    return {name: Path(workdir) / name for name in names}
+
+
+def evaluate(run, info, split: str = "test", references=None, log=print) -> dict:
     """``{split: {input: {"model" | "input" | "pca": {metric: value}}}}`` (a forecasting run's
     ``evals.final.kind = "forecast"``: ``{split: {"clean": {"model" | BASELINE | "truth": ...}}}``,
     :class:`.evaluators.Forecast`): the run's model on ``info``'s
     ``split`` as its final evaluation scores it (``config.evals.final``: inputs, noise level,
     references, labels), the features standardized with the run's statistics (whatever window
     ``info`` was prepared with: its clips are cut into the run's windows) and the PCA reference fitted
-    on the run's training frames."""
+    on the run's training frames. ``references``: the run's directory; the reference models trained
+    beside it (:func:`reference_runs`, their best checkpoints) are scored too, their ``model`` rows
+    joining as ``NAME`` (as the trainer's table has them); one not trained is named by ``log``."""
+    results = _evaluate(run, info, split)
+    if references is None:
+        return results
+    from motionjax.efficiency import trained
+
+    for name, path in reference_runs(run.config, references).items():
+        if not (path / "checkpoints").is_dir():
+            log(f"reference {name}: {path} holds no trained run; not in the table")
+            continue
+        for condition, rows in _evaluate(trained.load(path), info, split)[split].items():
+            results[split][condition][name] = rows["model"]
+    return results
+
+
+def _evaluate(run, info, split: str) -> dict:
     final = dict(run.config.evals.final)
     kind = final.pop("kind", "metrics")
     for key in ("during", "splits"):

@@ -47,10 +47,10 @@ class ResumeError(ConfigError):
 # its data and workers come from, the mesh (checkpoints restore onto any) and the evaluators. Anything
 # else (model, loss, optimizer, data windows and noise, seed) makes another experiment.
 RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every",
-             "train.keep_checkpoints", "train.stop_timeout_s",
+             "train.progress_every", "train.keep_checkpoints", "train.stop_timeout_s",
              "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
              "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
-             "mesh", "evals")
+             "data.residency", "data.device_share", "data.host_cache_mb", "mesh", "evals")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -125,11 +125,16 @@ _NONNEGATIVE_INT = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
 _POSITIVE_NUMBER = (lambda v: _is_number(v) and v > 0, "a positive number")
 _RULES = {
     "seed": (_is_int, "an integer"),
+    "data.source": (lambda v: isinstance(v, str) and bool(v.strip()), "'deepmimic', 'synthetic' or a folder "
+                    "or glob of motion files (--config.data.source=DIR)"),
     "data.fps": _POSITIVE_NUMBER,
     "data.window": _POSITIVE_INT,
     "data.chunk": _POSITIVE_INT,
     "data.batch_size": _POSITIVE_INT,
-    "data.worker_count": _NONNEGATIVE_INT,
+    "data.worker_count": (lambda v: _is_int(v) and v >= -1, "an integer >= 0, or -1 (auto: measured)"),
+    "data.residency": (lambda v: v in ("auto", "device", "stream"), "'auto', 'device' or 'stream'"),
+    "data.device_share": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "data.host_cache_mb": (lambda v: _is_number(v) and v >= 0, "a number of MB >= 0"),
     "data.prefetch": _NONNEGATIVE_INT,
     "data.eval_stride": _POSITIVE_INT,
     "data.std_floor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
@@ -168,6 +173,7 @@ _RULES = {
     "train.ema_decay": (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1): 0 = off"),
     "train.max_nonfinite_steps": _POSITIVE_INT,
     "train.log_every": _POSITIVE_INT,
+    "train.progress_every": _POSITIVE_INT,
     "train.eval_every": _POSITIVE_INT,
     "train.checkpoint_every": _POSITIVE_INT,
     "train.keep_checkpoints": _POSITIVE_INT,

@@ -3,8 +3,8 @@
 :func:`collectives` lists each collective of compiled HLO with the mesh axes its device groups
 span and the bytes it moves; :func:`compile_partitioned` also returns the HLO right after SPMD
 partitioning, in the dtypes an accelerator would send; :func:`overlap` says, from the dependencies,
-how much matrix work each collective could run beside. Used by ``scripts/comm_report.py``,
-``scripts/bench.py`` and ``tests/test_parallel.py``; the mesh itself is :mod:`motionjax.parallel`'s.
+how much matrix work each collective could run beside. Used by ``benchmarks/comm_report.py``,
+``benchmarks/bench.py`` and ``tests/test_parallel.py``; the mesh itself is :mod:`motionjax.parallel`'s.
 """
 from __future__ import annotations
 

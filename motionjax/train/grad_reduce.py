@@ -153,7 +153,7 @@ def _reducer(plan: Plan, mesh):
 
 def lower_reduction(plan: Plan, mesh) -> jax.stages.Lowered:
     """The reduction alone, lowered for abstract per-device gradients: one ``[data, time, L]`` leaf
-    per bucket of ``plan`` (what ``scripts/comm_report.py`` reads the bytes of, without the model)."""
+    per bucket of ``plan`` (what ``benchmarks/comm_report.py`` reads the bytes of, without the model)."""
     time = mesh.shape[parallel.TIME_AXIS]
     grads = [jax.ShapeDtypeStruct((plan.data, time, n), np.float32) for n in plan.sizes]
     one = dataclasses.replace(plan, buckets=tuple((i,) for i in range(len(plan.sizes))))

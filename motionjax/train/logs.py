@@ -1,9 +1,11 @@
 """The loop's bookkeeping: where the time goes (:class:`Chrono`), the metric history and its
-TensorBoard events (:class:`MetricLog`, :class:`EventWriter`)."""
+TensorBoard events (:class:`MetricLog`, :class:`EventWriter`), the progress a person watches
+(:class:`Progress`)."""
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -119,3 +121,53 @@ class EventWriter:
 
     def close(self) -> None:
         self._io(self._writer.close)
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m``, ``4m05s``, ``12s``."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Progress:
+    """A run's progress: on a terminal (``stream.isatty()``) a tqdm bar; elsewhere (a log file, CI) one
+    plain line every ``every`` steps and at the last one, e.g.
+    ``run: step 200/1000  loss 0.0412  3.1 steps/s  data wait 2%  ETA 4m18s`` (a bar there would be
+    hundreds of carriage-return updates). ``update(n)``: ``n`` more steps dispatched; ``show(step,
+    loss, skipped)``: a step's metrics, read. Rates are :class:`Chrono`'s (training time only)."""
+
+    def __init__(self, total: int, initial: int, desc: str, every: int, chrono: Chrono, stream=None):
+        self.total, self.desc, self.every, self.chrono = total, desc, every, chrono
+        self.stream = sys.stderr if stream is None else stream
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, smoothing=0.1,
+                            file=self.stream)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def show(self, step: int, loss: float, skipped: int = 0) -> None:
+        chrono = self.chrono
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", fps=f"{chrono.frames_per_s():.0f}",
+                                 wait=f"{100 * chrono.data_wait_fraction():.0f}%", skipped=skipped,
+                                 refresh=False)
+            return
+        if step % self.every and step != self.total:
+            return
+        rate = chrono.steps / chrono.train_s()
+        eta = _duration((self.total - step) / rate) if rate > 0 and chrono.steps else "?"
+        line = (f"{self.desc}: step {step}/{self.total}  loss {loss:.4f}  {rate:.2f} steps/s  "
+                f"data wait {100 * chrono.data_wait_fraction():.0f}%  ETA {eta}")
+        line += f"  non-finite steps skipped {skipped}" if skipped else ""
+        print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

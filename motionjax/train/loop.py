@@ -22,22 +22,24 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from motionjax import parallel
-from motionjax.data import pipeline, priority
+from motionjax.data import feed, pipeline
 from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, faults, logs, step
 
 
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
-    Grain pipeline (loss-aware with ``data.loss_sampling``: :mod:`motionjax.data.priority`), or
-    (``data.loader = "naive"``, the baseline) numpy batches from the main thread placed on the mesh
-    per step."""
-    shardings = parallel.batch_shardings(mesh, step.batch_keys(config))
-    if config.data.loader == "grain" and step.uses_window_errors(config):
-        return priority.LossAwareIterator(config.data, info, shardings=shardings, seed=config.seed)
+    feed (:mod:`motionjax.data.feed`: the corpus on the devices or streamed by Grain, windows augmented
+    on the device), or (``data.loader = "naive"``, the baseline) numpy batches made on the main thread
+    and placed on the mesh per step."""
+    keys = step.batch_keys(config)
     if config.data.loader == "grain":
-        return pipeline.make_train_iterator(config.data, info, shardings=shardings, seed=config.seed)
+        mode, why = feed.choose_residency(config.data, info)
+        if parallel.is_main_process():
+            print(f"data: {why}", flush=True)
+        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode)
     if config.data.loader == "naive":
+        shardings = parallel.batch_shardings(mesh, keys)
         return (pipeline.to_global(shardings, b)
                 for b in pipeline.make_naive_train_iterator(config.data, info, seed=config.seed))
     raise ValueError(f"unknown data.loader {config.data.loader!r}; expected 'grain' or 'naive'")
@@ -98,7 +100,7 @@ class _Run:
     heldout: dict          # the evaluators that run during training
     start: int
     writer: logs.EventWriter | None = None
-    bar: object = None
+    bar: logs.Progress | None = None
 
 
 def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
@@ -128,14 +130,14 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
         writer = logs.EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
         cleanup.callback(faults.quietly, writer.close)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc=workdir.name, dynamic_ncols=True, smoothing=0.1)
+    chrono = logs.Chrono(frames_per_step=config.data.batch_size * config.data.window)
+    if main:  # a bar on a terminal, a line every train.progress_every steps in a log file
+        bar = logs.Progress(cfg.steps, start, workdir.name, cfg.progress_every, chrono)
         cleanup.callback(faults.quietly, bar.close)
     return _Run(config, workdir, info, train_step, state, step.make_predict(eval_graphdef, mesh, shardings),
                 iterator, mngr, history, logs.MetricLog(history, writer),
                 checkpoints.NonfiniteGuard(mngr, cfg.max_nonfinite_steps, start, verbose=main),
-                logs.Chrono(frames_per_step=config.data.batch_size * config.data.window),
-                evaluators.build(config, info, during=True), start, writer, bar)
+                chrono, evaluators.build(config, info, during=True), start, writer, bar)
 
 
 def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
@@ -203,9 +205,7 @@ def _read(run: _Run, pending, dispatched: int) -> None:
     if done_step % cfg.log_every == 0 or done_step == cfg.steps:
         run.log(done_step, {k: v for k, v in metrics.items() if k != "nonfinite_run"}, "train")
     if run.bar:
-        run.bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", fps=f"{run.chrono.frames_per_s():.0f}",
-                            wait=f"{100 * run.chrono.data_wait_fraction():.0f}%",
-                            skipped=int(metrics["nonfinite_total"]), refresh=False)
+        run.bar.show(done_step, float(metrics["loss"]), int(metrics["nonfinite_total"]))
     run.state = run.guard(done_step, metrics, run.state, dispatched=dispatched)
 
 
@@ -245,6 +245,9 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         "nonfinite_restores": run.guard.restores,
         "params": int(sum(x.size for x in jax.tree.leaves(run.state["params"]))),
     }
+    if isinstance(run.iterator, feed.Feed):  # where the corpus lived, the input program's compile, cache hits
+        summary["input"] = {"residency": run.iterator.mode, "compile_s": run.iterator.compile_s,
+                            "cache": run.iterator.stats()}
     if not interrupted:
         summary.update(_evaluate_best(run, done))
     summary["history"] = run.history
@@ -306,11 +309,15 @@ def _evaluate_best(run: _Run, done: int) -> dict:
 
 
 def _nonfinite(results: dict) -> list[str]:
-    """``SPLIT/CONDITION/METRIC`` of the model's non-finite results."""
+    """``SPLIT/CONDITION/METRIC`` of the model's non-finite results. A metric that is non-finite for the
+    truth or the input row too had nothing to score (foot skating where no foot is planted), not a
+    diverged model."""
+    unscored = lambda row, k: any(isinstance(row.get(r), dict) and isinstance(row[r].get(k), numbers.Real)
+                                  and not math.isfinite(row[r][k]) for r in ("truth", "input"))
     return [f"{split}/{condition}/{k}" for split, rows in results.items() if isinstance(rows, dict)
             for condition, row in rows.items() if isinstance(row, dict)
             for k, v in row.get("model", {}).items()
-            if isinstance(v, numbers.Real) and not math.isfinite(v)]
+            if isinstance(v, numbers.Real) and not math.isfinite(v) and not unscored(row, k)]
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:

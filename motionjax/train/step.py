@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from motionjax import losses, models, parallel
 from motionjax.core.features import feature_dim
-from motionjax.data import transforms
+from motionjax.data import feed, transforms
 from motionjax.train import grad_reduce
 
 
@@ -29,8 +29,7 @@ def batch_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The batch leaves the step reads (and the loader puts on the mesh): the input window, the target,
     their ``valid`` mask, with ``data.bones = "clip"`` each window's clip ``offsets``, and with
     loss-aware sampling each window's training ``segment`` (the step passes it by; the loop reads it)."""
-    return (("noisy", "clean", "valid") + (("offsets",) if config.data.bones == "clip" else ())
-            + (("segment",) if uses_window_errors(config) else ()))
+    return feed.batch_keys(config.data)
 
 
 OPTIMIZERS = ("adamw", "lion", "muon", "schedule_free")

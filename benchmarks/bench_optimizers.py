@@ -1,6 +1,6 @@
 """What an optimizer adds to the headline train step: seconds a step for each ``train.optimizer``.
 
-    python scripts/bench_optimizers.py [--config experiments/autoencoder.py] \\
+    python benchmarks/bench_optimizers.py [--config experiments/autoencoder.py] \\
         [--optimizers adamw,muon,schedule_free] [--torch adamw,muon,muon_bf16] [--torch-threads 1,2] \\
         [--rounds 5] [--steps 20] [--warmup-rounds 1] [--out results/optimizer_step]
 

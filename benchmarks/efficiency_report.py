@@ -1,5 +1,5 @@
 """The efficiency table and Pareto plot of a trained run (docs/efficiency.md):
-``scripts/efficiency_report.py --workdir runs/x [--out docs/efficiency]``.
+``benchmarks/efficiency_report.py --workdir runs/x [--out docs/efficiency]``.
 
 Measures fp32, its StableHLO/ONNX exports, int8 (qwix; onnxruntime), magnitude pruning (sparsity
 curve, masked fine-tuning), MLP channel pruning and a distilled vs data-only student (seeds), all in

@@ -1,6 +1,7 @@
 """Time to target accuracy, side by side: wall-clock, steps and frames until validation MPJPE ≤ target.
 
-    python scripts/time_to_target.py --config experiments/autoencoder.py:bandai,dynamics --target 2.3 \\
+    python benchmarks/bench_time_to_target.py --config experiments/autoencoder.py:bandai,dynamics \\
+        --target 2.3 \\
         [--levers optimized,baseline,uniform,batch2x,dynamics_loss] [--seeds 0,1,2] [--eval-every K] \\
         [--max-steps N] [--max-seconds S] [--out results/time_to_target] [--resume [--report-only]]
 

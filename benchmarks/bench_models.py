@@ -1,6 +1,6 @@
 """Forward+backward step time of the motion models: {transformer, tconv} x {float32, bfloat16} compute.
 
-    .venv/bin/python scripts/bench_models.py [--batch 32 --window 64 --out results/bench_models.json]
+    .venv/bin/python benchmarks/bench_models.py [--batch 32 --window 64 --out results/bench_models.json]
 
 Model sizes come from ``experiments/base.py`` (the ``model`` section); the feature size is the
 DeepMimic humanoid's. Prints a table (ms/step, frames/s, ratio to the fp32 transformer) and writes it

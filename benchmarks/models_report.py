@@ -1,6 +1,6 @@
 """Tables and plots of docs/models.md from finished run directories (their summary.json).
 
-    .venv/bin/python scripts/models_report.py --sweep 0=runs/dm_dn_hp5 0.005=runs/dm_dn_dyn0.005 \
+    .venv/bin/python benchmarks/models_report.py --sweep 0=runs/dm_dn_hp5 0.005=runs/dm_dn_dyn0.005 \
         --rate deepmimic:16=runs/ae_dm16 deepmimic:4=runs/ae_dm4 bandai:16=runs/ae_bandai16_b --out docs
 
 ``--sweep WEIGHT=RUN``: the dynamics-loss sweep (same model, one weight per run): MPJPE and the
@@ -91,7 +91,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", nargs="*", default=[], help="WEIGHT=RUN_DIR")
     parser.add_argument("--rate", nargs="*", default=[], help="CORPUS:NUMBERS=RUN_DIR")
-    parser.add_argument("--out", default="docs")
+    parser.add_argument("--out", default="docs/results")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,8 @@ per-device batch and reduces once; compute ``k T``, the same buckets, and bucket
 ``k T - T F_b / F`` (only the last slice's backward can hide it: the gradient collectives run after
 the loop over the others, as ``tests/test_grad_reduce.py`` checks on the compiled step).
 
-  scripts/comm_report.py --out docs/comm_report.md
-  scripts/comm_report.py --measured docs/comm_report.json --nvlink_gbps 900   # re-model, no compile
+  benchmarks/comm_report.py --out docs/comm_report.md
+  benchmarks/comm_report.py --measured docs/results/comm_report.json --nvlink_gbps 900  # re-model only
 """
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ _NETWORK = flags.DEFINE_float("network_gbps", 50.0, "across-host bandwidth per d
 _ALPHA_IN = flags.DEFINE_float("alpha_in_us", 5.0, "latency per collective step inside a host, us")
 _ALPHA_OUT = flags.DEFINE_float("alpha_out_us", 15.0, "latency per collective step across hosts, us")
 _FLOPS = flags.DEFINE_float("flops_per_s", 400e12, "sustained device FLOP/s (H100 bf16 at ~40% of peak)")
-_OUT = flags.DEFINE_string("out", "docs/comm_report.md", "Markdown table; JSON beside it")
+_OUT = flags.DEFINE_string("out", "docs/comm_report.md",
+                           "Markdown table; its JSON goes to results/ beside it")
 _MICRO = flags.DEFINE_list("micro_batches", ["1", "2", "4", "8"],
                            "slices of the per-device batch per reduction (train.micro_batches)")
 _MEASURED = flags.DEFINE_string("measured", None, "a report's JSON: model its measured steps again (other "
@@ -231,7 +232,7 @@ def markdown(reports: list[dict]) -> str:
     lines = [
         "# Gradient reduction per train step: bytes, time, and what overlap hides",
         "",
-        "`scripts/comm_report.py` (model and method in its docstring and in docs/scale.md). Links: "
+        "`benchmarks/comm_report.py` (model and method in its docstring and in docs/scale.md). Links: "
         f"{_PER_HOST.value} devices per host; {_NVLINK.value:g} GB/s inside a host, {_NETWORK.value:g} GB/s "
         f"across; latency {_ALPHA_IN.value:g} / {_ALPHA_OUT.value:g} us per log2 step; compute at "
         f"{_FLOPS.value / 1e12:g} TFLOP/s. Weak scaling: the per-device batch is fixed.",
@@ -269,18 +270,19 @@ def main(argv):
     del argv
     costs: dict = {}
     out = Path(_OUT.value)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    data = out.parent / "results" / out.with_suffix(".json").name  # docs/results/comm_report.json
+    data.parent.mkdir(parents=True, exist_ok=True)
     done = []
     if _MEASURED.value:
         done = [dict(r, rows=_rows(r, costs)) for r in json.loads(Path(_MEASURED.value).read_text())]
         out.write_text(markdown(done))
-        out.with_suffix(".json").write_text(json.dumps(done, indent=1))
+        data.write_text(json.dumps(done, indent=1))
         print(out.read_text())
         return
     for spec in _CONFIGS.value:  # written after each stage: a long run keeps what it has measured
         for report in rows_for(spec, costs):
             out.write_text(markdown(done + [report]))
-            out.with_suffix(".json").write_text(json.dumps(done + [report], indent=1))
+            data.write_text(json.dumps(done + [report], indent=1))
         done.append(report)
     print(out.read_text())
 

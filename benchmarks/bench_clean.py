@@ -1,7 +1,7 @@
 """Cleaning quality on Bandai-1 (benchmarks/clean_quality.py): flagged frames on the untouched clips,
 recall and precision per injected kind x magnitude, FK error of the repaired frames.
 
-    python scripts/bench_clean.py [--trials 40] [--min-frames 120] [--out results/bench_clean.json]
+    python benchmarks/bench_clean.py [--trials 40] [--min-frames 120] [--out results/bench_clean.json]
 
 Prints a table and writes JSON (docs/data.md "Cleaning" quotes it).
 """

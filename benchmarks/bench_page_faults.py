@@ -1,6 +1,6 @@
 """Page faults and kernel time of a training run under each host-allocator setting.
 
-    python scripts/bench_page_faults.py [--config experiments/autoencoder.py] [--steps 300] \\
+    python benchmarks/bench_page_faults.py [--config experiments/autoencoder.py] [--steps 300] \\
         [--repeats 2] [--settings "glibc default,one arena,huge pages"] [--flag=--config.X=Y] \\
         [--out results/page_faults]
 

@@ -2,7 +2,7 @@
 x 8 devices, compared step by step (issue #27: the long comparison; ``tests/test_multiprocess.py``
 holds the short one in ``make test``).
 
-    python scripts/bench_multiprocess.py [--config experiments/autoencoder.py:deepmimic] [--steps 300] \
+    python benchmarks/bench_multiprocess.py [--config experiments/autoencoder.py:deepmimic] [--steps 300] \
         [--modes fp32,fp32_two_level,int8] [--threads 8] [--out results/bench_multiprocess]
 
 Per mode, ``scripts/train.py`` runs the config twice: in one process on 8 virtual CPU devices, and

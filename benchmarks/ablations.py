@@ -1,6 +1,6 @@
 """One config, one change at a time, over seeds: held-out metrics side by side.
 
-    python scripts/ablations.py --config experiments/autoencoder.py --steps 1500 \\
+    python benchmarks/ablations.py --config experiments/autoencoder.py --steps 1500 \\
         --ablate no_head=model.position_head=False --ablate no_aug=data.mirror_prob=0,data.speed_range=1 \\
         [--set KEY=VALUE ...] [--seeds 0,1,2] [--devices 8] [--metric validation/mpjpe ...] \\
         [--target 2.3] [--out results/ablations] [--report-only]

@@ -1,10 +1,10 @@
 """One command, one table: motionjax optimized vs baseline vs a PyTorch eager peer, the dynamics loss
 across J, MFU, cost growth (the parts and what each mode measures: :mod:`benchmarks.suite`).
 
-    python scripts/bench.py                    # the default: every part, ~12 min on 2 cores
-    python scripts/bench.py --quick            # a smoke check, ~2 min (no dynamics grid)
-    python scripts/bench.py --full             # everything docs/benchmarks.md reports: hours
-    python scripts/bench.py --parts growth,mfu [--grid-budget 600] [--out results/bench]
+    motionjax bench                            # the default: every part, ~12 min on 2 cores
+    python benchmarks/bench.py --quick            # a smoke check, ~2 min (no dynamics grid)
+    python benchmarks/bench.py --full             # everything docs/benchmarks.md reports: hours
+    python benchmarks/bench.py --parts growth,mfu [--grid-budget 600] [--out results/bench]
 
 Writes ``bench.json``, ``bench.md`` (the table) and PNG plots to ``--out`` after every part and
 prints the table at the end; each part's time is in the log (``[bench] train: 251 s``).
@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
     parts = args.parts.split(",") if args.parts else default
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {sorted(unknown)}; expected a subset of {','.join(PARTS)}")
-    command = shlex.join(["python", "scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)])
     return run(parts, "quick" if args.quick else "full" if args.full else "default", Path(args.out), command,
                grid_budget_s=args.grid_budget)
 

@@ -6,9 +6,9 @@ against without on a corpus of repeated takes (~3,000 short clips: 100 actions x
 standing still before and after its action, the same idle pose in every clip, and 20 planted copies
 of each kind: exact, noised, mirrored, resampled, re-exported).
 
-    python scripts/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
+    python benchmarks/bench_prepare.py [--clips 3000] [--frames 134] [--workers 2] [--repeats 3] \
         [--corpora bandai,synthetic,takes] [--skip-loader] [--out results/bench_prepare.json]
-    python scripts/bench_prepare.py --corpora scale --scale 3000,30000 --repeats 1 --skip-loader \
+    python benchmarks/bench_prepare.py --corpora scale --scale 3000,30000 --repeats 1 --skip-loader \
         --out results/bench_prepare_scale.json     # docs/scale.md: the 30,000-clip prepare
 
 ``scale``: the synthetic corpus at each ``--scale`` size, with and without dedup (frames/s against the
@@ -121,19 +121,22 @@ def prepare_run(source: str, workers: int, **fields) -> dict:
 
 
 def loader_vs_step(batches: int = 30) -> dict:
-    """Grain loader frames/s alone on Bandai-1 vs the default model's train-step frames/s."""
+    """The streamed input's frames/s alone on Bandai-1 (Grain spans, augmented on the device) vs the
+    default model's train-step frames/s."""
+    import jax
+
     from experiments import base, deepmimic_denoise
-    from motionjax.data import pipeline
+    from motionjax.data import feed, pipeline
     from motionjax.train import batch_finder
 
     config = base.use_bandai(deepmimic_denoise.get_config(), window=32)
     info = pipeline.dataset_info(config.data)
-    it = pipeline.make_train_iterator(config.data, info, seed=0)
-    for _ in range(3):
-        next(it)
+    it = feed.Feed(config.data, info, seed=0, mode="stream")  # the Grain tier: the host's share of the work
+    live = [jax.block_until_ready(next(it)) for _ in range(3)]
     t = time.perf_counter()
     for _ in range(batches):
-        next(it)
+        live = [*live[-2:], next(it)]  # XLA:CPU: a batch lives until its program has run
+    jax.block_until_ready(live)
     loader = batches * config.data.batch_size * config.data.window / (time.perf_counter() - t)
     it.close()
     probe = batch_finder.StepProbe.for_trainer(config, info)

@@ -1,7 +1,7 @@
 """Scale check of near-duplicate detection (motionjax.data.dedup): a synthetic corpus with planted
 copies (exact, noised 3 mm, trimmed by 5 frames), and optionally a real BVH corpus.
 
-    python scripts/bench_dedup.py [--clips 3000] [--frames 133] [--copies 20] [--bandai DIR]
+    python benchmarks/bench_dedup.py [--clips 3000] [--frames 133] [--copies 20] [--bandai DIR]
 """
 import argparse
 import glob

@@ -1,7 +1,8 @@
 """The training effect of cleaning: Bandai-1 with 10% of its training clips corrupted, the autoencoder
 trained with and without ``data.clean``, against the untouched corpus (docs/data.md "Cleaning").
 
-    python scripts/clean_effect.py [--steps 3000] [--seeds 0,1] [--fraction 0.1] [--out results/clean_effect]
+    python benchmarks/clean_effect.py [--steps 3000] [--seeds 0,1] [--fraction 0.1] \\
+        [--out results/clean_effect]
 
 1. The untouched corpus is prepared as the autoencoder's config does; its training split names the
    clips that may be corrupted (validation and test stay untouched: the script checks that the

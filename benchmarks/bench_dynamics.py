@@ -1,13 +1,13 @@
 """Joint-dynamics loss + gradient: blocked Jacobian vs jax.jvp/vjp of FK vs dense jax.jacfwd, over
 J × frames per batch × dtype (:mod:`benchmarks.dynamics_grid`). Prints a table, writes JSON and a PNG.
 
-    .venv/bin/python scripts/bench_dynamics.py [--quick] [--joints 24,52] [--frames 1024,4096] \\
+    .venv/bin/python benchmarks/bench_dynamics.py [--quick] [--joints 24,52] [--frames 1024,4096] \\
         [--dtypes float32] [--budget 8] [--grid-budget 600] [--out results/bench_dynamics]
 
 The whole grid (4 J × 4 sizes × 2 dtypes) takes hours on 2 cores, most of it XLA compiling three
 programs per row; ``--grid-budget`` starts no row after that many seconds (target rows run first).
 
-    .venv/bin/python scripts/bench_dynamics.py --train-step experiments/predict.py:alone [--weight 0.005]
+    .venv/bin/python benchmarks/bench_dynamics.py --train-step experiments/predict.py:alone [--weight 0.005]
 
 times instead a task's whole train step (its config, a batch of its shape) with the loss off and on with
 each backend, round-robin (``benchmarks.suite.train_step_cost``), and writes ``train_step.json``.

@@ -1,7 +1,7 @@
 """Load the DeepMimic clips, run forward kinematics, print a summary and plot poses and root paths.
 
-    python scripts/fk_demo.py [--out runs/fk_demo]          # summary table + fk_demo.png
-    python scripts/fk_demo.py --bench [--batch 4096]         # FK throughput table (J=24 and 100)
+    python benchmarks/fk_demo.py [--out runs/fk_demo]          # summary table + fk_demo.png
+    python benchmarks/fk_demo.py --bench [--batch 4096]         # FK throughput table (J=24 and 100)
 
 The benchmark writes ``fk_bench.json`` next to the plot.
 """

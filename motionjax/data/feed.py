@@ -1,0 +1,270 @@
+"""What feeds the train step: where the training corpus lives (``data.residency``) and the iterator
+that hands the step its batches on the mesh.
+
+Two tiers, one program per batch:
+
+- ``"device"``: the training frames go to every device once (:mod:`motionjax.data.resident`); each
+  step draws its windows, gathers and augments them there (:mod:`motionjax.data.augment`). The host
+  moves no bytes per step: it dispatches one program.
+- ``"stream"``: Grain reads the clip records through a host cache that keeps dynamic segments longest
+  (:class:`~motionjax.data.pipeline.SegmentCache`), draws the starts and ships each window's span
+  (:mod:`motionjax.data.pipeline`); the device augments them with the same program.
+- ``"auto"`` (the default): ``"device"`` when the corpus fits ``data.device_share`` of one device's
+  memory, else ``"stream"``, saying which and why.
+
+Either way a batch is a function of the seed and the step: example ``i`` of step ``s`` draws from
+``fold_in(fold_in(key(seed), s), i)`` (the resident tier draws its window there too; the stream tier's
+starts come from Grain's seeded generators), so the devices and processes a run uses change nothing,
+and a resumed run continues the stream it saved (:meth:`Feed.get_state`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import grain
+import jax
+import numpy as np
+
+from motionjax import parallel
+from motionjax.data import augment, pipeline, priority, resident
+
+RESIDENCY = ("auto", "device", "stream")
+
+
+class ResidencyError(ValueError):
+    """The corpus does not fit where ``data.residency`` puts it."""
+
+
+def device_memory(device) -> tuple[int, str]:
+    """``(bytes, what)``: the memory one copy of the corpus may take a share of. An accelerator's own
+    (``memory_stats()["bytes_limit"]``); on the CPU, whose devices share the host's memory, the host's
+    physical memory divided among its devices (each holds a copy)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.device_kind} memory"
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    n = max(jax.local_device_count(), 1)
+    return host // n, f"host memory / {n} local devices"
+
+
+def choose_residency(cfg, info) -> tuple[str, str]:
+    """``(mode, why)`` for ``config.data`` (``cfg``): ``"device"`` or ``"stream"``, and a line saying where
+    the corpus lives and why. Raises :class:`ResidencyError` when ``data.residency = "device"`` and the
+    corpus exceeds ``data.device_share`` of a device's memory."""
+    if cfg.residency not in RESIDENCY:
+        raise ValueError(f"config.data.residency={cfg.residency!r}; expected one of {RESIDENCY}")
+    need = resident.corpus_nbytes(info)
+    have, what = device_memory(jax.local_devices()[0])
+    budget = cfg.device_share * have
+    size = (f"the training split ({info.split_frames(info.train_split):,} frames, {need / 2**20:,.1f} MB) "
+            f"against {cfg.device_share:.0%} of {what} ({budget / 2**30:,.1f} GB)")
+    if cfg.residency == "device" and need > budget:
+        raise ResidencyError(f"config.data.residency='device': {size} does not fit; set data.residency="
+                             "'stream' (or 'auto'), or raise data.device_share")
+    if cfg.residency == "stream":
+        return "stream", (f"corpus streamed by Grain through a {cfg.host_cache_mb:,.0f} MB host cache "
+                          "(data.residency='stream'); windows augmented on the device")
+    if need <= budget:
+        return "device", f"corpus resident on the devices: {size}; windows drawn and augmented there"
+    return "stream", (f"corpus streamed by Grain through a {cfg.host_cache_mb:,.0f} MB host cache: {size} "
+                      "does not fit (data.residency='auto'); windows augmented on the device")
+
+
+AUTO_WORKER_MS = 4.0  # host ms per batch the main process may spend before the stream gets workers
+
+
+def auto_workers(cfg, info, batches: int = 8, log=None) -> int:
+    """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
+    process makes ``batches`` span batches; at most :data:`AUTO_WORKER_MS` ms each, it keeps the work
+    (workers cost a process start and a copy of every batch), else enough workers to bring each one's
+    share under it, leaving one core to the main process."""
+    c = cfg.copy_and_resolve_references()
+    c.update(worker_count=0, prefetch=0)
+    it = pipeline.make_train_iterator(c, info, seed=0)
+    next(it)  # the first batch opens the shards
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    ms = 1e3 * (time.perf_counter() - start) / batches
+    it.close()
+    cores = len(os.sched_getaffinity(0))
+    workers = 0 if ms <= AUTO_WORKER_MS else max(1, min(cores - 1, int(np.ceil(ms / AUTO_WORKER_MS))))
+    if log:
+        log(f"data.worker_count=-1: {ms:.1f} ms of host work per batch in the main process -> {workers} "
+            f"Grain worker(s) ({cores} cores)")
+    return workers
+
+
+def batch_keys(cfg) -> tuple[str, ...]:
+    """The batch leaves the train step reads, for ``config.data`` (``cfg``): the input window, the
+    target, their ``valid`` mask, with ``data.bones = "clip"`` each window's clip ``offsets``, and with
+    loss-aware sampling each window's training ``segment`` (the step passes it by; the loop reads it)."""
+    return (("noisy", "clean", "valid") + (("offsets",) if cfg.bones == "clip" else ())
+            + (("segment",) if cfg.loss_sampling > 0 else ()))
+
+
+def one_device_mesh():
+    """A ``data`` x ``time`` mesh of the first device (notebooks, tests and benchmarks that want the
+    batches without a config's mesh)."""
+    return jax.make_mesh((1, 1), (parallel.DATA_AXIS, parallel.TIME_AXIS), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def span_shardings(mesh, keys) -> dict:
+    """Span leaves ``[B, ...]`` over the ``data`` axis."""
+    return {k: parallel.named_sharding(mesh, "batch") for k in keys}
+
+
+class Feed(grain.DatasetIterator):
+    """The training iterator: ``next()`` is the batch of the next step, global arrays of ``keys``
+    (default :func:`batch_keys`) on ``mesh`` (default :func:`one_device_mesh`). A Grain
+    ``DatasetIterator``, so
+    ``grain.checkpoint.CheckpointSave/Restore`` save and restore it like Grain's own.
+
+    ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
+    (``data.loss_sampling``). ``compile_s``: seconds compiling the augmentation program;
+    :meth:`stats`: the host cache's hits (stream, in-process workers only).
+    """
+
+    def __init__(self, cfg, info, mesh=None, keys=None, *, seed: int, mode: str | None = None,
+                 process_index=None, process_count=None):
+        super().__init__()
+        mesh = one_device_mesh() if mesh is None else mesh
+        keys = batch_keys(cfg) if keys is None else tuple(keys)
+        self.mode = mode or choose_residency(cfg, info)[0]
+        self._cfg, self._seed, self.served = cfg, seed, 0
+        self._augment = augment.Augment(cfg, info)
+        self._loss_aware = "segment" in keys
+        shares = pipeline.segment_shares(info, cfg.window, cfg.dynamics_sampling)
+        out = parallel.batch_shardings(mesh, keys)
+        self._replicated = parallel.replicated(mesh)
+        b = cfg.batch_size
+        span_keys = ["root_position", "rotations", "length"] + (["offsets"] if "offsets" in keys else [])
+        span_keys += ["segment"] if self._loss_aware else []
+        start = time.perf_counter()
+        if self.mode == "device":
+            corpus = resident.load_corpus(info, cfg, pipeline.ClipSource(info), shares)
+            self._tables = corpus.arrays(self._replicated)
+            self.table = priority.ErrorTable(cfg, shares) if self._loss_aware else None
+            self._q = None
+            self._set_segments(shares)
+            span, steps = self._augment.span, corpus.bisect_steps
+
+            def program(step, tables, seg_cdf):
+                keys_ = augment.example_keys(seed, step, b)
+                starts = augment.purpose(keys_, augment._START)
+                spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
+                batch = self._augment({k: spans[k] for k in span_keys}, keys_)
+                return {k: batch[k] for k in keys}
+
+            args = (np.int32(0), self._tables, self._seg_cdf)
+            self._source, self.sampler = None, []
+        else:
+            self.sampler = []
+            if cfg.worker_count < 0:
+                cfg = cfg.copy_and_resolve_references()
+                cfg.worker_count = auto_workers(cfg, info, log=_log_main)
+                self._cfg = cfg
+            where = dict(process_index=process_index, process_count=process_count)
+            shardings = span_shardings(mesh, span_keys)
+            if self._loss_aware:
+                self._source = priority.LossAwareIterator(cfg, info, shardings=shardings, seed=seed, **where)
+            else:
+                self._source = pipeline.make_train_iterator(cfg, info, shardings=shardings, seed=seed,
+                                                            sampler=self.sampler, **where)
+
+            def program(step, spans):
+                batch = self._augment(spans, augment.example_keys(seed, step, b))
+                return {k: batch[k] for k in keys}
+
+            j = info.skeleton.num_joints
+            shapes = {"root_position": ((b, self._augment.span, 3), np.float32),
+                      "rotations": ((b, self._augment.span, j, 4), np.float32), "length": ((b,), np.int32),
+                      "offsets": ((b, j, 3), np.float32), "segment": ((b,), np.int32)}
+            abstract = {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys}
+            args = (np.int32(0), abstract)
+        jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
+        self._program = jitted.lower(*args).compile()
+        self.compile_s = time.perf_counter() - start
+
+    # -- what the loop calls ----------------------------------------------------------------------
+    def __next__(self) -> dict:
+        step = np.int32(self.served)
+        if self.mode == "stream":
+            batch = self._program(step, next(self._source))
+        else:
+            if self.table is not None and self.served % self._cfg.loss_block == 0:
+                self.table.apply(upto=self.served - 1)  # steps the loop has surely read (priority's doc)
+                self._set_segments(self.table.probabilities(self.served))
+            batch = self._program(step, self._tables, self._seg_cdf)
+        self.served += 1
+        return batch
+
+    def record(self, step: int, segments, errors) -> None:
+        """Step ``step``'s (1-based) windows: their segments ``[B]`` and errors ``[B]`` (global)."""
+        (self._source or self.table).record(step, segments, errors)
+
+    def stats(self) -> dict | None:
+        """The stream tier's host cache statistics (:meth:`~pipeline.SegmentCache.stats`), when its
+        sampler runs in this process (``data.worker_count = 0``); else None."""
+        if self.mode != "stream" or not self.sampler or self._cfg.worker_count:
+            return None
+        return self.sampler[0].cache.stats()
+
+    def _set_segments(self, q) -> None:
+        self._q = np.asarray(q, np.float64)
+        self._seg_cdf = parallel.put(resident.segment_cdf(self._q), self._replicated)
+
+    # -- Grain's iterator protocol ----------------------------------------------------------------
+    def get_state(self) -> dict:
+        state = {"residency": self.mode, "served": self.served}
+        if self.mode == "stream":
+            state["source"] = self._source.get_state()
+        elif self.table is not None:
+            state.update(q=self._q.tolist(), **self.table.get_state())
+        return state
+
+    def set_state(self, state: dict) -> None:
+        if "served" not in state:  # saved by the host pipeline of before (#53): its position only
+            self.served = _legacy_position(state, self._cfg.batch_size)
+            logging.warning("the saved data position predates the device input path: continuing at batch "
+                            "%d with new draws", self.served)
+            return
+        self.served = int(state["served"])
+        if state.get("residency") != self.mode:
+            logging.warning("this run saved its data stream with data.residency=%r and resumes with %r: the "
+                            "windows it draws from here differ from the uninterrupted run's",
+                            state.get("residency"), self.mode)
+            return
+        if self.mode == "stream":
+            self._source.set_state(state["source"])
+        elif self.table is not None:
+            self.table.set_state(state)
+            self._set_segments(state["q"])
+
+    def close(self) -> None:
+        source, self._source = getattr(self, "_source", None), None
+        if source is not None and hasattr(source, "close"):
+            source.close()
+
+
+def _log_main(message: str) -> None:
+    if parallel.is_main_process():
+        print(message, flush=True)
+
+
+def _legacy_position(state, batch_size: int) -> int:
+    """Batches taken, from a Grain iterator state of the host pipeline of before: its ``served``
+    count (loss-aware) or the first ``next_index`` (windows) found."""
+    if isinstance(state, dict):
+        if "served" in state:
+            return int(state["served"])
+        if "next_index" in state:
+            return int(state["next_index"]) // batch_size
+        for v in state.values():
+            found = _legacy_position(v, batch_size)
+            if found:
+                return found
+    return 0

@@ -1,0 +1,259 @@
+"""The device side of training batches (#53): the augmentation program against the numpy reference
+on fixed keys, the draws' distributions, both residency tiers (the corpus on the devices, or
+streamed by Grain), exact resume, independence of the device count, and where the corpus lives."""
+import logging
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from experiments.base import get_config
+from motionjax.data import augment, feed, pipeline, resident, transforms
+
+
+@pytest.fixture(scope="module")
+def cfg(deepmimic_dir):
+    c = get_config().data
+    c.update(dir=str(deepmimic_dir), batch_size=8, speed_range=1.25, reverse_prob=0.3, pose_offset=0.05,
+             clean_prob=0.2)
+    return c
+
+
+@pytest.fixture(scope="module")
+def info(cfg):
+    return pipeline.dataset_info(cfg)
+
+
+def _take(it, n):
+    return [jax.tree.map(np.asarray, next(it)) for _ in range(n)]
+
+
+def _equal(a, b):
+    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def _spans(cfg, info, seed=0):
+    it = pipeline.make_train_iterator(cfg, info, seed=seed)
+    spans = next(it)
+    it.close()
+    return spans
+
+
+def test_the_device_program_equals_the_numpy_reference_on_the_same_draws(cfg, info):
+    """Every transform (speed read, reversal, pose offset, mirror, canonicalization and floor, time warp,
+    rotation and root noise, masks, standardization, chunking), jitted on the device from fixed keys,
+    equals the same transforms run in numpy (float64 where the draws allow) on the draws those keys
+    give: the device path changes where the work runs, not what it computes."""
+    spans = _spans(cfg, info)
+    aug = augment.Augment(cfg, info)
+    keys = augment.example_keys(7, 11, cfg.batch_size)
+    got = jax.jit(aug)(jax.tree.map(jnp.asarray, spans), keys)
+
+    # The draws the keys give, pulled to the host, applied in numpy.
+    log = np.log(cfg.speed_range)
+    speed = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), minval=-log, maxval=log))(
+        augment.purpose(keys, augment._SPEED)), np.float64)
+    u = np.asarray(jax.vmap(jax.random.uniform)(augment.purpose(keys, augment._REVERSE)))
+    flip = u < cfg.reverse_prob
+    eps = np.asarray(jax.vmap(lambda k: jax.random.normal(k, (info.skeleton.num_joints, 3)))(
+        augment.purpose(keys, augment._POSE)), np.float64) * cfg.pose_offset
+    draws = jax.tree.map(np.asarray, augment.sample_noise(augment.purpose(keys, augment._NOISE), aug.noise,
+                                                          cfg.window, info.skeleton))
+    assert draws["mirror"].any() and (~draws["mirror"]).any() and flip.any()  # both branches taken
+    f64 = lambda x: x.astype(np.float64)  # noqa: E731
+    root, rots, valid = transforms.read_window(f64(spans["root_position"]), f64(spans["rotations"]),
+                                               spans["length"], cfg.window, np.exp(speed))
+    root, rots, valid = transforms.reverse_window(root, rots, valid, flip)
+    rots = transforms.offset_pose(info.skeleton, rots, eps)
+    make = pipeline.MakeExample(info, cfg, aug.noise)
+    want = make.transform({"root_position": root, "rotations": rots, "valid": valid,
+                           "offsets": spans["offsets"].astype(np.float64)}, draws)
+    assert sorted(got) == ["clean", "noisy", "offsets", "valid"]
+    for k in got:
+        np.testing.assert_allclose(np.asarray(got[k]), want[k], atol=2e-4, rtol=0, err_msg=k)
+
+
+def test_the_draws_follow_the_configured_distributions(cfg, info):
+    """The device's draws for 4,096 windows: rotation / root noise std, mask and mirror rates, the
+    share left clean, the warp range; and the speed draw is log-uniform in [1/r, r]."""
+    noise = transforms.Noise(rot_std=0.05, pos_std=0.02, joint_mask_prob=0.1, frame_mask_prob=0.05,
+                             time_warp=1.5, mirror_prob=0.5, clean_prob=0.25)
+    keys = augment.example_keys(0, 0, 4096)
+    d = jax.tree.map(np.asarray, augment.sample_noise(keys, noise, 16, info.skeleton))
+    corrupt = np.abs(d["pos"]).sum((1, 2)) > 0
+    assert abs(corrupt.mean() - 0.75) < 0.03
+    np.testing.assert_allclose(d["pos"][corrupt].std(), 0.02, rtol=0.03)
+    np.testing.assert_allclose(d["rot"][corrupt].std(), 0.05, rtol=0.03)
+    assert abs(d["joint_mask"][corrupt].mean() - 0.1) < 0.01
+    assert abs(d["frame_mask"][corrupt].mean() - 0.05) < 0.01
+    assert not d["joint_mask"][~corrupt].any() and (d["warp"][~corrupt] == 0).all()
+    assert abs(d["mirror"].mean() - 0.5) < 0.03  # mirroring augments both targets: never cleared
+    assert np.abs(d["warp"]).max() <= 1.5 and abs(np.abs(d["warp"][corrupt]).mean() - 0.75) < 0.05
+    log = np.log(1.25)
+    s = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), minval=-log, maxval=log))(
+        augment.purpose(keys, augment._SPEED)))
+    assert np.abs(s).max() <= log and abs(s.mean()) < 0.01 and abs(s.std() - log / np.sqrt(3)) < 0.01
+
+
+@pytest.mark.parametrize("mode", ["device", "stream"])
+def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info, mode):
+    its = [feed.Feed(cfg, info, seed=s, mode=mode) for s in (0, 0, 1)]
+    try:
+        a, b, c = (_take(it, 3) for it in its)
+    finally:
+        for it in its:
+            it.close()
+    n, f = cfg.window // cfg.chunk, info.feature_dim
+    assert {k: v.shape for k, v in a[0].items()} == {
+        "noisy": (8, n, cfg.chunk, f), "clean": (8, n, cfg.chunk, f), "valid": (8, n, cfg.chunk, 1),
+        "offsets": (8, info.skeleton.num_joints, 3)}
+    assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in a[0].values())
+    assert _equal(a, b) and not _equal(a, c)
+    # Clean features are standardized with the stored stats: roughly zero mean, unit scale.
+    clean = np.concatenate([x["clean"] for x in a]).reshape(-1, f)
+    assert abs(clean.mean()) < 0.2 and 0.5 < clean.std() < 1.5
+
+
+def test_both_tiers_and_the_host_loader_draw_the_same_distribution(cfg, info):
+    """Over 60 batches the resident tier, the streamed tier and today's host loader (numpy, one window
+    at a time) give clean features with the same per-feature moments (within sampling error): the
+    device draws windows like Grain does and augments them like the host did."""
+    def moments(batches):
+        x = np.concatenate([np.asarray(b["clean"]).reshape(-1, info.feature_dim) for b in batches])
+        return x.mean(0), x.std(0)
+
+    got = {}
+    for mode in ("device", "stream"):
+        it = feed.Feed(cfg, info, seed=3, mode=mode)
+        got[mode] = moments(_take(it, 60))
+        it.close()
+    naive = pipeline.make_naive_train_iterator(cfg, info, seed=3)
+    got["host"] = moments([next(naive) for _ in range(60)])
+    for mode in ("device", "stream"):
+        for k, name in enumerate(("mean", "std")):
+            gap = np.abs(got[mode][k] - got["host"][k])
+            assert np.median(gap) < 0.1 and gap.max() < 0.5, (mode, name, np.median(gap), gap.max())
+
+
+def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, info):
+    """The device's window draws: segments in proportion to their shares (as Grain's slot table), and
+    within them the uniform/dynamics mixture: the mean dynamics score of 8,192 drawn windows is its
+    expectation under w = 0 (uniform) and w = 1 (score-weighted)."""
+    source = pipeline.ClipSource(info)
+    train = info.splits[info.train_split]
+    scores = [transforms.segment_windows(source[c]["score"][b:e], cfg.window) for c, b, e in train]
+    all_scores = np.concatenate(scores)
+    expected = {0.0: all_scores.mean(), 1.0: (all_scores**2).sum() / all_scores.sum()}
+    for w in (0.0, 1.0):
+        c = cfg.copy_and_resolve_references()
+        c.dynamics_sampling = w
+        shares = pipeline.segment_shares(info, c.window, w)
+        corpus = resident.load_corpus(info, c, source, shares)
+        tables = corpus.arrays(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        keys = augment.example_keys(0, 0, 8192)
+        spans = jax.jit(resident.sample_spans, static_argnums=(3, 4))(
+            tables, jnp.asarray(resident.segment_cdf(shares)), keys, c.window, corpus.bisect_steps)
+        seg, length = np.asarray(spans["segment"]), np.asarray(spans["length"])
+        counts = np.bincount(seg, minlength=len(train)) / seg.size
+        assert np.abs(counts - shares / shares.sum()).max() < 0.02
+        start = np.asarray(corpus.length)[seg] - length  # the window's start inside its segment
+        drawn = np.array([scores[s][k] for s, k in zip(seg, start, strict=True)])
+        np.testing.assert_allclose(drawn.mean(), expected[w], rtol=0.05)
+        # The span is the segment's frames from that start.
+        s, k = int(seg[0]), int(start[0])
+        clip_id, begin, end = train[s]
+        np.testing.assert_array_equal(np.asarray(spans["rotations"][0]),
+                                      source[clip_id]["rotations"][np.minimum(np.arange(begin + k, begin + k
+                                                                                       + c.window), end - 1)])
+    assert expected[1.0] > 1.3 * expected[0.0]
+
+
+@pytest.mark.parametrize("mode", ["device", "stream"])
+def test_resume_is_exact_through_orbax(cfg, info, tmp_path, mode):
+    it = feed.Feed(cfg, info, seed=3, mode=mode)
+    _take(it, 3)
+    state = it.get_state()
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+        mngr.wait_until_finished()
+        expected = _take(it, 2)
+        it.close()
+        fresh = feed.Feed(cfg, info, seed=3, mode=mode)
+        fresh.set_state(state)
+        assert _equal(_take(fresh, 2), expected)
+        fresh.close()
+        restored = feed.Feed(cfg, info, seed=3, mode=mode)
+        mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
+        assert _equal(_take(restored, 2), expected)
+        restored.close()
+
+
+def test_a_mesh_of_eight_devices_gets_the_one_device_batches(cfg, info):
+    """data 4 x time 2: each device draws and augments its own windows; the batch is the one-device
+    batch (float32 rounding aside) with the step's shardings."""
+    mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    one = feed.Feed(cfg, info, seed=5, mode="device")
+    eight = feed.Feed(cfg, info, mesh, seed=5, mode="device")
+    want, got = next(one), next(eight)
+    assert got["noisy"].sharding.spec == jax.sharding.PartitionSpec("data", "time", None, None)
+    assert len(got["noisy"].addressable_shards) == 8
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), atol=1e-5, err_msg=k)
+
+
+def test_residency_auto_streams_what_does_not_fit_and_device_refuses_it(cfg, info, caplog):
+    mode, why = feed.choose_residency(cfg, info)
+    assert mode == "device" and "resident on the devices" in why and "MB" in why
+    small = cfg.copy_and_resolve_references()
+    small.device_share = 1e-9
+    mode, why = feed.choose_residency(small, info)
+    assert mode == "stream" and "does not fit" in why and "data.residency='auto'" in why
+    small.residency = "device"
+    with pytest.raises(feed.ResidencyError, match="does not fit.*data.residency='stream'"):
+        feed.choose_residency(small, info)
+    small.residency = "disk"
+    with pytest.raises(ValueError, match="expected one of"):
+        feed.choose_residency(small, info)
+    # A stream saved under one tier resumes under the other with a warning, not silently.
+    it = feed.Feed(cfg, info, seed=0, mode="device")
+    _take(it, 2)
+    other = feed.Feed(cfg, info, seed=0, mode="stream")
+    with caplog.at_level(logging.WARNING):
+        other.set_state(it.get_state())
+    assert other.served == 2 and "data.residency='device'" in caplog.text
+    other.close()
+
+
+def test_the_corpus_on_the_devices_is_the_training_split(cfg, info):
+    """Every training segment's frames, in split order, and nothing of the held-out splits."""
+    corpus = resident.load_corpus(info, cfg, pipeline.ClipSource(info), np.ones(len(info.splits["train"])))
+    source = pipeline.ClipSource(info)
+    want = np.concatenate([source[c]["rotations"][b:e] for c, b, e in info.splits["train"]])
+    np.testing.assert_array_equal(corpus.rotations, want)
+    assert corpus.rotations.shape[0] == info.split_frames("train") == int(corpus.length.sum())
+    assert resident.corpus_nbytes(info) >= corpus.root.nbytes + corpus.rotations.nbytes
+    np.testing.assert_allclose(corpus.window_cdf[corpus.window_first + corpus.window_count - 1], 1.0)
+
+
+def test_loss_aware_draws_on_the_device_follow_the_error_table(cfg, info):
+    """With data.loss_sampling, the resident tier draws segments from the table's mixture, renewed
+    every data.loss_block steps from the errors the loop recorded."""
+    c = cfg.copy_and_resolve_references()
+    c.update(loss_sampling=0.9, loss_block=2, batch_size=64)
+    it = feed.Feed(c, info, seed=0, mode="device")
+    assert "segment" in feed.batch_keys(c)
+    first = _take(it, 2)
+    hot = int(first[0]["segment"][0])
+    for step, batch in enumerate(first, start=1):
+        errors = np.where(batch["segment"] == hot, 1.0, 0.001)
+        it.record(step, batch["segment"], errors)
+    block = _take(it, 2)  # steps 3-4: drawn from the table of steps 1-2
+    q = it.table.probabilities(2)
+    draws = np.concatenate([b["segment"] for b in block])
+    p = q[hot]
+    assert p > 0.5 and abs((draws == hot).mean() - p) < 5 * np.sqrt(p * (1 - p) / draws.size)
+    it.close()
+

@@ -1,0 +1,53 @@
+"""docs/your_data.md end to end: a folder of BVH files -> a trained autoencoder and forecaster,
+evaluated on every file, applied and rendered, through the ``motionjax`` command as a user runs it
+(the ``runlocal`` sizes of the ``folder`` variants)."""
+import subprocess
+import sys
+
+import av
+import pytest
+
+from motionjax.core.skeleton import smpl_like
+from motionjax.data import synthetic
+from motionjax.formats import read_bvh, write_bvh
+from runs import REPO
+
+
+@pytest.mark.slow  # five motionjax subprocesses
+def test_a_bvh_folder_becomes_a_trained_evaluated_and_rendered_autoencoder_and_forecaster(tmp_path, env):
+    folder = tmp_path / "my_bvh"
+    folder.mkdir()
+    for m in synthetic.synthetic_motions(12, frames=100, seed=3, skeleton=smpl_like()):  # 3.3 s each
+        write_bvh(folder / f"{m.name[-2:]}.bvh", m, scale=0.01)  # centimetres, as capture exporters write
+
+    def motionjax(*args):
+        proc = subprocess.run([sys.executable, "-m", "motionjax", *map(str, args)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = motionjax("train", "--config", f"{REPO}/experiments/autoencoder.py:folder,runlocal",
+                    "--config.data.source=my_bvh")
+    assert "data: preparing my_bvh into data_cache/folder_w64_clean" in out
+    prepared = "data: data_cache/folder_w64_clean: 12 clips, 0.01 h (test 1, train 10, validation 1); 0 not"
+    assert prepared in out
+    assert "test           clean  model" in out and (tmp_path / "runs/autoencoder_folder_runlocal").is_dir()
+
+    run = "runs/autoencoder_folder_runlocal"
+    out = motionjax("evaluate", "--workdir", run, "--data", "my_bvh")  # every file, into one split
+    assert "(test: 12 clips, 12 segments, 1200 frames; files left out: 0)" in out, out
+    assert "test           clean  model" in out
+
+    motionjax("apply", "--workdir", run, "my_bvh/00.bvh", "--out", "out")
+    source, output = read_bvh(folder / "00.bvh"), read_bvh(tmp_path / "out/00.bvh")
+    assert output.num_frames == source.num_frames and output.skeleton.names == source.skeleton.names
+    assert "v.mp4: 100 frames" in motionjax("render", "my_bvh/00.bvh", "out/00.bvh", "--out", "v.mp4")
+    with av.open(str(tmp_path / "v.mp4")) as video:
+        assert video.streams.video[0].width == 480  # two panels: the input and the model's output
+
+    out = motionjax("train", "--config", f"{REPO}/experiments/predict.py:folder,runlocal",
+                    "--config.data.source=my_bvh")
+    assert "data: data_cache/folder_w90_clean: 12 clips" in out
+    lines = out.splitlines()
+    assert any(line.split()[:2] == ["test", "simlpe"] for line in lines), out  # the reference beside it
+    assert any(line.split()[:3] == ["test", "(clips", "averaged)"] for line in lines), out
