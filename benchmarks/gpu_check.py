@@ -21,13 +21,13 @@ next one starts; the whole check stops starting parts at ``budget_s``):
                  trained by scripts/train.py for a fixed number of steps: steps/s, data wait, compile s
                  (its summary.json)
 ``mfu``          that model's train step: XLA's FLOPs / step time against a float32 and a bfloat16
-                 matmul peak measured here (as ``scripts/bench.py`` part e does)
+                 matmul peak measured here (as ``benchmarks/bench.py`` part e does)
 ``dynamics``     the dynamics loss + gradient at J = 24, 4,096 frames: blocked, jvp and dense
                  Jacobians, compile seconds per program (benchmarks/dynamics_grid.py)
 ``torch``        the PyTorch twin of the headline model (benchmarks/torch_peer.py) on the same device:
                  its step alone beside motionjax's (same batch, timed round-robin) and end to end
                  beside the autoencoder part's frames/s
-``bench``        ``scripts/bench.py --quick --parts mfu,growth`` (its workload needs DeepMimic)
+``bench``        ``benchmarks/bench.py --quick --parts mfu,growth`` (its workload needs DeepMimic)
 
 Without a GPU (``--cpu``, or when jax sees none) the same parts run on the CPU with tiny sizes and
 short limits: the dry run ``tests/test_gpu_check.py`` runs in ``make test``, so the check cannot rot
@@ -484,7 +484,7 @@ def _skip_reason(name: str, mode: Mode, plan: dict, results: dict, limit: float)
         return "torch is not installed (the GPU images' PyTorch, or pip install -e '.[bench]')"
     if name == "bench":
         if mode.name == "cpu":
-            return "dry run: scripts/bench.py --quick has its own tests (tests/test_bench.py)"
+            return "dry run: benchmarks/bench.py --quick has its own tests (tests/test_bench.py)"
         if not versions.get("pybullet"):
             return "bench.py's workload trains on the DeepMimic clips, which ship with pybullet (missing)"
     return None
@@ -574,9 +574,9 @@ def _validation_mpjpe(summary: dict):
 
 
 def _bench(out: Path, env: dict, limit_s: float) -> dict:
-    """``scripts/bench.py --quick --parts mfu,growth`` (the parts of the quick bench that measure the
+    """``benchmarks/bench.py --quick --parts mfu,growth`` (the parts of the quick bench that measure the
     device; its ``train`` part compares loaders and Jacobians on the CPU-era baseline)."""
-    cmd = [sys.executable, "scripts/bench.py", "--quick", "--parts", "mfu,growth",
+    cmd = [sys.executable, "benchmarks/bench.py", "--quick", "--parts", "mfu,growth",
            "--out", str(out / "bench")]
     run = run_limited(cmd, limit_s, out / "logs" / "bench.log", env)
     result = {"command": shlex.join(["python", *cmd[1:]]), "seconds": run["seconds"]}

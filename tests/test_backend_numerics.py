@@ -8,8 +8,9 @@ the CPU itself, and float32 / bfloat16 against float64 is still a check of the s
 
 Tolerances are relative errors, ``|got - want| / |want|`` (vector norms), stated per dtype below:
 float32 leaves room for TF32 products (about 2^-10 relative), which XLA's default matmul precision
-may use on NVIDIA GPUs since Ampere; bfloat16 for its 8-bit mantissa. Inputs are rounded to the tested dtype first and the reference
-computes on the rounded values, so only the computation's error is measured.
+may use on NVIDIA GPUs since Ampere; bfloat16 for its 8-bit mantissa. Inputs are rounded to the
+tested dtype first and the reference computes on the rounded values, so only the computation's
+error is measured.
 """
 import functools
 
