@@ -368,6 +368,8 @@ def torch_twin(plan: dict, mode: Mode, out: Path) -> dict:
     from benchmarks import measure, suite, torch_peer
     from motionjax.data import pipeline
     device = "cuda" if mode.name == "gpu" and torch.cuda.is_available() else "cpu"
+    if device == "cpu":  # beside XLA's threads torch's OpenMP threads spin on a small machine
+        torch.set_num_threads(1)
     config = headline_config(plan, mode)
     info = pipeline.dataset_info(config.data)
     init = torch_peer.initial_params(config, info)

@@ -17,6 +17,7 @@ torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip inst
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import typing
@@ -757,7 +758,10 @@ def make_train_step(config, info, params=None, muon_bf16: bool = False, device: 
     """
     torch.manual_seed(config.seed)
     device = torch.device(device) if device is not None else torch.get_default_device()
-    with device:
+    # On the CPU (the default) no device context (a TorchFunctionMode on every op): the twin's CPU path
+    # stays the one docs/benchmarks.md measured (A/B here: no difference within this VM's noise).
+    on_device = device if device.type != "cpu" else contextlib.nullcontext()
+    with on_device:
         body, fps = Body(info.skeleton), float(info.fps)
         mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
         model = make_model(config.model, info.feature_dim, config.data.chunk, info)
@@ -766,7 +770,7 @@ def make_train_step(config, info, params=None, muon_bf16: bool = False, device: 
     opts, schedules = make_optimizer(model, config.train, muon_bf16)
 
     def step(noisy, clean, offsets=None, valid=None):
-        with device:
+        with on_device:
             return _step(*(None if x is None else x.to(device) for x in (noisy, clean, offsets, valid)))
 
     def _step(noisy, clean, offsets, valid):
@@ -839,7 +843,7 @@ def evaluate(model, info, contact_speed, batches) -> float:
     device = next(model.parameters()).device
 
     def predict(x):
-        with torch.no_grad(), device:
+        with torch.no_grad(), (device if device.type != "cpu" else contextlib.nullcontext()):
             return model(torch.as_tensor(np.asarray(x))).cpu().numpy()
 
     model.eval()
