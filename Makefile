@@ -1,6 +1,6 @@
 # The two commands of the README. Both bootstrap .venv on first use (and when setup.cfg changes).
 # jax >= 0.11 needs Python >= 3.12: the first of these that runs and is new enough (pyenv keeps
-# 3.12 beside a 3.11 default on the project's machines); else python3 (then pip resolves jax 0.10).
+# 3.12 beside a 3.11 default on the project's machines); else python3 (where pip refuses a Python < 3.12).
 PYTHON ?= $(firstword $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3 \
 	$$HOME/.pyenv/versions/3.13*/bin/python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' \
 	2>/dev/null && echo $$p; done) python3)

@@ -17,6 +17,7 @@ torch is an optional extra: ``pip install 'motionjax[bench]'`` (here: ``pip inst
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import typing
@@ -746,22 +747,33 @@ def make_optimizer(model: nn.Module, cfg, muon_bf16: bool = False):
     return opts, [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in opts]
 
 
-def make_train_step(config, info, params=None, muon_bf16: bool = False):
+def make_train_step(config, info, params=None, muon_bf16: bool = False, device: str | None = None):
     """``(model, step)``: the twin and ``step(noisy, clean [B, N, C, F], offsets [B, J, 3] = None, valid
     [B, N, C, 1] = None) -> loss``, one optimizer update.
 
     ``params``: optional Flax ``Param`` state to start from (the motionjax model's init), else torch's;
-    ``muon_bf16``: :func:`make_optimizer`'s.
+    ``muon_bf16``: :func:`make_optimizer`'s; ``device``: where the model, its constants and the step
+    live (``"cuda"``; default: torch's default device, the CPU). The step moves its inputs there and
+    creates every tensor there (``with torch.device``), as a PyTorch user's loop on a GPU does.
     """
     torch.manual_seed(config.seed)
-    body, fps = Body(info.skeleton), float(info.fps)
-    mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
-    model = make_model(config.model, info.feature_dim, config.data.chunk, info)
-    if params is not None:
-        load_flax_params(model, params)
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    # On the CPU (the default) no device context (a TorchFunctionMode on every op): the twin's CPU path
+    # stays the one docs/benchmarks.md measured (A/B here: no difference within this VM's noise).
+    on_device = device if device.type != "cpu" else contextlib.nullcontext()
+    with on_device:
+        body, fps = Body(info.skeleton), float(info.fps)
+        mean, std = torch.as_tensor(info.mean), torch.as_tensor(info.std)
+        model = make_model(config.model, info.feature_dim, config.data.chunk, info)
+        if params is not None:
+            load_flax_params(model, params)
     opts, schedules = make_optimizer(model, config.train, muon_bf16)
 
     def step(noisy, clean, offsets=None, valid=None):
+        with on_device:
+            return _step(*(None if x is None else x.to(device) for x in (noisy, clean, offsets, valid)))
+
+    def _step(noisy, clean, offsets, valid):
         b, n, c, f = clean.shape
         pred = model(noisy)
         loss, _ = reconstruction_loss(config.loss, body, fps, pred.reshape(b, n * c, f),
@@ -779,7 +791,7 @@ def make_train_step(config, info, params=None, muon_bf16: bool = False):
 
 
 def train(config, info, steps: int, *, params=None, workers: int = 0, threads: int | None = None,
-          eval_batches=None, untimed: int = 1) -> dict:
+          eval_batches=None, untimed: int = 1, device: str | None = None) -> dict:
     """Train the torch twin for ``steps`` steps; frames/s over the steps after the first ``untimed``.
 
     Args:
@@ -790,10 +802,13 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
       eval_batches: optional held-out batches; returns their MPJPE after training.
       untimed: steps not timed: the first pays one-off allocations, like the compiled step's compile,
         and eager PyTorch keeps getting faster over its first few (allocator, oneDNN kernel caches).
+      device: :func:`make_train_step`'s. On a GPU each step waits for its kernels before the clock
+        reads (``torch.cuda.synchronize``), so compute is the step's, not its launch's.
     """
     if threads:
         torch.set_num_threads(threads)
-    model, train_step = make_train_step(config, info, params)
+    model, train_step = make_train_step(config, info, params, device=device)
+    sync = _synchronizer(device)
     loader = make_loader(config.data, info, seed=config.seed, workers=workers)
     frames_per_step = config.data.batch_size * config.data.window
     wait = compute = 0.0
@@ -802,6 +817,7 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
         batch = next(loader)
         t1 = time.perf_counter()
         loss = train_step(batch["noisy"], batch["clean"], batch.get("offsets"), batch.get("valid"))
+        sync()
         if step >= untimed:
             wait, compute = wait + t1 - t0, compute + time.perf_counter() - t1
     loader.close()  # shuts the DataLoader's workers down
@@ -814,13 +830,21 @@ def train(config, info, steps: int, *, params=None, workers: int = 0, threads: i
     return out
 
 
+def _synchronizer(device):
+    """A call that waits for ``device``'s queued kernels (CUDA runs them asynchronously); else a no-op."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
 def evaluate(model, info, contact_speed, batches) -> float:
     """Held-out MPJPE (cm) of the torch model with motionjax's evaluation code."""
     from motionjax.evaluation import metrics as motion_metrics
+    device = next(model.parameters()).device
 
     def predict(x):
-        with torch.no_grad():
-            return model(torch.as_tensor(np.asarray(x))).numpy()
+        with torch.no_grad(), (device if device.type != "cpu" else contextlib.nullcontext()):
+            return model(torch.as_tensor(np.asarray(x))).cpu().numpy()
 
     model.eval()
     metrics = motion_metrics.evaluate(predict, batches, info.skeleton, float(info.fps), info.mean, info.std,

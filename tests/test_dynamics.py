@@ -18,6 +18,7 @@ WEIGHTS = {"velocity": 1.0, "force": 1e-2, "jerk": 1e-6}
 @functools.cache
 def clip_batch(frames=24, batch=4):
     """Real DeepMimic windows as target, a perturbed copy as prediction (unnormalised quaternions)."""
+    pytest.importorskip("pybullet")  # the clips ship with it
     motion = read_deepmimic(deepmimic_clip_paths()[2])
     assert len(motion.rotations) >= frames + batch
     target_root = np.stack([motion.root_position[b:b + frames] for b in range(batch)]).astype(np.float32)

@@ -20,7 +20,13 @@ jvp_autodiff = jax.jit(K.autodiff_jacobian_vector_product, static_argnums=0)
 vjp_blocked = jax.jit(K.jacobian_transpose_product, static_argnums=0)
 vjp_autodiff = jax.jit(K.autodiff_jacobian_transpose_product, static_argnums=0)
 
-SKELETONS = {"deepmimic": deepmimic_humanoid, "smpl": smpl_like, "random20": lambda: random_tree(20, seed=3)}
+def _deepmimic():
+    """The DeepMimic humanoid; the test skips where pybullet (which ships its URDF) is missing."""
+    pytest.importorskip("pybullet")
+    return deepmimic_humanoid()
+
+
+SKELETONS = {"deepmimic": _deepmimic, "smpl": smpl_like, "random20": lambda: random_tree(20, seed=3)}
 
 
 def random_pose(skeleton, frames, seed):
@@ -72,7 +78,7 @@ def test_dense_zero_pattern_is_the_ancestor_mask():
 
 
 def test_pack_unpack_round_trip():
-    skeleton = deepmimic_humanoid()
+    skeleton = _deepmimic()
     q = jnp.arange(2 * skeleton.num_dof, dtype=jnp.float32).reshape(2, -1)
     root, joints = K.unpack_dofs(skeleton, q)
     assert joints.shape == (2, skeleton.num_joints, 3)
@@ -85,6 +91,7 @@ def test_pack_unpack_round_trip():
 def test_jvp_matches_finite_differences_of_fk_on_deepmimic(clip):
     """Along each clip's frame-to-frame motion (rotations slerped, root moved linearly), J·q̇ in
     float32 equals the central finite difference of FK run in numpy float64."""
+    pytest.importorskip("pybullet")  # the clips ship with it
     motion = read_deepmimic(deepmimic_clip_paths()[clip])
     skeleton, fps = motion.skeleton, motion.fps
     q0, q1 = motion.rotations[:-1].astype(float), motion.rotations[1:].astype(float)

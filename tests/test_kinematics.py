@@ -4,7 +4,6 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pybullet as p
 import pytest
 from scipy.spatial.transform import Rotation
 
@@ -33,6 +32,7 @@ def pybullet_positions(clip_path) -> dict[str, np.ndarray]:
     Independent of our reader: the frame layout is taken from the file format (duration, root
     xyz, root wxyz, then per joint a wxyz quaternion or a hinge angle) and fed to pybullet.
     """
+    p = pytest.importorskip("pybullet")
     frames = np.asarray(json.loads(clip_path.read_text())["Frames"], float)
     client = p.connect(p.DIRECT)
     try:
@@ -62,6 +62,7 @@ def pybullet_positions(clip_path) -> dict[str, np.ndarray]:
 
 def test_fk_matches_pybullet_on_every_deepmimic_clip():
     """Every frame of every clip, our reader + float32 jitted FK vs pybullet, within 1 mm."""
+    pytest.importorskip("pybullet")
     clips = [read_deepmimic(path) for path in deepmimic_clip_paths()]
     sk = clips[0].skeleton
     ours, _ = jax.jit(forward_kinematics, static_argnums=0)(  # all 1620 frames in one call
@@ -113,6 +114,7 @@ def test_fk_matches_a_naive_per_joint_loop():
 
 
 def test_fk_jits_with_leading_batch_dims():
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     sk = deepmimic_humanoid()
     q, root = _random_motion(sk, (2, 3, 5))  # [B, T, ...] and one more
     fk = jax.jit(forward_kinematics, static_argnums=0)
@@ -212,6 +214,7 @@ def test_ik_turns_a_hinge_about_its_axis_only():
     from the positions alone (hint: the identity at every hinge), and the result stays a rotation
     about the hinge axis."""
     from motionjax.core.kinematics import inverse_kinematics
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     sk = deepmimic_humanoid()
     hinge = np.array([k == HINGE for k in sk.kinds])
     rng = np.random.default_rng(5)

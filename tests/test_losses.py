@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments.base import get_config
 from motionjax import losses
@@ -9,6 +10,7 @@ from motionjax.core import features as feat
 from motionjax.core import rotations as rot
 from motionjax.core.skeleton import deepmimic_humanoid
 
+pytest.importorskip("pybullet")  # every test here computes on the DeepMimic humanoid (its URDF ships with it)
 SKELETON = deepmimic_humanoid()
 
 

@@ -181,6 +181,7 @@ def test_staged_bottleneck_is_the_only_path_from_input_to_output(name):
 
 def _kinematics(input_positions=False, global_rotations=False):
     from motionjax.core.skeleton import deepmimic_humanoid
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     sk = deepmimic_humanoid()
     f = 3 + 6 * len(models.rotating_joints(sk))
     rng = np.random.default_rng(0)
@@ -277,6 +278,7 @@ def test_task_configs_state_their_bottleneck_and_skip(module, variant, per_frame
 
     from motionjax.core.skeleton import deepmimic_humanoid
     from motionjax.data.info import stand_in
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     config = importlib.import_module(f"experiments.{module}").get_config(variant)
     info = stand_in(deepmimic_humanoid())  # a real skeleton: models that see FK positions need one
     f = info.feature_dim

@@ -1,6 +1,5 @@
 """Skeleton structure against brute-force references and pybullet's reading of the same URDF."""
 import numpy as np
-import pybullet as p
 import pytest
 
 from motionjax.core.skeleton import (
@@ -15,7 +14,14 @@ from motionjax.core.skeleton import (
     smpl_like,
 )
 
-SKELETONS = {"deepmimic": deepmimic_humanoid, "smpl": smpl_like,
+
+def _deepmimic():
+    """The DeepMimic humanoid; the test skips where pybullet (which ships its URDF) is missing."""
+    pytest.importorskip("pybullet")
+    return deepmimic_humanoid()
+
+
+SKELETONS = {"deepmimic": _deepmimic, "smpl": smpl_like,
              **{f"random{j}_{s}": (lambda j=j, s=s: random_tree(j, seed=s))
                 for j in (1, 2, 37, 100) for s in (0, 1)}}
 
@@ -65,6 +71,7 @@ def test_skeleton_is_hashable_by_value():
 
 
 def test_deepmimic_symmetry_and_lateral_axis():
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     sk = deepmimic_humanoid()
     sym = sk.symmetry
     np.testing.assert_array_equal(sym[sym], np.arange(sk.num_joints))  # an involution
@@ -93,6 +100,7 @@ def test_smpl_like_symmetry_and_masses():
 
 def test_deepmimic_humanoid_matches_pybullet():
     """Joint kinds, hinge axes and link masses as pybullet itself reads the URDF."""
+    p = pytest.importorskip("pybullet")
     sk = deepmimic_humanoid()
     client = p.connect(p.DIRECT)
     try:
@@ -166,6 +174,7 @@ def test_invalid_skeletons_are_rejected(bad, message):
 def test_rest_pose_feet_and_joint_kind_masks():
     from motionjax.core.kinematics import forward_kinematics
 
+    pytest.importorskip("pybullet")  # the DeepMimic humanoid's URDF ships with it
     humanoid = deepmimic_humanoid()
     assert [humanoid.names[j] for j in humanoid.foot_joints] == ["right_ankle", "left_ankle"]
     for skeleton in (humanoid, random_tree(13, seed=1)):
