@@ -81,7 +81,7 @@ class Sizes:
     growth_j: tuple[int, ...]       # f: joints J of random trees
     grid: dict                      # c: dynamics_grid.run arguments (joints, frames, dtypes, budgets)
     input_batches: int = 200        # g: batches of each input tier timed alone
-    input_steps: int = 150          # g: steps of each tier's training run (the headline autoencoder)
+    input_steps: int = 100          # g: steps of each tier's training run (the headline autoencoder)
 
 
 SIZES = {
