@@ -2,9 +2,10 @@
 
 For each skeleton size J, frames per batch and dtype, the three backends of
 :func:`motionjax.core.dynamics.dynamics_loss` are jitted (loss + gradient w.r.t. the predicted root and
-rotations, as training uses it), their compiled temp memory read from
-``compiled.memory_analysis()``, and timed round-robin: each round times every backend once (after an
-untimed call of the same program: steady state, as in training), so a load change on a shared
+rotations, as training uses it), their lowering and XLA compile seconds kept apart
+(:func:`benchmarks.measure.lower_and_compile`), their compiled temp memory read from
+``compiled.memory_analysis()``, and timed round-robin: each round times every backend once (after
+an untimed call of the same program: steady state, as in training), so a load change on a shared
 machine hits all alike; times are medians over rounds and each ratio comes with the spread of its
 per-round ratios. Prints a table, writes JSON and a PNG plot.
 
@@ -98,9 +99,9 @@ def measure_size(label, skeleton, frames, dtype, budget_s=SECONDS_PER_SIZE, dens
         if jacobian == "dense" and (not dense or entries > DENSE_MAX_ENTRIES):
             row["skipped"][jacobian] = f"{entries / 1e6:.0f}M Jacobian entries per batch"
             continue
-        start = time.perf_counter()
-        compiled = _loss_and_grad(skeleton, jacobian).lower(*args).compile()
-        row[f"{jacobian}_compile_s"] = time.perf_counter() - start
+        lower = lambda j=jacobian: _loss_and_grad(skeleton, j).lower(*args)
+        compiled, seconds = measure.lower_and_compile(lower)
+        row.update({f"{jacobian}_{k}": v for k, v in seconds.items()})  # lower_s, compile_s, ...
         memory = compiled.memory_analysis()
         temp = memory.temp_size_in_bytes / 2**20 if memory is not None else None
         row[f"{jacobian}_temp_mb"] = temp
@@ -188,7 +189,7 @@ def check_targets(rows) -> dict:
 
 HEADER = (f"{'dtype':>8} {'J':>26} {'frames':>6} | {'blocked ms':>10} {'jvp ms':>9} {'dense ms':>9} | "
           f"{'jvp/blk (range)':>19} {'dense/blk':>9} | {'temp MB blk/jvp/dense':>21} "
-          f"{'rounds':>6} {'row s':>6}")
+          f"{'compile s blk/jvp/dense':>23} {'rounds':>6} {'row s':>6}")
 
 
 def _num(x, spec):
@@ -198,12 +199,14 @@ def _num(x, spec):
 def _format_row(row):
     temps = "/".join(f"{row[f'{n}_temp_mb']:.0f}" if row.get(f"{n}_temp_mb") is not None else "-"
                      for n in dynamics.JACOBIANS)
+    compiles = "/".join(f"{row[f'{n}_compile_s']:.1f}" if row.get(f"{n}_compile_s") is not None else "-"
+                        for n in dynamics.JACOBIANS)
     spread = row["jvp_over_blocked_range"]
     jvp = (f"{row['jvp_over_blocked']:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
            if row["jvp_over_blocked"] is not None else "skipped")
     return (f"{row['dtype']:>8} {row['J']:>26} {row['frames']:>6} | {row['blocked_ms']:>10.1f} "
             f"{_num(row['jvp_ms'], '9.1f'):>9} {_num(row['dense_ms'], '9.1f'):>9} | {jvp:>19} "
-            f"{_num(row['dense_over_blocked'], '8.1f'):>8}x | {temps:>21} {row['rounds']:>6} "
+            f"{_num(row['dense_over_blocked'], '8.1f'):>8}x | {temps:>21} {compiles:>23} {row['rounds']:>6} "
             f"{row['wall_s']:>6.0f}")
 
 

@@ -1,5 +1,5 @@
-"""Measurement primitives shared by every benchmark part: timing, peak FLOP/s, MFU, power-law fits,
-smooth random motion to feed a step.
+"""Measurement primitives shared by every benchmark part: timing, compile seconds, peak FLOP/s, MFU,
+power-law fits, smooth random motion to feed a step.
 
 Speed numbers on a shared machine are noisy, so every helper reports the *median* of repeated
 calls and every claim in the benchmark is a ratio of numbers taken in the same run.
@@ -7,6 +7,7 @@ calls and every claim in the benchmark is a ratio of numbers taken in the same r
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -14,6 +15,35 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+_CACHE_HITS = [0]  # persistent-cache hits so far in this process (jax.monitoring counts them)
+
+
+def _count_cache_hit(event: str, **_) -> None:
+    _CACHE_HITS[0] += event == "/jax/compilation_cache/cache_hits"
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def _cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def lower_and_compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compiled, dict]:
+    """``lower().compile()`` with the seconds of each stage: ``(compiled, {"lower_s", "compile_s",
+    "lower_cpu_s", "compile_cpu_s", "cache_hit"})``. ``lower``: e.g. ``lambda: jitted.lower(*args)``
+    (tracing and lowering to StableHLO); ``compile`` is XLA's compile. CPU seconds are the process's
+    (XLA compiles with several threads; on a loaded machine they move less than wall seconds);
+    ``cache_hit``: the executable came from a persistent compilation cache (compile_s is then a load)."""
+    wall, cpu, hits = time.perf_counter(), _cpu_s(), _CACHE_HITS[0]
+    lowered = lower()
+    wall_lowered, cpu_lowered = time.perf_counter(), _cpu_s()
+    compiled = lowered.compile()
+    return compiled, {"lower_s": wall_lowered - wall, "compile_s": time.perf_counter() - wall_lowered,
+                      "lower_cpu_s": cpu_lowered - cpu, "compile_cpu_s": _cpu_s() - cpu_lowered,
+                      "cache_hit": _CACHE_HITS[0] > hits}
 
 
 def block(tree):

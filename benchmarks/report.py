@@ -10,6 +10,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from motionjax.core.dynamics import JACOBIANS
+
 TARGETS = {"speedup": 5.0, "torch_ratio": 2.0, "t_exponent": 1.1}  # growth: "linear" = exponent <= 1.1
 MPJPE_TOLERANCE = 0.02  # "equal" held-out MPJPE: within 2% (same batches and weights, other arithmetic)
 
@@ -59,8 +61,27 @@ def markdown(results: dict) -> str:
     lines += _table(["claim", "measured", "target", "met"], claims)
     lines += (["## Input path", "", ip["markdown"], ""] if "markdown" in ip else [])
     lines += _train_section(tr) + _dynamics_section(dy) + _torch_section(to) + _mfu_section(mf) + \
-        _growth_section(gr)
+        _growth_section(gr) + _compile_section(p)
     return "\n".join(lines) + "\n"
+
+
+def _compile_section(parts: dict) -> list:
+    """Seconds to lower (trace to StableHLO) and to compile (XLA) each program the parts compiled:
+    the train steps (``compile`` of each part) and the dynamics grid's programs (its rows)."""
+    rows = [[name, c["program"], f"{c['lower_s']:.1f}", f"{c['compile_s']:.1f}",
+             f"{c['compile_cpu_s']:.1f}", "yes" if c["cache_hit"] else ""]
+            for name, part in parts.items() for c in part.get("compile", [])]
+    for r in parts.get("dynamics", {}).get("results", {}).get("rows", []):
+        rows += [["dynamics", f"loss + gradient, {j}, J = {r['J']}, {r['frames']} frames, {r['dtype']}",
+                  f"{r[f'{j}_lower_s']:.1f}", f"{r[f'{j}_compile_s']:.1f}", f"{r[f'{j}_compile_cpu_s']:.1f}",
+                  "yes" if r[f"{j}_cache_hit"] else ""] for j in JACOBIANS if f"{j}_lower_s" in r]
+    if not rows:
+        return []
+    return ["", "## Compile seconds per program", "",
+            "Lowering (tracing to StableHLO) and XLA compilation, wall seconds, and the compile's CPU "
+            "seconds (all threads); cache: loaded from this run's compilation cache (compiled earlier in "
+            "the run).",
+            "", *_table(["part", "program", "lower s", "compile s", "compile CPU s", "cache"], rows)]
 
 
 def _header(results: dict) -> list:

@@ -135,15 +135,25 @@ def log(message: str) -> None:
 # A jitted train step built from the trainer's own pieces (for FLOPs, breakdowns, cost growth)
 
 
+# The seconds of every program compiled_step compiled during the current part (:func:`_run_parts`
+# moves them into the part's ``compile`` field).
+COMPILES: list[dict] = []
+
+
 def compiled_step(config, info):
     """The trainer's step (:func:`motionjax.train.lower_train_step`, compiled ahead of time) with a
-    fresh train state and one batch of :func:`_batch`.
+    fresh train state and one batch of :func:`_batch`; its lowering and compile seconds go to
+    :data:`COMPILES` (:func:`benchmarks.measure.lower_and_compile`).
 
     Returns ``(step, state, batch, mesh, (graphdef, loss_fn))`` with ``step(state, batch) -> (state,
     metrics)`` a ``jax.stages.Compiled`` (its ``cost_analysis()`` and HLO text are the step's).
     """
     mesh = parallel.make_mesh(config.mesh)
-    lowered, _ = train.lower_train_step(config, info, mesh)
+    compiled, seconds = measure.lower_and_compile(lambda: train.lower_train_step(config, info, mesh)[0])
+    dynamics = config.loss.jacobian if config.loss.dynamics_weight > 0 else "off"
+    model, data = config.model, config.data
+    COMPILES.append({"program": f"train step: {model.name}, dynamics {dynamics}, {model.dtype}, B="
+                                f"{data.batch_size} T={data.window} J={info.skeleton.num_joints}", **seconds})
     (graphdef, _, _), _, state, _ = train.init_state(config, info, mesh)
     batch = _batch(config, info, parallel.window_sharding(mesh))
     abstract = train.abstract_batch(config, info, mesh)
@@ -152,7 +162,7 @@ def compiled_step(config, info):
         spec = abstract["offsets"]
         offsets = np.broadcast_to(info.skeleton.offsets, spec.shape).astype(np.float32)
         batch["offsets"] = jax.device_put(offsets, spec.sharding)
-    return lowered.compile(), state, batch, mesh, (graphdef, train.make_loss_fn(config, info, mesh))
+    return compiled, state, batch, mesh, (graphdef, train.make_loss_fn(config, info, mesh))
 
 
 def _batch(config, info, window, seed=0):
@@ -547,6 +557,8 @@ def _run_parts(parts, sizes: Sizes, out: Path, results: dict, start: float) -> N
                 raise
             finally:
                 part = results["parts"].setdefault(name, {"error": "stopped"})
+                part["compile"] = COMPILES[:]  # seconds per train-step program (the grid's are in its rows)
+                COMPILES.clear()
                 results["part_wall_s"][name] = part["wall_s"] = time.perf_counter() - t
                 results["wall_s"] = time.perf_counter() - start
                 _write(results, out)

@@ -178,6 +178,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)
     c.train.stop_timeout_s = 60.0      # after SIGTERM/SIGINT the process exits within this, saved or not
+    # JAX's persistent compilation cache (motionjax.train.compile_cache): a rerun or resume of this config
+    # loads its compiled programs instead of compiling them again. "" = off; JAX_COMPILATION_CACHE_DIR wins.
+    c.train.compile_cache = "~/.cache/motionjax/jax"
     # SPLIT/METRIC of a `during` evaluator (SPLIT+SPLIT/METRIC: their mean); lowest = best checkpoint.
     c.train.best_metric = "validation/mpjpe"
     c.train.references = ("no_dynamics",)  # also train the same model without the dynamics loss

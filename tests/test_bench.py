@@ -43,6 +43,26 @@ def test_interleaved_times_every_call_round_robin():
     assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # warm-up, then alternating rounds
 
 
+def test_lower_and_compile_times_each_stage_and_sees_a_persistent_cache_hit():
+    """With the session's persistent cache (conftest) keeping every program, the second compile of
+    a program (a fresh one: a random constant), after the in-memory caches are cleared, is a load."""
+    fresh = np.float32(np.random.default_rng().normal())
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + fresh)
+    x = jnp.ones(7)
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        first, seconds = measure.lower_and_compile(lambda: f.lower(x))
+        jax.clear_caches()
+        again, cached = measure.lower_and_compile(lambda: f.lower(x))
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+    assert not seconds["cache_hit"] and cached["cache_hit"]
+    assert seconds["lower_s"] > 0 and seconds["compile_s"] > 0  # CPU seconds tick in 10 ms: may be 0
+    assert seconds["lower_cpu_s"] >= 0 and seconds["compile_cpu_s"] >= 0
+    np.testing.assert_array_equal(first(x), again(x))
+
+
 def test_time_call_waits_for_the_result():
     calls = []
     t = measure.time_call(lambda: calls.append(1) or jnp.ones(3), repeats=3, warmup=2)

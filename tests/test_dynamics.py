@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from motionjax.core import dynamics
 from motionjax.core import kinematics as K
@@ -144,7 +145,39 @@ def test_batch_chunks_equal_one_pass(jacobian):
         return value_and_grads(loss_fn(skeleton, fps, jacobian, frames_per_pass=frames_per_pass))(*args)
 
     assert dynamics._num_passes(2, 12, 12) == 2 and dynamics._num_passes(2, 12, dynamics.PASS_FRAMES) == 1
+    # "auto" (the default): one pass up to ONE_PASS_FRAMES, then passes of PASS_FRAMES
+    assert dynamics._num_passes(32, 64, "auto") == 1 and dynamics._num_passes(64, 64, "auto") == 8
     assert_same_loss_terms_and_grads(f(12), f(dynamics.PASS_FRAMES))
+
+
+def test_passes_inside_shard_map_equal_one_unsharded_pass():
+    """Passes (a loop, rematerialised) inside shard_map over (data, time), with FK given by the
+    caller (differentiated through, as the reconstruction loss does), per-window offsets, padding
+    frames, and the target root differentiated but not its rotations: loss, terms and gradients
+    equal one unsharded pass."""
+    skeleton, fps, pred_root, pred_raw, target_root, target_rot = clip_batch(frames=12, batch=8)
+    offsets = (skeleton.offsets[None] * np.linspace(0.9, 1.2, 8)[:, None, None]).astype(np.float32)
+    valid = np.ones((8, 12), np.float32)
+    valid[1, 9:] = valid[6, 10:] = 0  # edge padding past the end of two short segments
+
+    def loss(pred_root, pred_raw, target_root, target_rot, offsets, valid, passes, axes=(None, None)):
+        pred_rot = rot.quat_normalize(pred_raw)
+        fk = lambda r, q: K.forward_kinematics(skeleton, q, r, offsets[:, None])
+        return dynamics.dynamics_loss(skeleton, pred_root, pred_rot, target_root, target_rot, fps, WEIGHTS,
+                                      pred_fk=fk(pred_root, pred_rot), target_fk=fk(target_root, target_rot),
+                                      offsets=offsets, valid=valid, frames_per_pass=passes,
+                                      batch_axis_name=axes[0], time_axis_name=axes[1])
+
+    mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    motion = P("data", "time")
+    sharded = jax.shard_map(functools.partial(loss, passes=6, axes=("data", "time")), mesh=mesh,
+                            in_specs=(motion, motion, motion, motion, P("data"), motion), out_specs=P())
+    assert dynamics._num_passes(2, 6, 6) == 2  # per shard: 2 windows of 6 frames, one per pass
+    args = (pred_root, pred_raw, target_root, target_rot, offsets, valid)
+    grads = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(*args)
+    want = grads(functools.partial(loss, passes=None))
+    assert float(want[0][1]["force"]) > 1.0 and np.abs(np.asarray(want[1][2])).max() > 0
+    assert_same_loss_terms_and_grads(grads(sharded), want)
 
 
 def test_masked_mean_is_one_helper_and_zero_without_valid_frames():

@@ -438,3 +438,20 @@ def test_schedule_free_takes_optax_updates_and_evaluation_reads_its_average():
     config.train.ema_decay = 0.99
     with pytest.raises(ValueError, match="schedule_free"):
         train.check_config(config, 1, 1)
+
+
+def test_compile_cache_is_the_configured_directory_unless_the_process_has_one(tmp_path):
+    """``train.compile_cache``: a path turns jax's persistent cache on there (created); "" leaves it
+    off; a cache the process already has (JAX_COMPILATION_CACHE_DIR: the tests set one) wins."""
+    from motionjax.train import compile_cache
+    session = jax.config.jax_compilation_cache_dir
+    assert session and compile_cache.configure(str(tmp_path / "x")) == session  # conftest's wins
+    assert not (tmp_path / "x").exists() and jax.config.jax_compilation_cache_dir == session
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        assert compile_cache.configure("") is None and jax.config.jax_compilation_cache_dir is None
+        path = compile_cache.configure(str(tmp_path / "cache" / "jax"))
+        assert path == str(tmp_path / "cache" / "jax") == jax.config.jax_compilation_cache_dir
+        assert (tmp_path / "cache" / "jax").is_dir()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", session)

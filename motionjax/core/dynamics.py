@@ -54,7 +54,13 @@ TERMS = ("velocity", "force", "jerk")
 DEFAULT_WEIGHTS = {"velocity": 1.0, "force": 1e-3, "jerk": 1e-7}
 JACOBIANS = ("blocked", "jvp", "dense")
 HALO = 2  # the jerk stencil reaches two frames each way
-PASS_FRAMES = 512  # see dynamics_loss (measured: 16,384 frames at J = 13, 512 -> 2.6x faster than one pass)
+# Batches of more than ONE_PASS_FRAMES (local) frames go in passes of PASS_FRAMES (dynamics_loss). A pass
+# loop (rematerialised) compiles 2.5-3x slower than one pass and runs slower up to ~2,048 frames; above,
+# its small working set wins. CPU ms of loss + gradient, passes of 512 vs one pass (2 shared cores,
+# 2026-12-04): J = 24: 1,024 frames 13.5 vs 9.8, 2,048 25.5 vs 20.5, 4,096 51.2 vs 60.9; J = 13 (15
+# joints): 8,192 68 vs 85, 16,384 139 vs 188. Compile CPU s at J = 24, 4,096 frames: 30.8 vs 12.8.
+PASS_FRAMES = 512
+ONE_PASS_FRAMES = 2048
 
 
 # The time stencils as (offset: coefficient) at a power of fps: velocity, acceleration, jerk.
@@ -178,8 +184,11 @@ def generalized_forces(skeleton: Skeleton, root_position, rotations, fps: float,
     return jnp.concatenate([root_force[..., None, :], torques], axis=-2)
 
 
-def _num_passes(batch: int, length: int, frames_per_pass: int | None) -> int:
-    """The fewest passes over ``batch`` (a divisor of it) of at most ``frames_per_pass`` frames each."""
+def _num_passes(batch: int, length: int, frames_per_pass: int | None | str) -> int:
+    """The fewest passes over ``batch`` (a divisor of it) of at most ``frames_per_pass`` frames each;
+    ``"auto"``: one pass up to :data:`ONE_PASS_FRAMES` frames, else passes of :data:`PASS_FRAMES`."""
+    if frames_per_pass == "auto":
+        frames_per_pass = None if batch * length <= ONE_PASS_FRAMES else PASS_FRAMES
     if frames_per_pass is None or batch * length <= frames_per_pass:
         return 1
     fits = (n for n in range(2, batch + 1) if batch % n == 0 and batch // n * length <= frames_per_pass)
@@ -204,7 +213,7 @@ def _term_sums(skeleton, pred_root, pred_rot, target_root, target_rot, pred_fk, 
 
 def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_rot, fps: float,
                   weights: Mapping[str, float], jacobian: str = "blocked", time_axis_name: str | None = None,
-                  pred_fk=None, target_fk=None, frames_per_pass: int | None = PASS_FRAMES, offsets=None,
+                  pred_fk=None, target_fk=None, frames_per_pass: int | None | str = "auto", offsets=None,
                   valid=None, batch_axis_name: str | None = None):
     """The weighted joint-dynamics loss.
 
@@ -223,7 +232,8 @@ def dynamics_loss(skeleton: Skeleton, pred_root, pred_rot, target_root, target_r
       frames_per_pass: above this many (local) frames the batch is processed in passes of at most
         this many frames (whole windows; a divisor of ``B``), one after another, each
         recomputed in the backward pass, so the working set stays bounded as ``B·T`` grows.
-        None: one pass.
+        None: one pass; ``"auto"``: one pass up to :data:`ONE_PASS_FRAMES` frames, else passes of
+        :data:`PASS_FRAMES` (the faster way on each side, and the faster compile below).
       offsets: optional ``[B, J, 3]`` rest offsets of each window's clip (m), used by every FK and
         Jacobian of both motions; None: the skeleton's. ``pred_fk``/``target_fk`` must match them.
       valid: optional ``[B, T]`` (0 = edge padding past a short segment's end): a frame counts only

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from motionjax import parallel
 from motionjax.data import feed, pipeline
 from motionjax.evaluation import artifacts, evaluators
-from motionjax.train import batch_finder, checkpoints, checks, faults, logs, step
+from motionjax.train import batch_finder, checkpoints, checks, compile_cache, faults, logs, step
 
 
 def make_iterator(config: ml_collections.ConfigDict, info, mesh):
@@ -60,6 +60,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None)
     """
     checks.check_config(config, jax.device_count(), jax.process_count())
     workdir = Path(workdir)
+    compile_cache.configure(config.train.compile_cache)
     checks.check_resume(config, workdir)
     lock = faults.workdir_lock(workdir) if parallel.is_main_process() else contextlib.nullcontext()
     with lock, faults.stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
