@@ -3,7 +3,6 @@ persistent compilation cache for the session (a program compiled by one test, or
 subprocess, is compiled once), and the session fixtures several test files share (helpers to
 import: ``runs.py``)."""
 import atexit
-import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -12,19 +11,12 @@ from pathlib import Path
 import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
-# XLA:CPU compiles the suite's programs in ~half the time with its classic elemental emitters instead
-# of the MLIR fusion emitters (same HLO passes, same math): the whole suite's CPU time 661 -> 368 s.
-# Only jaxlib 0.7-0.10 has the flag (XLA aborts on an unknown one). In 0.12.0.1 every fusion goes
-# through an MLIR pipeline of its own, ~70% of a small program's compile (HLO passes and LLVM the
-# rest), and none of its flags cuts that. Compile CPU seconds of a probe of this suite's programs
-# (test_jacobian's and test_dynamics's gradients; 2 shared cores, 2026-12-04): 16.5 as set here;
-# xla_cpu_opt_preset=FAST_COMPILE 17.2, xla_cpu_parallel_codegen_split_count=1 15.6-16.1,
-# xla_cpu_emitter_verification_level=0 15.8, xla_cpu_max_isa=AVX2 16.4 (all within the noise);
-# without JAX_DISABLE_MOST_OPTIMIZATIONS (below) 30.5.
-_COMPILE_FAST = "--xla_cpu_use_fusion_emitters=false"
-_JAXLIB = tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2])
-if (0, 7) <= _JAXLIB < (0, 11):
-    _FLAG = f"{_FLAG} {_COMPILE_FAST}"
+# No XLA flag of jaxlib 0.12 shortens these compiles (the old --xla_cpu_use_fusion_emitters=false is gone
+# and XLA aborts on an unknown flag): every fusion goes through an MLIR pipeline of its own, ~70% of a
+# small program's compile. Compile CPU seconds of a probe of this suite's programs (test_jacobian's and
+# test_dynamics's gradients; 2 shared cores, 2026-12-04): 16.5 as set here; xla_cpu_opt_preset=
+# FAST_COMPILE 17.2, xla_cpu_parallel_codegen_split_count=1 15.6-16.1, xla_cpu_emitter_verification_level=0
+# 15.8, xla_cpu_max_isa=AVX2 16.4 (all within the noise); without JAX_DISABLE_MOST_OPTIMIZATIONS (below) 30.5.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Most of the suite's time is XLA compiling small programs that then run for milliseconds: skip
