@@ -432,7 +432,7 @@ def test_bench_command_line_picks_the_mode_and_grid_budget(monkeypatch):
     (parts, mode, _, command), kwargs = calls[0]
     assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python benchmarks/bench.py --full "
                                               "--parts dynamics --grid-budget 0", {"grid_budget_s": 0.0})
-    assert calls[1][0][:2] == (["train", "torch", "mfu", "growth"], "quick")
+    assert calls[1][0][:2] == (["input", "train", "torch", "mfu", "growth"], "quick")
     assert calls[2][0][:2] == (list(bench.PARTS), "default") and calls[2][1] == {"grid_budget_s": None}
     for argv in (["--quick", "--full"], ["--parts", "train,fk"]):
         with pytest.raises(SystemExit):
