@@ -1,11 +1,12 @@
 """The dynamics loss on invented motion, swept on validation (issue #56 item 4).
 
-``python benchmarks/generation_sweep.py [--workdir runs/generate] [--weights 0,0.1,1] [--seeds 0,1,2]
-[--steps 1500]`` trains the generator of ``experiments/generate.py`` once per (dynamics weight, seed) on
-the frozen autoencoder and evaluator of a finished ``make train CONFIG=experiments/generate.py`` run (its
-``WORKDIR``: nothing there is retrained), with ``--steps`` steps (a shorter schedule than the config's: the
-sweep must fit the shared 2-core machine), and scores each on the **validation** split: FID, label
-accuracy, foot skating, root residual force and torque, jitter. It writes
+``python benchmarks/generation_sweep.py [--workdir runs/generate] [--weights 0,5,50] [--seeds 0,1,2]
+[--steps 600] [--dim 64] [--depth 2] [--dynamics-batch 8]`` trains the generator of
+``experiments/generate.py`` once per (dynamics weight, seed) on the frozen autoencoder and evaluator of
+a ``make train CONFIG=experiments/generate.py`` run (its ``WORKDIR``; trained there first if missing),
+a smaller model with a shorter schedule than the config's (the sweep must fit the shared 2-core machine),
+and scores each on the **validation** split at the config's guidance (or the scales that run chose):
+FID, label accuracy, foot skating, root residual force and torque, jitter, floor contact. It writes
 ``docs/results/generation_dynamics_sweep.json`` (every run, and each weight's change against weight 0 of
 the same seed) and ``.png`` (the changes per seed), and prints the table. Target: >= 30% less skating and
 root residual force at <= +5% FID against weight 0.
@@ -54,9 +55,13 @@ def main(argv=None) -> dict:
         help="a finished generation run (its autoencoder, "
         "evaluator); the sweep's generators are kept in WORKDIR/sweep",
     )
-    p.add_argument("--weights", default="0,0.1,1")
+    p.add_argument("--weights", default="0,5,50")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--dim", type=int, default=64, help="generator width (a smaller model than the config's)")
+    p.add_argument("--depth", type=int, default=2, help="generator blocks")
+    p.add_argument("--dynamics-batch", type=int, default=8, help="windows of each batch the dynamics loss "
+                   "decodes (generation.dynamics_batch)")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
     args = p.parse_args(argv)
     config = experiments.load(args.config)
@@ -74,10 +79,11 @@ def main(argv=None) -> dict:
     for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
         for w in weights:
             g = run.generator_config(config, w)
-            g.steps = args.steps
+            g.steps, g.dynamics_batch, g.dim, g.depth = args.steps, args.dynamics_batch, args.dim, args.depth
             clock = time.perf_counter()
             model, report = run.fit_generator(
-                s, g, seed, workdir / "sweep" / f"w{w:g}_seed{seed}_steps{args.steps}"
+                s, g, seed, workdir / "sweep" / (f"w{w:g}_seed{seed}_steps{args.steps}"
+                                                  f"_dim{args.dim}_depth{args.depth}")
             )
             train_s = time.perf_counter() - clock
             rows = run.evaluate_split(
@@ -116,7 +122,8 @@ def main(argv=None) -> dict:
         "steps": args.steps,
         "weights": weights,
         "seeds": seeds,
-        "generator": {k: config.generation[k] for k in ("dim", "depth", "batch_size", "dynamics_batch")},
+        "dynamics_batch": args.dynamics_batch,
+        "generator": {"dim": args.dim, "depth": args.depth, "batch_size": config.generation.batch_size},
         "dynamics_terms": dict(config.loss.dynamics),
         "target": TARGET,
         "runs": runs,

@@ -123,11 +123,14 @@ def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log
         return flow + g.dynamics_weight * dyn, (flow, dyn)
 
     @jax.jit
-    def step(params, opt_state, ema, x1, y, key):
+    def step(params, opt_state, ema, x1, y, key, n):
         (loss, (flow, dyn)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x1, y, key)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        ema = optax.incremental_update(params, ema, 1.0 - g.ema_decay)
+        # The average warms up (decay (1 + n) / (10 + n) until ema_decay): a short run's average is not
+        # held back by its initial weights.
+        decay = jnp.minimum(g.ema_decay, (1.0 + n) / (10.0 + n))
+        ema = optax.incremental_update(params, ema, 1.0 - decay)
         return params, opt_state, ema, {"loss": loss, "flow": flow, "dynamics": dyn}
 
     rng, key = np.random.default_rng(seed), jax.random.key(seed)
@@ -135,7 +138,7 @@ def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log
     for i in range(g.steps):
         pick = rng.integers(0, k, g.batch_size)
         params, opt_state, ema, metrics = step(
-            params, opt_state, ema, latents[pick], labels[pick], jax.random.fold_in(key, i)
+            params, opt_state, ema, latents[pick], labels[pick], jax.random.fold_in(key, i), jnp.float32(i)
         )
         if i == 0:
             jax.block_until_ready(metrics)

@@ -52,7 +52,7 @@ class Setup:
     stats: flow.LatentStats
     latents: np.ndarray  # [K, L, D] standardized training latents
     labels: np.ndarray  # [K, n_keys] class ids of the training windows
-    real: dict  # {split or "train": {"features", "predicted", "plausibility" (window sums)}}
+    real: dict  # {split: {"features", "predicted", "plausibility" (window sums)}} of the real windows
     timing: dict
 
     @property
@@ -210,18 +210,7 @@ def setup(config, workdir) -> Setup:
         timing,
     )
     s.labels = s.encode_labels(train)
-    s.real = {
-        "train": {
-            "features": generative.evaluate_features(evaluator, inputs)[0],
-            "plausibility": plausibility.window_sums(
-                info.skeleton,
-                float(info.fps),
-                feet,
-                *latents.motion(info, train.features, train.offsets)[:2],
-                train.offsets,
-            ),
-        }
-    }
+    s.real = {}
     for split, w in splits.items():
         s.real[split] = s.score(w.features, w.offsets)
     for split, w in splits.items():
@@ -297,7 +286,7 @@ def _row(s: Setup, split: str, scored: list[dict], labels: np.ndarray, mm: float
                 "fid": generative.fid(r["features"], real),
                 **{f"accuracy_{k}": v for k, v in acc.items()},
                 "diversity": generative.diversity(r["features"], s.config.generation.diversity_size, rng),
-                **plausibility.mean(r["plausibility"], r.get("index")),
+                **plausibility.mean(r["plausibility"]),
             }
         )
     row = {k: float(np.mean([p[k] for p in per])) for k in per[0]}
@@ -354,29 +343,15 @@ def evaluate_split(
         rows[name] = _row(s, split, scored, labels, mm, rng)
     if not references:
         return rows
-    # Retrieval: copies of training windows (real motion on their own bones).
-    train = s.real["train"]
+    # Retrieval: copies of training windows (real motion on their own bones), scored like samples.
     copies = []
     for _ in range(repeats):
         pick = _retrieve(s, labels, rng)
-        copies.append(
-            {
-                "features": train["features"][pick],
-                "predicted": dict(zip(s.vocab, s.labels[pick].T, strict=True)),
-                "plausibility": train["plausibility"],
-                "index": pick,
-            }
-        )
-    for c in copies:  # the evaluator's verdict on the copies, not their labels
-        c["predicted"] = _predict(s, c["features"])
+        copies.append(s.score(s.train.features[pick], s.train.offsets[pick]))
     mm_pick = _retrieve(s, per_condition, rng)
+    mm = s.score(s.train.features[mm_pick], s.train.offsets[mm_pick])["features"]
     rows["retrieval"] = _row(
-        s,
-        split,
-        copies,
-        labels,
-        generative.multimodality(train["features"][mm_pick], mm_ids, g.multimodality_size, rng),
-        rng,
+        s, split, copies, labels, generative.multimodality(mm, mm_ids, g.multimodality_size, rng), rng
     )
     # The real windows: FID of one half against the other (the floor FID can reach at this sample size).
     real = s.real[split]
@@ -392,12 +367,6 @@ def evaluate_split(
         row["windows"] = len(w)
         row["conditions"] = int(len(conditions))
     return rows
-
-
-def _predict(s: Setup, features) -> dict:
-    """The evaluator's heads on its own features ``[N, d]``: predicted class ids per label key."""
-    f = jax.numpy.asarray(features, jax.numpy.float32)
-    return {k: np.asarray(jax.numpy.argmax(head(f), -1)) for k, head in s.evaluator.heads.items()}
 
 
 def choose_guidance(s: Setup, model, seed: int) -> tuple[tuple[float, ...], list]:
