@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
     p.add_argument("--depth", type=int, default=2, help="generator blocks")
     p.add_argument("--dynamics-batch", type=int, default=8, help="windows of each batch the dynamics loss "
                    "decodes (generation.dynamics_batch)")
+    p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
     args = p.parse_args(argv)
     config = experiments.load(args.config)
@@ -70,11 +71,12 @@ def main(argv=None) -> dict:
     workdir = Path(args.workdir)
     s = run.setup(config, workdir)
     (workdir / "sweep").mkdir(exist_ok=True)
-    scales = (
-        tuple(json.loads((workdir / "summary.json").read_text())["guidance"])
-        if (workdir / "summary.json").exists()
-        else (config.generation.content_scale, config.generation.style_scale)
-    )
+    if args.guidance:
+        scales = tuple(float(x) for x in args.guidance.split(","))
+    elif (workdir / "summary.json").exists():  # the scales that run chose on validation
+        scales = tuple(json.loads((workdir / "summary.json").read_text())["guidance"])
+    else:
+        scales = (config.generation.content_scale, config.generation.style_scale)
     runs = []
     for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
         for w in weights:
