@@ -62,9 +62,16 @@ def main(argv=None) -> dict:
     p.add_argument("--depth", type=int, default=2, help="generator blocks")
     p.add_argument("--dynamics-batch", type=int, default=8, help="windows of each batch the dynamics loss "
                    "decodes (generation.dynamics_batch)")
+    p.add_argument("--repeats", type=int, default=1, help="samplings per evaluation (mean; FID's spread)")
     p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
+    p.add_argument("--tradeoff", nargs="*", default=None, help="only plot the FID change against the physics "
+                   "change of these sweep JSON files into OUT.png (no training)")
     args = p.parse_args(argv)
+    if args.tradeoff is not None:
+        out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
+        plot_tradeoff([json.loads(Path(f).read_text()) for f in args.tradeoff], out.with_suffix(".png"))
+        return {}
     config = experiments.load(args.config)
     weights = [float(w) for w in args.weights.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -94,7 +101,7 @@ def main(argv=None) -> dict:
                 {"generator": model},
                 scales,
                 seed=100 + seed,
-                repeats=1,
+                repeats=args.repeats,
                 multimodality=False,
                 references=False,
             )
@@ -175,6 +182,40 @@ def plot(summary: dict, path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"dynamics loss on decoded samples, validation, {summary['steps']} steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_tradeoff(sweeps: list[dict], path) -> None:
+    """Each run's FID change (%) against its skating and root-force changes (%) vs weight 0 of the same
+    seed, one marker per sweep size, labelled by weight and seed; the target's corner shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, k in zip(axes, ("foot_skate", "root_force"), strict=True):
+        ax.axhspan(-100, 100 * TARGET["fid"], xmin=0, xmax=1, color="0.93")
+        ax.axvline(100 * TARGET[k], color="C3", ls="--", lw=1)
+        ax.axhline(100 * TARGET["fid"], color="C3", ls="--", lw=1)
+        for i, sweep in enumerate(sweeps):
+            g = sweep["generator"]
+            size = f"{sweep['steps']} steps, width {g['dim']}, {g['depth']} blocks"
+            runs = [r for r in sweep["runs"] if r["weight"]]
+            ax.scatter([100 * r["change"][k] for r in runs], [100 * r["change"]["fid"] for r in runs],
+                       color=f"C{i}", label=size if ax is axes[0] else None)
+            for r in runs:
+                at = (100 * r["change"][k], 100 * r["change"]["fid"])
+                ax.annotate(f"w{r['weight']:g} s{r['seed']}", at, fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set(xlabel=f"{k} change vs weight 0 (%)", title=k)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("FID change vs weight 0 (%)")
+    axes[0].set_ylim(-30, 20)
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("dynamics loss on decoded samples (validation): target = below and left of the dashed lines")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

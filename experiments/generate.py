@@ -24,8 +24,10 @@ Variants (``--config experiments/generate.py:VARIANT``), comma-separated:
   ``deepmimic``: the 15 DeepMimic clips that ship with pybullet, labelled by :data:`DEEPMIMIC_LABELS`
   (``generation.clip_labels``; they have no label files), in 32-frame windows: a toy corpus with no
   download, for the tests and ``notebooks/05_generate.ipynb``;
-  ``dynamics``: the dynamics loss on decoded samples during training (weight
-  ``generation.dynamics_weight``, the value the validation sweep picked; ``benchmarks``/docs: the sweep);
+  ``dynamics``: the dynamics loss on decoded samples during training (``generation.dynamics_weight = 5``,
+  the sweep's; ``benchmarks/generation_sweep.py``), with the same generator without it beside it
+  (``WORKDIR/no_dynamics.npz``, its rows in the table);
+  ``--config.generation.autoencoder=runs/generate/autoencoder`` reuses the default run's autoencoder;
   ``runlocal``: tiny models and a few steps of each stage (seconds; the tests).
 """
 
@@ -143,8 +145,10 @@ def get_config(arg: str | None = None):
     # jerk terms with config.loss.dynamics's weights) between the decoded one-step estimate of the clean
     # latent and the decoded training latent, weighted by t (an estimate from near noise says little),
     # on the first dynamics_batch windows of every batch. 0 = off.
+    # Off: on validation (benchmarks/generation_sweep.py, docs/generation.md) weight 5 cut skating and the
+    # root residual force ~46% but cost +12% FID and -27% content accuracy at this size (target: <= +5% FID).
     g.dynamics_weight = 0.0
-    g.dynamics_batch = 16
+    g.dynamics_batch = 8
     g.foot_weight = 0.0  # the foot-skating term of motionjax.losses on the same pair
     # The evaluator (motionjax.evaluation.generative): a temporal conv classifier of both labels.
     g.evaluator = ml_collections.ConfigDict(
@@ -160,7 +164,7 @@ def get_config(arg: str | None = None):
     g.export_samples = 4  # samples written as BVH (and one video of them side by side)
     g.video_s = 4.0  # 0 = no video
     if "dynamics" in parts:
-        g.dynamics_weight = 1.0
+        g.dynamics_weight = 5.0
     if "deepmimic" in parts:
         c.data.update(
             source="deepmimic",
