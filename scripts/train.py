@@ -53,8 +53,13 @@ def main(argv):
     workdir = _WORKDIR.value or f"runs/{experiments.run_name(flags.FLAGS['config'].config_filename)}"
     if parallel.is_main_process():
         print(f"run directory: {workdir}", flush=True)
+    generation = "generation" in config  # a generator experiment (experiments/generate.py): its own stages
     try:
-        train.check_config(config, jax.device_count(), jax.process_count())
+        if generation:
+            from motionjax.generation import run, stages
+            train.check_config(stages.autoencoder_config(config), jax.device_count(), jax.process_count())
+        else:
+            train.check_config(config, jax.device_count(), jax.process_count())
         if parallel.is_main_process():  # one process writes the prepared dataset, the others wait
             d = config.data
             if d.source != "synthetic" and not os.path.exists(os.path.join(d.dir, "index.json")):
@@ -63,7 +68,7 @@ def main(argv):
             if d.source != "synthetic":
                 print(f"data: {prepare.summary_line(info)}", flush=True)
         multihost_utils.sync_global_devices("dataset prepared")
-        summary = train.run_experiment(config, workdir)
+        summary = run.run_experiment(config, workdir) if generation else train.run_experiment(config, workdir)
     except (train.ConfigError, train.WorkdirLockedError, train.CheckpointError, records.DamagedShardError,
             prepare.PreparedElsewhere, prepare.DamagedIndexError, prepare.NoSourcesError) as e:
         _fail(e, 2)

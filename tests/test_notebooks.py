@@ -20,7 +20,7 @@ CELL_TIMEOUT_S = 400  # the training cell of 03 compiles for about a minute on 2
 
 
 def test_notebooks_exist():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"], NOTEBOOKS
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"], NOTEBOOKS
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -1,0 +1,225 @@
+"""The dynamics loss on invented motion, swept on validation (issue #56 item 4).
+
+``python benchmarks/generation_sweep.py [--workdir runs/generate] [--weights 0,5,50] [--seeds 0,1,2]
+[--steps 600] [--dim 64] [--depth 2] [--dynamics-batch 8]`` trains the generator of
+``experiments/generate.py`` once per (dynamics weight, seed) on the frozen autoencoder and evaluator of
+a ``make train CONFIG=experiments/generate.py`` run (its ``WORKDIR``; trained there first if missing),
+a smaller model with a shorter schedule than the config's (the sweep must fit the shared 2-core machine),
+and scores each on the **validation** split at the config's guidance (or the scales that run chose):
+FID, label accuracy, foot skating, root residual force and torque, jitter, floor contact. It writes
+``docs/results/generation_dynamics_sweep.json`` (every run, and each weight's change against weight 0 of
+the same seed) and ``.png`` (the changes per seed), and prints the table. Target: >= 30% less skating and
+root residual force at <= +5% FID against weight 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+METRICS = (
+    "fid",
+    "accuracy_content",
+    "accuracy_style",
+    "foot_skate",
+    "root_force",
+    "root_torque",
+    "jitter",
+    "penetration",
+    "floating",
+)
+TARGET = {"foot_skate": -0.30, "root_force": -0.30, "fid": 0.05}
+
+
+def main(argv=None) -> dict:
+    from motionjax import malloc
+
+    malloc.configure()
+    import experiments
+    from motionjax.generation import run
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="experiments/generate.py")
+    p.add_argument(
+        "--workdir",
+        default="runs/generate",
+        help="a finished generation run (its autoencoder, "
+        "evaluator); the sweep's generators are kept in WORKDIR/sweep",
+    )
+    p.add_argument("--weights", default="0,5,50")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--dim", type=int, default=64, help="generator width (a smaller model than the config's)")
+    p.add_argument("--depth", type=int, default=2, help="generator blocks")
+    p.add_argument("--dynamics-batch", type=int, default=8, help="windows of each batch the dynamics loss "
+                   "decodes (generation.dynamics_batch)")
+    p.add_argument("--repeats", type=int, default=1, help="samplings per evaluation (mean; FID's spread)")
+    p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
+    p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
+    p.add_argument("--tradeoff", nargs="*", default=None, help="only plot the FID change against the physics "
+                   "change of these sweep JSON files into OUT.png (no training)")
+    args = p.parse_args(argv)
+    if args.tradeoff is not None:
+        out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
+        plot_tradeoff([json.loads(Path(f).read_text()) for f in args.tradeoff], out.with_suffix(".png"))
+        return {}
+    config = experiments.load(args.config)
+    weights = [float(w) for w in args.weights.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    workdir = Path(args.workdir)
+    s = run.setup(config, workdir)
+    (workdir / "sweep").mkdir(exist_ok=True)
+    if args.guidance:
+        scales = tuple(float(x) for x in args.guidance.split(","))
+    elif (workdir / "summary.json").exists():  # the scales that run chose on validation
+        scales = tuple(json.loads((workdir / "summary.json").read_text())["guidance"])
+    else:
+        scales = (config.generation.content_scale, config.generation.style_scale)
+    runs = []
+    for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
+        for w in weights:
+            g = run.generator_config(config, w)
+            g.steps, g.dynamics_batch, g.dim, g.depth = args.steps, args.dynamics_batch, args.dim, args.depth
+            clock = time.perf_counter()
+            model, report = run.fit_generator(
+                s, g, seed, workdir / "sweep" / (f"w{w:g}_seed{seed}_steps{args.steps}"
+                                                  f"_dim{args.dim}_depth{args.depth}")
+            )
+            train_s = time.perf_counter() - clock
+            rows = run.evaluate_split(
+                s,
+                "validation",
+                {"generator": model},
+                scales,
+                seed=100 + seed,
+                repeats=args.repeats,
+                multimodality=False,
+                references=False,
+            )
+            row = {k: rows["generator"][k] for k in METRICS}
+            runs.append(
+                {
+                    "weight": w,
+                    "seed": seed,
+                    "steps": args.steps,
+                    "train_s": train_s,
+                    "steps_per_s": report.get("steps_per_s"),
+                    **row,
+                }
+            )
+            print(json.dumps(runs[-1]), flush=True)
+            partial = REPO / f"{args.out}.partial.json" if not Path(args.out).is_absolute() else Path(
+                f"{args.out}.partial.json")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(runs, indent=1))  # what a run cut short still leaves
+    for r in runs:
+        base = next(b for b in runs if b["seed"] == r["seed"] and b["weight"] == 0)
+        r["change"] = {k: r[k] / base[k] - 1 if base[k] else float("nan") for k in METRICS}
+    summary = {
+        "command": "python benchmarks/generation_sweep.py " + " ".join(argv or sys.argv[1:]),
+        "split": "validation",
+        "guidance": list(scales),
+        "steps": args.steps,
+        "weights": weights,
+        "seeds": seeds,
+        "dynamics_batch": args.dynamics_batch,
+        "generator": {"dim": args.dim, "depth": args.depth, "batch_size": config.generation.batch_size},
+        "dynamics_terms": dict(config.loss.dynamics),
+        "target": TARGET,
+        "runs": runs,
+        "mean_change": {
+            f"{w:g}": {k: float(np.mean([r["change"][k] for r in runs if r["weight"] == w])) for k in METRICS}
+            for w in weights
+            if w
+        },
+    }
+    lines = [f"{'weight':>7s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
+    for r in runs:
+        lines.append(
+            f"{r['weight']:7g} {r['seed']:4d} "
+            + " ".join(f"{r[k]:8.3f} {100 * r['change'][k]:+4.0f}%" for k in METRICS)
+        )
+    summary["table"] = lines
+    out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+    plot(summary, out.with_suffix(".png"))
+    print("\n".join(lines), flush=True)
+    return summary
+
+
+def plot(summary: dict, path) -> None:
+    """The change against weight 0 of the same seed (%), one panel per metric, a point per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = ("foot_skate", "root_force", "root_torque", "fid")
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), sharey=False)
+    weights = [w for w in summary["weights"] if w]
+    for ax, k in zip(axes, shown, strict=True):
+        for seed in summary["seeds"]:
+            ys = [
+                100 * next(r["change"][k] for r in summary["runs"] if r["weight"] == w and r["seed"] == seed)
+                for w in weights
+            ]
+            ax.plot(range(len(weights)), ys, "o-", label=f"seed {seed}")
+        if k in TARGET:
+            ax.axhline(100 * TARGET[k], color="C3", ls="--", lw=1, label="target")
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
+        ax.set(title=k, xlabel="dynamics weight", ylabel="% vs weight 0")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"dynamics loss on decoded samples, validation, {summary['steps']} steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_tradeoff(sweeps: list[dict], path) -> None:
+    """Each run's FID change (%) against its skating and root-force changes (%) vs weight 0 of the same
+    seed, one marker per sweep size, labelled by weight and seed; the target's corner shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, k in zip(axes, ("foot_skate", "root_force"), strict=True):
+        ax.axhspan(-100, 100 * TARGET["fid"], xmin=0, xmax=1, color="0.93")
+        ax.axvline(100 * TARGET[k], color="C3", ls="--", lw=1)
+        ax.axhline(100 * TARGET["fid"], color="C3", ls="--", lw=1)
+        for i, sweep in enumerate(sweeps):
+            g = sweep["generator"]
+            size = f"{sweep['steps']} steps, width {g['dim']}, {g['depth']} blocks"
+            runs = [r for r in sweep["runs"] if r["weight"]]
+            ax.scatter([100 * r["change"][k] for r in runs], [100 * r["change"]["fid"] for r in runs],
+                       color=f"C{i}", label=size if ax is axes[0] else None)
+            for r in runs:
+                at = (100 * r["change"][k], 100 * r["change"]["fid"])
+                ax.annotate(f"w{r['weight']:g} s{r['seed']}", at, fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set(xlabel=f"{k} change vs weight 0 (%)", title=k)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("FID change vs weight 0 (%)")
+    axes[0].set_ylim(-30, 20)
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("dynamics loss on decoded samples (validation): target = below and left of the dashed lines")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

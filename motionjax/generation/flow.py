@@ -1,0 +1,186 @@
+"""Rectified flow (flow matching) over latent sequences: the training objective, the train loop, sampling
+with classifier-free guidance on every label, and the dynamics loss on decoded samples.
+
+Flow (Liu et al. 2023, "Flow Straight and Fast"; Lipman et al. 2023): noise ``x₀ ~ N(0, I)``, data ``x₁``
+(standardized latents ``[B, L, D]``), ``x_t = (1 − t) x₀ + t x₁``; the network learns the velocity ``x₁ −
+x₀`` (mean squared error), and sampling integrates ``dx/dt = v(x, t)`` from ``t = 0`` to 1 (Euler).
+
+Guidance (Ho & Salimans 2022, composed over the label keys in order, as in InstructPix2Pix's two-scale
+form): ``v = v(∅, ∅) + s_content (v(c, ∅) − v(∅, ∅)) + s_style (v(c, s) − v(c, ∅))``; scales 0 sample the
+unconditional flow (the labels are ignored), 1 each the conditional one. Training drops each label to its
+"none" token with probability ``label_dropout``.
+
+The dynamics loss on invented motion (``dynamics_weight > 0``): the one-step estimate of the clean latent,
+``x̂₁ = x_t + (1 − t) v̂``, and the training latent ``x₁`` are decoded by the frozen decoder into motions, and
+:func:`motionjax.core.dynamics.dynamics_loss` (velocity consistency, generalized forces ``Jᵀ m (a − g)``
+matched to the real motion's, jerk; ``config.loss.dynamics``'s term weights) is added per window, weighted
+by ``t`` (an estimate made from near noise is a blur of many motions).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from motionjax.core import dynamics
+from motionjax.core.features import destandardize, unpack
+from motionjax.evaluation import generative
+from motionjax.generation.model import FlowTransformer
+
+
+class LatentStats:
+    """Per-dimension mean and std ``[D]`` of the training latents: the flow runs on standardized ones."""
+
+    def __init__(self, mean, std):
+        self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+    @classmethod
+    def fit(cls, z) -> LatentStats:
+        z = np.asarray(z, np.float64).reshape(-1, np.shape(z)[-1])
+        return cls(z.mean(0), z.std(0) + 1e-6)
+
+    def standardize(self, z):
+        return (z - self.mean) / self.std
+
+    def raw(self, z):
+        return z * self.std + self.mean
+
+
+def make_generator(g, length: int, latent_dim: int, classes, seed: int) -> FlowTransformer:
+    """A fresh :class:`FlowTransformer` of ``config.generation`` (``g``)."""
+    return FlowTransformer(
+        length,
+        latent_dim,
+        tuple(classes),
+        dim=g.dim,
+        depth=g.depth,
+        heads=g.heads,
+        mlp_ratio=g.mlp_ratio,
+        rngs=nnx.Rngs(seed),
+    )
+
+
+def physics_term(codec, codec_state, stats: LatentStats, info, fps: float, term_weights: dict):
+    """``(x̂₁ [B, L, D], x₁ [B, L, D], t [B]) -> scalar``: the t-weighted mean over windows of the dynamics
+    loss between the decoded estimate and the decoded training latent (standardized latents in)."""
+    sk, mean, std = info.skeleton, np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
+
+    def motion(z):
+        x = codec.decode_fn(codec_state, z * stats.std + stats.mean)  # [B, N, C, F]
+        x = destandardize(x.reshape(x.shape[0], -1, x.shape[-1]), mean, std)
+        return unpack(sk, x)
+
+    def per_window(pr, pq, tr, tq):
+        return dynamics.dynamics_loss(sk, pr[None], pq[None], tr[None], tq[None], fps, term_weights)[0]
+
+    def term(x1_hat, x1, t):
+        p_root, p_rot = motion(x1_hat)
+        t_root, t_rot = jax.lax.stop_gradient(motion(x1))
+        losses = jax.vmap(per_window)(p_root, p_rot, t_root, t_rot)
+        return jnp.mean(t * losses)
+
+    return term
+
+
+def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log=None):
+    """Train a generator of ``config.generation`` (``g``) on standardized ``latents [K, L, D]`` with integer
+    ``labels [K, n_keys]``; ``physics``: :func:`physics_term` (used when ``g.dynamics_weight > 0``).
+    Returns ``(model with the EMA weights, {"steps_per_s", "loss", "dynamics"})``; ``log(step, metrics)``."""
+    latents, labels = np.asarray(latents, np.float32), np.asarray(labels, np.int32)
+    k, length, d = latents.shape
+    model = make_generator(g, length, d, classes, seed)
+    graphdef, params = nnx.split(model, nnx.Param)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, g.learning_rate, min(g.warmup_steps, g.steps - 1), g.steps, end_value=0.1 * g.learning_rate
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.99, weight_decay=g.weight_decay)
+    )
+    opt_state = tx.init(params)
+    ema = jax.tree.map(jnp.copy, params)
+    none = jnp.asarray(classes, jnp.int32)
+    use_physics = physics is not None and g.dynamics_weight > 0
+    n_phys = min(int(g.dynamics_batch), int(g.batch_size))
+
+    def loss_fn(params, x1, y, key):
+        kx, kt, kd = jax.random.split(key, 3)
+        x0 = jax.random.normal(kx, x1.shape)
+        t = jax.random.uniform(kt, (x1.shape[0],))
+        xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * x1
+        y = jnp.where(jax.random.uniform(kd, y.shape) < g.label_dropout, none, y)
+        v = nnx.merge(graphdef, params)(xt, t, y)
+        flow = jnp.mean((v - (x1 - x0)) ** 2)
+        dyn = jnp.float32(0.0)
+        if use_physics:
+            x1_hat = xt[:n_phys] + (1 - t[:n_phys, None, None]) * v[:n_phys]
+            dyn = physics(x1_hat, x1[:n_phys], t[:n_phys])
+        return flow + g.dynamics_weight * dyn, (flow, dyn)
+
+    @jax.jit
+    def step(params, opt_state, ema, x1, y, key, n):
+        (loss, (flow, dyn)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x1, y, key)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        # The average warms up (decay (1 + n) / (10 + n) until ema_decay): a short run's average is not
+        # held back by its initial weights.
+        decay = jnp.minimum(g.ema_decay, (1.0 + n) / (10.0 + n))
+        ema = optax.incremental_update(params, ema, 1.0 - decay)
+        return params, opt_state, ema, {"loss": loss, "flow": flow, "dynamics": dyn}
+
+    rng, key = np.random.default_rng(seed), jax.random.key(seed)
+    start, metrics, history = None, None, []
+    for i in range(g.steps):
+        pick = rng.integers(0, k, g.batch_size)
+        params, opt_state, ema, metrics = step(
+            params, opt_state, ema, latents[pick], labels[pick], jax.random.fold_in(key, i), jnp.float32(i)
+        )
+        if i == 0:
+            jax.block_until_ready(metrics)
+            start = time.perf_counter()  # after the compile
+        if (i + 1) % g.log_every == 0 or i + 1 == g.steps:
+            m = {name: float(v) for name, v in jax.device_get(metrics).items()}
+            history.append((i + 1, m))
+            if log is not None:
+                log(i + 1, m)
+    jax.block_until_ready(ema)
+    rate = (g.steps - 1) / max(time.perf_counter() - start, 1e-9) if g.steps > 1 else float("nan")
+    model = nnx.merge(graphdef, ema)
+    return model, {"steps_per_s": rate, "history": history}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps"))
+def _sample(graphdef, params, noise, labels, scales, steps: int):
+    model = nnx.merge(graphdef, params)
+    b, n_keys = labels.shape
+    none = jnp.asarray(model.classes, labels.dtype)
+    # Row k of the guidance chain has the first k label keys set, the others "none".
+    chain = jnp.stack(
+        [jnp.where(jnp.arange(n_keys) < k, labels, none) for k in range(n_keys + 1)]
+    )  # [K+1, B, n]
+    chain = chain.reshape(-1, n_keys)
+
+    def body(i, x):
+        t = jnp.full(((n_keys + 1) * b,), i / steps, jnp.float32)
+        v = model(jnp.tile(x, (n_keys + 1, 1, 1)), t, chain).reshape(n_keys + 1, b, *x.shape[1:])
+        guided = v[0] + sum(scales[k] * (v[k + 1] - v[k]) for k in range(n_keys))
+        return x + guided / steps
+
+    return jax.lax.fori_loop(0, steps, body, noise)
+
+
+def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128) -> np.ndarray:
+    """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: Euler steps of the guided flow
+    from Gaussian noise (``key``); ``scales`` one guidance scale per label key."""
+    labels = np.asarray(labels, np.int32)
+    graphdef, params = nnx.split(model)
+    length, d = model.position.shape[0], model.head.out_features
+    noise = np.asarray(jax.random.normal(key, (len(labels), length, d)))
+    scales = jnp.asarray(scales, jnp.float32)
+    run = lambda x, y: _sample(graphdef, params, x, y, scales, steps)  # noqa: E731
+    return generative.in_batches(run, batch, noise, labels)
