@@ -151,8 +151,9 @@ def test_dynamics_term_gradient_matches_finite_differences(setup):
     rng = np.random.default_rng(0)
     x = x1 + 0.1 * jax.numpy.asarray(rng.normal(size=x1.shape), jax.numpy.float32)
     v = jax.numpy.asarray(rng.normal(size=x1.shape), jax.numpy.float32)
-    f = jax.jit(lambda x: term(x, x1, t))
-    value, grad = jax.value_and_grad(lambda x: term(x, x1, t))(x)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda x: term(x, x1, t)))  # one program for both
+    f = lambda x: value_and_grad(x)[0]  # noqa: E731
+    value, grad = value_and_grad(x)
     assert np.isfinite(float(value)) and float(value) > 0
     eps = 1e-2
     numeric = (float(f(x + eps * v)) - float(f(x - eps * v))) / (2 * eps)
