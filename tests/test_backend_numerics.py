@@ -94,10 +94,11 @@ def _loss_and_grad(pred_root, pred_rot, target_root, target_rot):
 def float64():
     """Every reference of this file, jitted in float64 on the CPU in one x64 session: numpy results.
 
-    Inner jitted functions traced under x64 stay in jax's caches with 64-bit index constants, which
-    a later 32-bit trace of the same function would reuse (an MLIR verifier error), so the caches
-    are cleared afterwards; one session keeps that to one recompile per program."""
+    jax's caches of inner jitted functions (``jnp.take`` inside FK) do not key on the x64 mode: a
+    trace from the other mode is reused with the wrong index width (an MLIR verifier error), so the
+    caches are cleared before and after; one session keeps that to one recompile per program."""
     out = {}
+    jax.clear_caches()  # 32-bit traces of earlier tests in this process
     try:
         with jax.enable_x64(True):
             put = lambda arrays: jax.device_put(tuple(np.asarray(a, np.float64) for a in arrays), CPU)
