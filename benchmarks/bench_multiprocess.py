@@ -11,16 +11,17 @@ over ``data`` (its sum order is the transport's: XLA:CPU's in one process, gloo'
 ``fp32_two_level``: the explicit fp32 sum over two levels, ordered (``train.grad_reduce_ordered``) (2
 devices a host in both runs: a reduce-scatter inside a process, across the 4 each slice summed by its
 owner in device order, an all-gather inside); ``int8``: the same with int8 and error feedback across the
-4. The Grain pipeline gives each process its block of every global batch (``pipeline.ProcessBlocks``),
-so both runs train on the same windows; mirroring is turned off, since it is drawn per batch in each
-process. Every process of both runs gets the same XLA:CPU compute pool (``--threads``, through
-``NPROC``): XLA sizes it max(cores, devices in the process), 8 threads in the one-process run and 2 in
-each of the four on a 2-core host, and a matmul's work is split by it, so the same jitted dot on the
-same inputs differs in its last bits between the two runs (the rotation head's gradient did, from step
-1). Prints, per mode, the largest |loss difference| over the logged steps, the validation MPJPE of both
-runs at each evaluation and their largest difference, and the wall time of each; writes
-``bench_multiprocess.json``. Targets (#27): fp32 losses to 1e-5; compressed, the same validation MPJPE
-to 1e-3 cm.
+4. The Grain pipeline gives each process its block of every global batch (``pipeline.SampleBatch``),
+so both runs train on the same windows; mirroring is turned off, as when the recorded figures were
+measured (it was then drawn per batch in each process; since #53 it runs on the device from global
+keys, the same in both runs). Every process of both runs gets the same XLA:CPU compute pool
+(``--threads``, through ``NPROC``): XLA sizes it max(cores, devices in the process), 8 threads in the
+one-process run and 2 in each of the four on a 2-core host, and a matmul's work is split by it, so the
+same jitted dot on the same inputs differs in its last bits between the two runs (the rotation head's
+gradient did, from step 1). Prints, per mode, the largest |loss difference| over the logged steps, the
+validation MPJPE of both runs at each evaluation and their largest difference, and the wall time of
+each; writes ``bench_multiprocess.json``. Targets (#27): fp32 losses to 1e-5; compressed, the same
+validation MPJPE to 1e-3 cm.
 """
 from __future__ import annotations
 

@@ -71,22 +71,29 @@ def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
         restored.close()
 
 
+def test_slot_batches_visit_every_slot_once_an_epoch_in_a_new_order():
+    table = np.repeat(np.arange(50)[:, None], 4, axis=1)
+    ds = pipeline.SlotBatches(table, 8, seed=3)
+    epochs = np.concatenate([ds[m][:, 0] for m in range(25)]).reshape(4, 50)  # batches cross epochs
+    assert all(sorted(e) == list(range(50)) for e in epochs)
+    assert len({tuple(e) for e in epochs}) == 4
+    np.testing.assert_array_equal(pipeline.SlotBatches(table, 8, seed=3)[11], ds[11])  # random access
+    assert not np.array_equal(pipeline.SlotBatches(table, 8, seed=4)[0], ds[0])
+    in_order = pipeline.SlotBatches(table, 8, seed=3, shuffle=False)[6]
+    np.testing.assert_array_equal(in_order[:, 0], [48, 49, 0, 1, 2, 3, 4, 5])
+
+
 @pytest.mark.parametrize("count", [2, 4])
 def test_process_blocks_are_the_one_process_batches(info, cfg, count):
-    """Each process's blocks are disjoint, together complete, and concatenated in process order they
-    are the one-process run's global batches (the windows; per-batch noise is drawn per process)."""
-    stream = pipeline.slot_dataset(info, cfg, seed=0)
-    total = 3 * cfg.batch_size
-    blocks = [pipeline.ProcessBlocks(stream, cfg.batch_size, i, count) for i in range(count)]
-    seen = [int(b[m][0]) for b in blocks for m in range(total // count)]
-    assert sorted(seen) == sorted(int(stream[g][0]) for g in range(total))  # disjoint and complete
+    """Each process's rows of every global batch, concatenated in process order, are the one-process
+    run's batch: the same slots and the same start draws (per-batch noise is drawn on the device from
+    global example indices)."""
     with pytest.raises(ValueError, match="does not split over 3 processes"):
-        pipeline.ProcessBlocks(stream, cfg.batch_size, 0, 3)
-
+        pipeline.train_dataset(cfg, info, seed=0, process_index=0, process_count=3)
     one = pipeline.train_dataset(cfg, info, seed=0)
     shares = [pipeline.train_dataset(cfg, info, seed=0, process_index=i, process_count=count)
               for i in range(count)]
-    for want, *parts in zip(_take(iter(one), 2), *(_take(iter(s), 2) for s in shares), strict=True):
+    for want, *parts in zip(_take(iter(one), 3), *(_take(iter(s), 3) for s in shares), strict=True):
         assert all(p["rotations"].shape[0] == cfg.batch_size // count for p in parts)
         for key in want:
             np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key], err_msg=key)

@@ -8,24 +8,25 @@ on the device, :mod:`motionjax.data.resident` draws the spans there and Grain is
 
 Training graph (:func:`train_dataset`)::
 
-  slots: training segments, each repeated   (train_slots; ints, pickle in bytes)
-         by its share of the windows
-    -> shuffle(seed) -> repeat()             reshuffled every epoch; one stream for any process count
-    -> random_map(SampleWindow)              read the clip record (ArrayRecord or synthetic) through
-                                             a host cache that keeps dynamic segments longest, check
-                                             it (bad ones: skipped, counted, warned; strict raises),
-                                             draw a start (uniform/dynamics-score mixture), slice the
-                                             span; lazy: a process reads only the windows it takes
-    -> ProcessBlocks                         this process's B / process_count windows of every
-                                             global batch (disjoint and complete)
-    -> batch(B / process_count)
+  SlotBatches: global batch m = B slots      (train_slots: training segments, each repeated by its
+                                             share of the windows; shuffled anew every epoch, repeated;
+                                             one stream for any process count)
+    -> random_map(SampleBatch)               this process's B / process_count rows of the batch: read
+                                             each clip record (ArrayRecord or synthetic) through a host
+                                             cache that keeps dynamic segments longest, check it (bad
+                                             ones: skipped, counted, warned, another slot drawn;
+                                             strict raises), draw a start (uniform/dynamics-score
+                                             mixture), slice the span, stack the rows
     -> mp_prefetch(worker_count)             0 workers = in the main process (-1: feed.auto_workers)
     -> thread prefetch -> to global jax Arrays (make_array_from_process_local_data) -> prefetch
 
-The start draws come from Grain's per-element generators, so spans depend only on ``seed``, and the
-iterator state Grain checkpoints (``get_state``/``set_state``, ``grain.checkpoint.CheckpointSave``)
-restores the exact stream. The prefetch stages are Grain's own ``ThreadPrefetchIterDataset``: their
-state counts the batches the consumer took, not those waiting in the buffers.
+Grain's elements are whole batches: its per-element machinery (index shuffle, generator reset,
+metrics) costs ~100 us a call, which per window capped the stream at ~140 batches/s of 32 (#53).
+The draws come from Grain's per-batch generator of the global batch, so spans depend only on
+``seed``, not on the process count, and the iterator state Grain checkpoints (``get_state``/
+``set_state``, ``grain.checkpoint.CheckpointSave``) restores the exact stream. The prefetch stages
+are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the consumer took, not
+those waiting in the buffers.
 
 Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
 ``data.bones = "clip"`` also ``"offsets" [B, J, 3]`` (each window's clip's rest offsets: its
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import grain
 import jax
@@ -137,7 +139,7 @@ class ClipSource:
         return records.decode_record(item)
 
 
-SLOTS = 4096  # slot table size for small corpora (grain's index shuffle costs ~40 ms / size per element)
+SLOTS = 4096  # slots a segment's share of the windows is rounded to (at least one a segment)
 
 
 def _window_totals(info: DatasetInfo) -> tuple[int, float]:
@@ -184,37 +186,39 @@ def _train_segments(info: DatasetInfo) -> np.ndarray:
     return np.asarray(info.splits[info.train_split], np.int64).reshape(-1, 3)
 
 
-def slot_dataset(info: DatasetInfo, cfg, *, seed: int) -> grain.MapDataset:
-    """The training slots, shuffled (anew each epoch) and repeated forever: the global stream, the same
-    for any number of processes (:class:`ProcessBlocks` takes each one's part)."""
-    slots = grain.MapDataset.source(train_slots(info, cfg.window, cfg.dynamics_sampling))
-    return slots.shuffle(seed=seed).repeat()
+class SlotBatches(grain.MapDataset):
+    """``[B, 4]`` global batch ``m`` of a table of slots (:func:`train_slots`, or the rows of
+    :func:`segment_rows`): rows ``[m·B, (m+1)·B)`` of the table repeated forever, each epoch in the
+    order of its own permutation (a function of ``(seed, epoch)``) or, with ``shuffle=False``, in
+    table order. The same global stream for any number of processes (:class:`SampleBatch` takes each
+    one's rows)."""
 
-
-class ProcessBlocks(grain.MapDataset):
-    """Process ``index`` of ``count``'s block of every global batch of ``batch_size`` elements.
-
-    Its element ``m`` is the parent's ``(m // b)·batch_size + index·b + m % b`` with ``b = batch_size /
-    count``. The blocks are disjoint and complete, and concatenated in process order (the order of
-    the mesh's ``data`` axis) they are the one-process stream's global batches, so a run on N
-    processes sees the windows of the run on one (what lets a 4-process run equal a 1-process run;
-    per-batch noise, drawn in each process, still differs)."""
-
-    def __init__(self, parent: grain.MapDataset, batch_size: int, index: int, count: int):
-        super().__init__(parent)
-        self._batch, self._block, self._index = batch_size, _local_batch_size(batch_size, count), index
+    def __init__(self, table: np.ndarray, batch_size: int, *, seed: int, shuffle: bool = True):
+        super().__init__()
+        self.table = np.asarray(table, np.int64)
+        self._batch, self._seed, self._shuffle = batch_size, seed, shuffle
+        self._orders: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return len(self._parent) // self._batch * self._block
+        return sys.maxsize
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) > 1:  # a batch spans at most two epochs
+                del self._orders[min(self._orders)]
+            self._orders[epoch] = np.random.default_rng((self._seed, epoch)).permutation(len(self.table))
+        return self._orders[epoch]
 
     def __getitem__(self, m):
         if isinstance(m, slice):
             return self.slice(m)
-        q, r = divmod(int(m), self._block)
-        return self._parent[q * self._batch + self._index * self._block + r]
+        epochs, rows = np.divmod(np.arange(int(m) * self._batch, (int(m) + 1) * self._batch), len(self.table))
+        if self._shuffle:
+            rows = np.concatenate([self._order(int(e))[rows[epochs == e]] for e in np.unique(epochs)])
+        return self.table[rows]
 
     def __str__(self) -> str:
-        return f"ProcessBlocks({self._index}, {self._block} of {self._batch})"
+        return f"SlotBatches({len(self.table)} slots, {self._batch} a batch)"
 
 
 class SegmentCache:
@@ -293,6 +297,11 @@ class SampleWindow:
         return segment
 
     def __call__(self, slot, rng: np.random.Generator):
+        return self.draw(slot, rng.random())
+
+    def draw(self, slot, u: float):
+        """The span of ``slot`` whose start is the ``u``-quantile (``u`` in [0, 1)) of the slot
+        segment's start distribution."""
         first, clip_id, begin, end = (int(v) for v in slot)
         try:
             segment = self._segment(clip_id, begin, end)
@@ -301,7 +310,7 @@ class SampleWindow:
             return None
         cdf = segment["cdf"]
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
-        start = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+        start = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.size - 1)
         root, rotations = transforms.read_span(segment["root_position"], segment["rotations"], start,
                                                end - begin, self.span)
         out = {"root_position": root, "rotations": rotations, "length": np.int32(end - begin - start)}
@@ -310,6 +319,39 @@ class SampleWindow:
         if self.name_segment:  # rows of segment_rows: the first column is the segment
             out["segment"] = np.int32(first)
         return out
+
+
+class SampleBatch:
+    """``(slots [B, 4], rng) -> spans``: rows ``[index·b, (index+1)·b)`` of a global batch of slots
+    (``b = B / count``, process ``index`` of ``count``), each drawn by :class:`SampleWindow` and stacked
+    (``[b, ...]`` leaves).
+
+    Every process draws the whole batch's uniforms from the batch's generator and uses its rows', so
+    the blocks, concatenated in process order (the mesh's ``data`` axis), are the one-process batch.
+    A bad record's row takes another slot of ``table``, drawn from ``(a number of the batch's
+    generator, row, attempt)``: the same in any process."""
+
+    ATTEMPTS = 100
+
+    def __init__(self, sample: SampleWindow, table: np.ndarray, index: int = 0, count: int = 1):
+        self.sample, self.table, self._index, self._count = sample, table, index, count
+
+    def __call__(self, slots: np.ndarray, rng: np.random.Generator) -> dict:
+        u = rng.random(len(slots))
+        spare = int(rng.integers(2**62))  # the replacement draws' seed
+        b = len(slots) // self._count
+        rows = []
+        for r in range(self._index * b, (self._index + 1) * b):
+            span, attempt = self.sample.draw(slots[r], u[r]), 0
+            while span is None:  # a bad record: skipped and counted by SampleWindow
+                attempt += 1
+                if attempt > self.ATTEMPTS:
+                    raise records.BadRecordError(f"{self.ATTEMPTS} training draws in a row found no readable "
+                                                 f"record (see the warnings above)")
+                draw = np.random.default_rng((spare, r, attempt))
+                span = self.sample.draw(self.table[draw.integers(len(self.table))], draw.random())
+            rows.append(span)
+        return {k: np.stack([span[k] for span in rows]) for k in rows[0]}
 
 
 def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
@@ -348,10 +390,6 @@ def host_window(span: dict, cfg, skeleton, rng: np.random.Generator) -> dict:
     return out
 
 
-def _is_window(x) -> bool:
-    return x is not None
-
-
 class MakeExample:
     """``(windows [..., T, ...], rng) -> the batch dict``: the noise for all windows in one draw
     (:meth:`transforms.Noise.sample`), then :func:`transforms.make_example`."""
@@ -387,23 +425,23 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
                   process_count: int | None = None, rows: np.ndarray | None = None,
                   sampler: list | None = None) -> grain.IterDataset:
     """The host-side training stream of this process (numpy span batches of ``batch_size /
-    processes``): over :func:`slot_dataset`, or over ``rows`` (:func:`segment_rows`, repeated; batches
-    then hold each window's ``"segment" [B]``). ``sampler``: a list that gets the
-    :class:`SampleWindow` (its cache statistics, when it runs in this process)."""
+    processes``): over :func:`train_slots` (:class:`SlotBatches`), or over ``rows``
+    (:func:`segment_rows`, repeated in order; batches then hold each window's ``"segment" [B]``).
+    ``sampler``: a list that gets the :class:`SampleWindow` (its cache statistics, when it runs in
+    this process)."""
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    ds = slot_dataset(info, cfg, seed=seed) if rows is None else grain.MapDataset.source(rows).repeat()
-    # A window's generator is a function of its place in the global stream, before the blocks are taken.
+    _local_batch_size(cfg.batch_size, pc)
+    table = train_slots(info, cfg.window, cfg.dynamics_sampling) if rows is None else np.asarray(rows)
+    ds = SlotBatches(table, cfg.batch_size, seed=seed, shuffle=rows is None)
     sample = SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None)
     if sampler is not None:
         sampler.append(sample)
-    ds = ds.random_map(sample, seed=seed)
-    if pc > 1:
-        ds = ProcessBlocks(ds, cfg.batch_size, pi, pc)
+    # A batch's generator is a function of its place in the global stream: any process count.
+    ds = ds.random_map(SampleBatch(sample, table, pi, pc), seed=seed)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
-    ds = ds.filter(_is_window).to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    ds = ds.batch(_local_batch_size(cfg.batch_size, pc), drop_remainder=True)
+    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if cfg.worker_count > 0:
         from absl import flags
         if not flags.FLAGS.is_parsed():  # grain's multiprocessing reads absl flags
