@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from batches import equal, take
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
@@ -29,18 +30,10 @@ def info(cfg):
     return pipeline.dataset_info(cfg)
 
 
-def _take(it, n):
-    return [jax.tree.map(np.asarray, next(it)) for _ in range(n)]
-
-
-def _equal(a, b):
-    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
-
-
 def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
     its = [pipeline.make_train_iterator(cfg, info, seed=s) for s in (0, 0, 1)]
     try:
-        a, b, c = (_take(it, 3) for it in its)
+        a, b, c = (take(it, 3) for it in its)
     finally:
         for it in its:
             it.close()
@@ -49,25 +42,25 @@ def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
         "root_position": ((8, cfg.window, 3), np.float32), "rotations": ((8, cfg.window, j, 4), np.float32),
         "length": ((8,), np.int32), "offsets": ((8, j, 3), np.float32)}
     assert all(np.isfinite(v).all() for v in a[0].values()) and (a[0]["length"] > 0).all()
-    assert _equal(a, b) and not _equal(a, c)
+    assert equal(a, b) and not equal(a, c)
 
 
 def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
     it = pipeline.make_train_iterator(cfg, info, seed=3)
-    _take(it, 3)  # the prefetch buffers now hold batches 4, 5, ... that were not consumed
+    take(it, 3)  # the prefetch buffers now hold batches 4, 5, ... that were not consumed
     state = it.get_state()
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
         mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
         mngr.wait_until_finished()
-        expected = _take(it, 2)
+        expected = take(it, 2)
         it.close()
         fresh = pipeline.make_train_iterator(cfg, info, seed=3)
         fresh.set_state(state)
-        assert _equal(_take(fresh, 2), expected)
+        assert equal(take(fresh, 2), expected)
         fresh.close()
         restored = pipeline.make_train_iterator(cfg, info, seed=3)
         mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
-        assert _equal(_take(restored, 2), expected)
+        assert equal(take(restored, 2), expected)
         restored.close()
 
 
@@ -93,7 +86,7 @@ def test_process_blocks_are_the_one_process_batches(info, cfg, count):
     one = pipeline.train_dataset(cfg, info, seed=0)
     shares = [pipeline.train_dataset(cfg, info, seed=0, process_index=i, process_count=count)
               for i in range(count)]
-    for want, *parts in zip(_take(iter(one), 3), *(_take(iter(s), 3) for s in shares), strict=True):
+    for want, *parts in zip(take(iter(one), 3), *(take(iter(s), 3) for s in shares), strict=True):
         assert all(p["rotations"].shape[0] == cfg.batch_size // count for p in parts)
         for key in want:
             np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key], err_msg=key)
@@ -106,21 +99,21 @@ def test_device_prefetch_builds_global_sharded_batches(cfg, info):
     host = pipeline.make_train_iterator(cfg, info, seed=5)
     dev = pipeline.make_train_iterator(cfg, info, seed=5, shardings=shardings)
     try:
-        expected = _take(host, 3)
+        expected = take(host, 3)
         for want in expected:
             got = next(dev)
             assert sorted(got) == ["length", "root_position", "rotations"]  # only keys with shardings travel
             assert isinstance(got["rotations"], jax.Array) and got["rotations"].sharding == sharding
             assert len(got["rotations"].addressable_shards) == 8
-            assert _equal([jax.tree.map(np.asarray, got)], [want])
+            assert equal([jax.tree.map(np.asarray, got)], [want])
         state = dev.get_state()
-        after = _take(dev, 1)
+        after = take(dev, 1)
     finally:
         host.close()
         dev.close()
     again = pipeline.make_train_iterator(cfg, info, seed=5, shardings=shardings)
     again.set_state(state)
-    assert _equal(_take(again, 1), after)
+    assert equal(take(again, 1), after)
     again.close()
 
 
@@ -131,7 +124,7 @@ def test_one_worker_process_yields_the_in_process_stream(cfg, info):
     c.worker_count = 1
     worker = pipeline.make_train_iterator(c, info, seed=2)
     try:
-        assert _equal(_take(worker, 2), _take(local, 2))
+        assert equal(take(worker, 2), take(local, 2))
     finally:
         local.close()
         worker.close()
@@ -150,7 +143,7 @@ def test_eval_batches_cover_the_split_deterministically(cfg, info):
             np.testing.assert_array_equal(b["noisy"], b["clean"])  # noise level 0: clean input
             assert b["mask"].sum() == 0
     noisy = pipeline.make_eval_batches(cfg, info, "test", noise_level=1.0)
-    assert _equal(noisy, pipeline.make_eval_batches(cfg, info, "test", noise_level=1.0))
+    assert equal(noisy, pipeline.make_eval_batches(cfg, info, "test", noise_level=1.0))
     assert not np.array_equal(noisy[0]["noisy"], noisy[0]["clean"])
 
 
@@ -297,7 +290,7 @@ def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog)
     writer.close()
     it = pipeline.make_train_iterator(cfg, info, seed=0)
     with caplog.at_level(logging.WARNING):
-        batches = _take(it, 4)
+        batches = take(it, 4)
     it.close()
     assert all(np.isfinite(b["root_position"]).all() for b in batches)
     assert "humanoid3d_cartwheel" in caplog.text and "NaN" in caplog.text
@@ -305,7 +298,7 @@ def test_bad_records_in_shards_are_skipped_with_a_warning(cfg, tmp_path, caplog)
     strict.strict = True
     it = pipeline.make_train_iterator(strict, info, seed=0)
     with pytest.raises(records.BadRecordError, match="humanoid3d_cartwheel"):
-        _take(it, 4)
+        take(it, 4)
     it.close()
 
 
@@ -395,10 +388,10 @@ def test_a_small_host_cache_still_yields_the_same_spans(cfg, info):
     its = {k: pipeline.make_train_iterator(c, info, seed=4, sampler=samplers[k])
            for k, c in (("all", cfg), ("tiny", tiny))}
     try:
-        got = {k: _take(it, 6) for k, it in its.items()}
+        got = {k: take(it, 6) for k, it in its.items()}
     finally:
         for it in its.values():
             it.close()
-    assert _equal(got["all"], got["tiny"])
+    assert equal(got["all"], got["tiny"])
     full, small = (samplers[k][0].cache.stats() for k in ("all", "tiny"))
     assert small["hit_rate"] < full["hit_rate"] and small["evictions"] > 0 and full["evictions"] == 0

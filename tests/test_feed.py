@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from batches import equal, take
 
 from experiments.base import get_config
 from motionjax.data import augment, feed, pipeline, resident, transforms
@@ -25,14 +26,6 @@ def cfg(deepmimic_dir):
 @pytest.fixture(scope="module")
 def info(cfg):
     return pipeline.dataset_info(cfg)
-
-
-def _take(it, n):
-    return [jax.tree.map(np.asarray, next(it)) for _ in range(n)]
-
-
-def _equal(a, b):
-    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
 
 
 def _spans(cfg, info, seed=0):
@@ -102,7 +95,7 @@ def test_the_draws_follow_the_configured_distributions(cfg, info):
 def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info, mode):
     its = [feed.Feed(cfg, info, seed=s, mode=mode) for s in (0, 0, 1)]
     try:
-        a, b, c = (_take(it, 3) for it in its)
+        a, b, c = (take(it, 3) for it in its)
     finally:
         for it in its:
             it.close()
@@ -111,7 +104,7 @@ def test_batches_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info,
         "noisy": (8, n, cfg.chunk, f), "clean": (8, n, cfg.chunk, f), "valid": (8, n, cfg.chunk, 1),
         "offsets": (8, info.skeleton.num_joints, 3)}
     assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in a[0].values())
-    assert _equal(a, b) and not _equal(a, c)
+    assert equal(a, b) and not equal(a, c)
     # Clean features are standardized with the stored stats: roughly zero mean, unit scale.
     clean = np.concatenate([x["clean"] for x in a]).reshape(-1, f)
     assert abs(clean.mean()) < 0.2 and 0.5 < clean.std() < 1.5
@@ -128,7 +121,7 @@ def test_both_tiers_and_the_host_loader_draw_the_same_distribution(cfg, info):
     got = {}
     for mode in ("device", "stream"):
         it = feed.Feed(cfg, info, seed=3, mode=mode)
-        got[mode] = moments(_take(it, 60))
+        got[mode] = moments(take(it, 60))
         it.close()
     naive = pipeline.make_naive_train_iterator(cfg, info, seed=3)
     got["host"] = moments([next(naive) for _ in range(60)])
@@ -174,20 +167,20 @@ def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, 
 @pytest.mark.parametrize("mode", ["device", "stream"])
 def test_resume_is_exact_through_orbax(cfg, info, tmp_path, mode):
     it = feed.Feed(cfg, info, seed=3, mode=mode)
-    _take(it, 3)
+    take(it, 3)
     state = it.get_state()
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
         mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
         mngr.wait_until_finished()
-        expected = _take(it, 2)
+        expected = take(it, 2)
         it.close()
         fresh = feed.Feed(cfg, info, seed=3, mode=mode)
         fresh.set_state(state)
-        assert _equal(_take(fresh, 2), expected)
+        assert equal(take(fresh, 2), expected)
         fresh.close()
         restored = feed.Feed(cfg, info, seed=3, mode=mode)
         mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
-        assert _equal(_take(restored, 2), expected)
+        assert equal(take(restored, 2), expected)
         restored.close()
 
 
@@ -219,7 +212,7 @@ def test_residency_auto_streams_what_does_not_fit_and_device_refuses_it(cfg, inf
         feed.choose_residency(small, info)
     # A stream saved under one tier resumes under the other with a warning, not silently.
     it = feed.Feed(cfg, info, seed=0, mode="device")
-    _take(it, 2)
+    take(it, 2)
     other = feed.Feed(cfg, info, seed=0, mode="stream")
     with caplog.at_level(logging.WARNING):
         other.set_state(it.get_state())
@@ -245,12 +238,12 @@ def test_loss_aware_draws_on_the_device_follow_the_error_table(cfg, info):
     c.update(loss_sampling=0.9, loss_block=2, batch_size=64)
     it = feed.Feed(c, info, seed=0, mode="device")
     assert "segment" in feed.batch_keys(c)
-    first = _take(it, 2)
+    first = take(it, 2)
     hot = int(first[0]["segment"][0])
     for step, batch in enumerate(first, start=1):
         errors = np.where(batch["segment"] == hot, 1.0, 0.001)
         it.record(step, batch["segment"], errors)
-    block = _take(it, 2)  # steps 3-4: drawn from the table of steps 1-2
+    block = take(it, 2)  # steps 3-4: drawn from the table of steps 1-2
     q = it.table.probabilities(2)
     draws = np.concatenate([b["segment"] for b in block])
     p = q[hot]
