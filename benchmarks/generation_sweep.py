@@ -10,6 +10,12 @@ FID, label accuracy, foot skating, root residual force and torque, jitter, floor
 ``docs/results/generation_dynamics_sweep.json`` (every run, and each weight's change against weight 0 of
 the same seed) and ``.png`` (the changes per seed), and prints the table. Target: >= 30% less skating and
 root residual force at <= +5% FID against weight 0.
+
+``--physics-guidance 0,0.5,1,2`` sweeps the other place the issue names instead, sampling-time physics
+guidance (``generation.physics_guidance``, :func:`motionjax.generation.flow.physics_cost`): nothing is
+trained; the run's own generator (``WORKDIR/generator.npz``) samples validation at each scale, one
+sampling seed per ``--seeds``, each scale's change against scale 0 of the same seed
+(``--out docs/results/generation_guidance_sweep``).
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ def main(argv=None) -> dict:
                    "decodes (generation.dynamics_batch)")
     p.add_argument("--repeats", type=int, default=1, help="samplings per evaluation (mean; FID's spread)")
     p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
+    p.add_argument("--physics-guidance", default="", help="physics guidance scales to sweep at sampling "
+                   "time with the run's generator (then --weights, --steps, --dim, --depth do not apply)")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
     p.add_argument("--tradeoff", nargs="*", default=None, help="only plot the FID change against the physics "
                    "change of these sweep JSON files into OUT.png (no training)")
@@ -73,7 +81,8 @@ def main(argv=None) -> dict:
         plot_tradeoff([json.loads(Path(f).read_text()) for f in args.tradeoff], out.with_suffix(".png"))
         return {}
     config = experiments.load(args.config)
-    weights = [float(w) for w in args.weights.split(",")]
+    sampling = bool(args.physics_guidance)
+    weights = [float(w) for w in (args.physics_guidance if sampling else args.weights).split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     workdir = Path(args.workdir)
     s = run.setup(config, workdir)
@@ -85,16 +94,23 @@ def main(argv=None) -> dict:
     else:
         scales = (config.generation.content_scale, config.generation.style_scale)
     runs = []
+    if sampling:  # the run's generator, as trained by make train
+        trained, _ = run.fit_generator(s, config.generation, config.seed, workdir / "generator")
+        g = config.generation
+        args.steps, args.dim, args.depth = g.steps, g.dim, g.depth
     for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
         for w in weights:
-            g = run.generator_config(config, w)
-            g.steps, g.dynamics_batch, g.dim, g.depth = args.steps, args.dynamics_batch, args.dim, args.depth
             clock = time.perf_counter()
-            model, report = run.fit_generator(
-                s, g, seed, workdir / "sweep" / (f"w{w:g}_seed{seed}_steps{args.steps}"
-                                                  f"_dim{args.dim}_depth{args.depth}")
-            )
-            train_s = time.perf_counter() - clock
+            if sampling:
+                model, report = (trained, w), {}
+            else:
+                g = run.generator_config(config, w)
+                g.update(steps=args.steps, dynamics_batch=args.dynamics_batch, dim=args.dim, depth=args.depth)
+                model, report = run.fit_generator(
+                    s, g, seed, workdir / "sweep" / (f"w{w:g}_seed{seed}_steps{args.steps}"
+                                                      f"_dim{args.dim}_depth{args.depth}")
+                )
+            train_s, clock = time.perf_counter() - clock, time.perf_counter()
             rows = run.evaluate_split(
                 s,
                 "validation",
@@ -111,7 +127,8 @@ def main(argv=None) -> dict:
                     "weight": w,
                     "seed": seed,
                     "steps": args.steps,
-                    "train_s": train_s,
+                    "train_s": None if sampling else train_s,
+                    "evaluation_s": time.perf_counter() - clock,
                     "steps_per_s": report.get("steps_per_s"),
                     **row,
                 }
@@ -127,6 +144,7 @@ def main(argv=None) -> dict:
     summary = {
         "command": "python benchmarks/generation_sweep.py " + " ".join(argv or sys.argv[1:]),
         "split": "validation",
+        "sweeps": "physics guidance scale at sampling" if sampling else "dynamics loss weight in training",
         "guidance": list(scales),
         "steps": args.steps,
         "weights": weights,
@@ -178,10 +196,11 @@ def plot(summary: dict, path) -> None:
             ax.axhline(100 * TARGET[k], color="C3", ls="--", lw=1, label="target")
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xticks(range(len(weights)), [f"{w:g}" for w in weights])
-        ax.set(title=k, xlabel="dynamics weight", ylabel="% vs weight 0")
+        ax.set(title=k, xlabel=summary.get("sweeps", "dynamics loss weight"), ylabel="% vs 0")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"dynamics loss on decoded samples, validation, {summary['steps']} steps")
+    fig.suptitle(f"{summary.get('sweeps', 'dynamics loss weight')}, validation, generator of "
+                 f"{summary['steps']} steps")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,12 +15,21 @@ The dynamics loss on invented motion (``dynamics_weight > 0``): the one-step est
 :func:`motionjax.core.dynamics.dynamics_loss` (velocity consistency, generalized forces ``Jᵀ m (a − g)``
 matched to the real motion's, jerk; ``config.loss.dynamics``'s term weights) is added per window, weighted
 by ``t`` (an estimate made from near noise is a blur of many motions).
+
+Physics guidance at sampling time (``physics_guidance > 0``; after Chung et al. 2023's guidance through
+the one-step estimate, as motion generators use it for foot contact, e.g. GMD, Karunratanakul et al.
+2023): in the last ``1 − guide_from`` of the Euler steps the velocity is pushed down the gradient of
+:func:`physics_cost` of the decoded estimate ``x̂₁`` (the gradient taken at ``x̂₁``, not through the
+network), normalized per window to unit RMS so the scale is in the velocity's own units. Unlike the
+loss, it needs no real motion to compare with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +39,7 @@ from flax import nnx
 
 from motionjax.core import dynamics
 from motionjax.core.features import destandardize, unpack
+from motionjax.core.kinematics import forward_kinematics
 from motionjax.evaluation import generative
 from motionjax.generation.model import FlowTransformer
 
@@ -86,6 +96,50 @@ def physics_term(codec, codec_state, stats: LatentStats, info, fps: float, term_
         return jnp.mean(t * losses)
 
     return term
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static argument of the sampler
+class PhysicsCost:
+    """``cost(z [B, L, D]) -> [B]`` as ``fn(params, z)``: the frozen decoder's weights and the statistics
+    travel as ``params`` (arguments of the compiled sampler, not constants XLA would fold)."""
+
+    fn: Callable
+    params: dict
+
+    def __call__(self, z):
+        return self.fn(self.params, z)
+
+
+def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet) -> PhysicsCost:
+    """``z [B, L, D]`` (standardized latents) -> ``[B]``: what a decoded sample must answer for physically,
+    with no real motion to compare with. Per window, the mean over inner frames of
+
+    * ``‖τ_root − g·up‖² / g²``: the root residual force (the root's part of ``τ = Jᵀ m (a − g)``,
+      :func:`motionjax.core.dynamics.generalized_forces`, blocked) beyond the 9.81 N/kg that standing
+      needs, i.e. the body's centre-of-mass acceleration, which only contact can supply;
+    * ``c · |v_h|² / (1 m/s)²`` over ``feet``: the horizontal speed of each foot joint weighted by a soft
+      contact ``c = σ((contact_m − lift) / (contact_m / 4))`` (``lift``: height above its planted height,
+      :class:`motionjax.evaluation.plausibility.Feet`): sliding while planted.
+    """
+    sk, up, joints = info.skeleton, info.skeleton.up_axis, np.asarray(feet.joints)
+    params = {"codec": codec_state, "z_mean": jnp.asarray(stats.mean), "z_std": jnp.asarray(stats.std),
+              "mean": jnp.asarray(info.mean, jnp.float32), "std": jnp.asarray(info.std, jnp.float32),
+              "floor": jnp.asarray(feet.floor, jnp.float32)}
+
+    def cost(p, z):
+        x = codec.decode_fn(p["codec"], z * p["z_std"] + p["z_mean"])  # [B, N, C, F]
+        x = destandardize(x.reshape(x.shape[0], -1, x.shape[-1]), p["mean"], p["std"])
+        root, rotations = unpack(sk, x)
+        standing = jnp.zeros(3, x.dtype).at[up].set(dynamics.GRAVITY)
+        tau = dynamics.generalized_forces(sk, root, rotations, fps)[:, 1:-1, 0]  # [B, T-2, 3]: inner frames
+        force = jnp.mean(jnp.sum((tau - standing) ** 2, -1), -1) / dynamics.GRAVITY**2
+        foot = forward_kinematics(sk, rotations, root)[0][:, :, joints]  # [B, T, K, 3]
+        speed = jnp.delete((foot[:, 2:] - foot[:, :-2]) * (fps / 2), up, axis=-1)  # [B, T-2, K, 2]
+        lift = foot[:, 1:-1, :, up] - p["floor"]
+        contact = jax.nn.sigmoid((feet.contact_m - lift) / (feet.contact_m / 4))
+        return force + jnp.mean(contact * jnp.sum(speed**2, -1), (1, 2))
+
+    return PhysicsCost(cost, params)
 
 
 def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log=None):
@@ -154,8 +208,9 @@ def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log
     return model, {"steps_per_s": rate, "history": history}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps"))
-def _sample(graphdef, params, noise, labels, scales, steps: int):
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from"))
+def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, guide_params=None,
+            guide_scale=0.0, guide_from=0.5):
     model = nnx.merge(graphdef, params)
     b, n_keys = labels.shape
     none = jnp.asarray(model.classes, labels.dtype)
@@ -169,18 +224,32 @@ def _sample(graphdef, params, noise, labels, scales, steps: int):
         t = jnp.full(((n_keys + 1) * b,), i / steps, jnp.float32)
         v = model(jnp.tile(x, (n_keys + 1, 1, 1)), t, chain).reshape(n_keys + 1, b, *x.shape[1:])
         guided = v[0] + sum(scales[k] * (v[k + 1] - v[k]) for k in range(n_keys))
+        if guide is not None:  # physics guidance at the one-step estimate of the clean latent
+            x1_hat = x + (1 - i / steps) * guided
+
+            def push(z):
+                grad = jax.grad(lambda z: jnp.sum(guide(guide_params, z)))(z)
+                return grad / (jnp.sqrt(jnp.mean(grad**2, axis=(1, 2), keepdims=True)) + 1e-12)
+
+            on = i >= int(np.ceil(guide_from * steps))
+            guided = guided - guide_scale * jax.lax.cond(on, push, jnp.zeros_like, x1_hat)
         return x + guided / steps
 
     return jax.lax.fori_loop(0, steps, body, noise)
 
 
-def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128) -> np.ndarray:
+def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128, guide=None,
+           guide_scale: float = 0.0, guide_from: float = 0.5) -> np.ndarray:
     """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: Euler steps of the guided flow
-    from Gaussian noise (``key``); ``scales`` one guidance scale per label key."""
+    from Gaussian noise (``key``); ``scales`` one guidance scale per label key; ``guide``
+    (:func:`physics_cost`, the same object each call: it is part of the compiled program's key) with
+    ``guide_scale > 0``: physics guidance from ``t = guide_from`` on."""
     labels = np.asarray(labels, np.int32)
     graphdef, params = nnx.split(model)
     length, d = model.position.shape[0], model.head.out_features
     noise = np.asarray(jax.random.normal(key, (len(labels), length, d)))
     scales = jnp.asarray(scales, jnp.float32)
-    run = lambda x, y: _sample(graphdef, params, x, y, scales, steps)  # noqa: E731
+    fn, guide_params = (guide.fn, guide.params) if guide is not None and guide_scale > 0 else (None, None)
+    run = lambda x, y: _sample(graphdef, params, x, y, scales, steps, fn, guide_params,  # noqa: E731
+                               jnp.float32(guide_scale), float(guide_from))
     return generative.in_batches(run, batch, noise, labels)

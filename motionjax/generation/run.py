@@ -6,7 +6,8 @@ section, e.g. ``experiments/generate.py``), readable top to bottom:
 3. the evaluator (:mod:`motionjax.evaluation.generative`), trained once (``WORKDIR/evaluator.*``);
 4. the generator (:mod:`.flow`), trained once (``WORKDIR/generator.npz``; with the dynamics loss on, also
    the same generator without it, ``WORKDIR/no_dynamics.npz``);
-5. the guidance scales chosen on validation (lowest FID);
+5. the guidance scales chosen on validation (lowest FID); with physics guidance on
+   (``generation.physics_guidance``), the same generator sampled without it too (``no_physics``);
 6. the table on test and on the unseen (content, style) pairs: the generator, the real windows (the
    ceiling), a retrieval baseline that copies a training window of the same labels, and the autoencoder's
    own reconstruction of the real windows; each with FID, label accuracy, diversity, multimodality and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -72,6 +74,12 @@ class Setup:
                 )
             out.append([index[v] for v in windows.labels[key]])
         return np.array(out, np.int32).T
+
+    @functools.cached_property
+    def guide(self):
+        """:func:`.flow.physics_cost` of this experiment (one object: it keys the compiled sampler)."""
+        return flow.physics_cost(self.codec, self.codec.state, self.stats, self.info, float(self.info.fps),
+                                 self.feet)
 
     def score(self, x, offsets=None, valid=None) -> dict:
         """Evaluator features, predicted classes and plausibility window sums of standardized features
@@ -264,9 +272,13 @@ def fit_generator(s: Setup, g, seed: int, path: Path | None = None):
     return model, report
 
 
-def generate(s: Setup, model, labels, scales, key) -> np.ndarray:
-    """Standardized features ``[B, N, C, F]`` of samples for class ids ``labels [B, n_keys]``."""
-    z = flow.sample(model, labels, scales, s.config.generation.sample_steps, key)
+def generate(s: Setup, model, labels, scales, key, physics: float | None = None) -> np.ndarray:
+    """Standardized features ``[B, N, C, F]`` of samples for class ids ``labels [B, n_keys]``; ``physics``:
+    the physics guidance scale (None: ``generation.physics_guidance``)."""
+    g = s.config.generation
+    physics = g.get("physics_guidance", 0.0) if physics is None else physics
+    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=s.guide if physics > 0 else None,
+                    guide_scale=physics, guide_from=g.get("physics_guidance_from", 0.5))
     return s.codec.decode(s.stats.raw(z))
 
 
@@ -318,10 +330,13 @@ def evaluate_split(
     repeats: int,
     multimodality: bool = True,
     references: bool = True,
+    physics: float | None = None,
 ) -> dict:
-    """``{method: row}`` on ``split``: each generator (``{name: model}``) and (``references``) ``real``,
-    ``retrieval`` and ``autoencoder``. A generator samples one window per real window of the split, with its
-    labels, ``repeats`` times; multimodality from ``multimodality_samples`` samples of each condition."""
+    """``{method: row}`` on ``split``: each generator (``{name: model}``, or ``{name: (model, physics
+    guidance scale)}``) and (``references``) ``real``, ``retrieval`` and ``autoencoder``. A generator
+    samples one window per real window of the split, with its labels, ``repeats`` times; multimodality
+    from ``multimodality_samples`` samples of each condition. ``physics``: the guidance scale of a bare
+    model (None: the config's)."""
     g, w = s.config.generation, s.splits[split]
     labels = s.encode_labels(w)
     rng = np.random.default_rng(seed)
@@ -331,12 +346,14 @@ def evaluate_split(
     rows = {}
     key = jax.random.key(seed)
     for name, model in generators.items():
+        model, guidance = model if isinstance(model, tuple) else (model, physics)
         scored = [
-            s.score(generate(s, model, labels, scales, jax.random.fold_in(key, r))) for r in range(repeats)
+            s.score(generate(s, model, labels, scales, jax.random.fold_in(key, r), guidance))
+            for r in range(repeats)
         ]
         mm = float("nan")
         if multimodality:
-            f = s.score(generate(s, model, per_condition, scales, jax.random.fold_in(key, 10_000)))[
+            f = s.score(generate(s, model, per_condition, scales, jax.random.fold_in(key, 10_000), guidance))[
                 "features"
             ]
             mm = generative.multimodality(f, mm_ids, g.multimodality_size, rng)
@@ -442,6 +459,8 @@ def run_experiment(config, workdir) -> dict:
     clock = time.perf_counter()
     scales, tried = choose_guidance(s, generators["generator"], config.seed)
     log(f"guidance chosen on validation: content {scales[0]:g}, style {scales[-1]:g}")
+    if g.get("physics_guidance", 0.0) > 0:  # the same samples' generator without it: the verdict's reference
+        generators["no_physics"] = (generators["generator"], 0.0)
     results = {}
     for split in ("test", "unseen_pairs"):
         if split in s.splits:
