@@ -72,6 +72,8 @@ def main(argv=None) -> dict:
     p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
     p.add_argument("--physics-guidance", default="", help="physics guidance scales to sweep at sampling "
                    "time with the run's generator (then --weights, --steps, --dim, --depth do not apply)")
+    p.add_argument("--splits", default="validation", help="comma-separated splits scored; choose on "
+                   "validation, then score test / unseen_pairs once with the chosen setting and 0")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
     p.add_argument("--tradeoff", nargs="*", default=None, help="only plot the FID change against the physics "
                    "change of these sweep JSON files into OUT.png (no training)")
@@ -110,40 +112,43 @@ def main(argv=None) -> dict:
                     s, g, seed, workdir / "sweep" / (f"w{w:g}_seed{seed}_steps{args.steps}"
                                                       f"_dim{args.dim}_depth{args.depth}")
                 )
-            train_s, clock = time.perf_counter() - clock, time.perf_counter()
-            rows = run.evaluate_split(
-                s,
-                "validation",
-                {"generator": model},
-                scales,
-                seed=100 + seed,
-                repeats=args.repeats,
-                multimodality=False,
-                references=False,
-            )
-            row = {k: rows["generator"][k] for k in METRICS}
-            runs.append(
-                {
-                    "weight": w,
-                    "seed": seed,
-                    "steps": args.steps,
-                    "train_s": None if sampling else train_s,
-                    "evaluation_s": time.perf_counter() - clock,
-                    "steps_per_s": report.get("steps_per_s"),
-                    **row,
-                }
-            )
-            print(json.dumps(runs[-1]), flush=True)
+            train_s = time.perf_counter() - clock
+            for split in args.splits.split(","):
+                clock = time.perf_counter()
+                rows = run.evaluate_split(
+                    s,
+                    split,
+                    {"generator": model},
+                    scales,
+                    seed=100 + seed,
+                    repeats=args.repeats,
+                    multimodality=False,
+                    references=False,
+                )
+                row = {k: rows["generator"][k] for k in METRICS}
+                runs.append(
+                    {
+                        "weight": w,
+                        "seed": seed,
+                        "split": split,
+                        "steps": args.steps,
+                        "train_s": None if sampling else train_s,
+                        "evaluation_s": time.perf_counter() - clock,
+                        "steps_per_s": report.get("steps_per_s"),
+                        **row,
+                    }
+                )
+                print(json.dumps(runs[-1]), flush=True)
             partial = REPO / f"{args.out}.partial.json" if not Path(args.out).is_absolute() else Path(
                 f"{args.out}.partial.json")
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(runs, indent=1))  # what a run cut short still leaves
     for r in runs:
-        base = next(b for b in runs if b["seed"] == r["seed"] and b["weight"] == 0)
+        base = next(b for b in runs if (b["seed"], b["split"], b["weight"]) == (r["seed"], r["split"], 0))
         r["change"] = {k: r[k] / base[k] - 1 if base[k] else float("nan") for k in METRICS}
     summary = {
         "command": "python benchmarks/generation_sweep.py " + " ".join(argv or sys.argv[1:]),
-        "split": "validation",
+        "splits": args.splits.split(","),
         "sweeps": "physics guidance scale at sampling" if sampling else "dynamics loss weight in training",
         "guidance": list(scales),
         "steps": args.steps,
@@ -154,16 +159,21 @@ def main(argv=None) -> dict:
         "dynamics_terms": dict(config.loss.dynamics),
         "target": TARGET,
         "runs": runs,
-        "mean_change": {
-            f"{w:g}": {k: float(np.mean([r["change"][k] for r in runs if r["weight"] == w])) for k in METRICS}
-            for w in weights
-            if w
+        "mean_change": {  # {split: {setting: {metric: mean change over seeds}}}
+            split: {
+                f"{w:g}": {k: float(np.mean([r["change"][k] for r in rs if r["weight"] == w]))
+                           for k in METRICS}
+                for w in weights
+                if w
+            }
+            for split in args.splits.split(",")
+            for rs in [[r for r in runs if r["split"] == split]]
         },
     }
-    lines = [f"{'weight':>7s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
+    lines = [f"{'split':12s} {'weight':>7s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
     for r in runs:
         lines.append(
-            f"{r['weight']:7g} {r['seed']:4d} "
+            f"{r['split']:12s} {r['weight']:7g} {r['seed']:4d} "
             + " ".join(f"{r[k]:8.3f} {100 * r['change'][k]:+4.0f}%" for k in METRICS)
         )
     summary["table"] = lines
@@ -185,10 +195,12 @@ def plot(summary: dict, path) -> None:
     shown = ("foot_skate", "root_force", "root_torque", "fid")
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), sharey=False)
     weights = [w for w in summary["weights"] if w]
+    first = summary.get("splits", ["validation"])[0]  # the split of the sweep (the first one scored)
     for ax, k in zip(axes, shown, strict=True):
         for seed in summary["seeds"]:
             ys = [
-                100 * next(r["change"][k] for r in summary["runs"] if r["weight"] == w and r["seed"] == seed)
+                100 * next(r["change"][k] for r in summary["runs"]
+                           if (r["weight"], r["seed"], r.get("split", "validation")) == (w, seed, first))
                 for w in weights
             ]
             ax.plot(range(len(weights)), ys, "o-", label=f"seed {seed}")

@@ -152,8 +152,10 @@ def get_config(arg: str | None = None):
     g.foot_weight = 0.0  # the foot-skating term of motionjax.losses on the same pair
     # Physics guidance at sampling time (motionjax.generation.flow.physics_cost: the root residual force
     # of the dynamics module beyond standing, and foot sliding on soft contact, of the decoded one-step
-    # estimate), from t = physics_guidance_from on; the scale is in the velocity's units. 0 = off.
-    g.physics_guidance = 0.0
+    # estimate), from t = physics_guidance_from on; the scale is in the velocity's units. 0 = off. Chosen
+    # on validation (benchmarks/generation_sweep.py --physics-guidance, docs/generation.md); the table
+    # also samples the same generator without it (the no_physics rows).
+    g.physics_guidance = 0.5
     g.physics_guidance_from = 0.5
     # The evaluator (motionjax.evaluation.generative): a temporal conv classifier of both labels.
     g.evaluator = ml_collections.ConfigDict(

@@ -33,7 +33,8 @@ def test_end_to_end_writes_the_table_and_samples(run):
     workdir, summary = run
     assert set(summary["results"]) == {"test", "unseen_pairs"}
     for split, rows in summary["results"].items():
-        assert set(rows) == {"generator", "retrieval", "real", "autoencoder"}, split
+        # physics guidance is on in the config: the same generator without it is the no_physics row
+        assert set(rows) == {"generator", "no_physics", "retrieval", "real", "autoencoder"}, split
         for method, row in rows.items():
             assert np.isfinite(row["fid"]) and row["fid"] >= 0, (split, method)
             assert 0 <= row["accuracy_content"] <= 1
