@@ -4,12 +4,10 @@ records in the stream, dynamics-weighted sampling, the host segment cache, and t
 (speed, reversal, pose offset) in numpy. The device side of training batches: tests/test_feed.py."""
 import logging
 
-import grain
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from batches import equal, take
+from batches import assert_resumes_exactly, equal, take
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments.base import get_config
@@ -46,22 +44,7 @@ def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
 
 
 def test_resume_is_exact_through_prefetch_and_orbax(cfg, info, tmp_path):
-    it = pipeline.make_train_iterator(cfg, info, seed=3)
-    take(it, 3)  # the prefetch buffers now hold batches 4, 5, ... that were not consumed
-    state = it.get_state()
-    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-        mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
-        mngr.wait_until_finished()
-        expected = take(it, 2)
-        it.close()
-        fresh = pipeline.make_train_iterator(cfg, info, seed=3)
-        fresh.set_state(state)
-        assert equal(take(fresh, 2), expected)
-        fresh.close()
-        restored = pipeline.make_train_iterator(cfg, info, seed=3)
-        mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
-        assert equal(take(restored, 2), expected)
-        restored.close()
+    assert_resumes_exactly(lambda: pipeline.make_train_iterator(cfg, info, seed=3), tmp_path / "ckpt")
 
 
 def test_slot_batches_visit_every_slot_once_an_epoch_in_a_new_order():

@@ -3,13 +3,11 @@ on fixed keys, the draws' distributions, both residency tiers (the corpus on the
 streamed by Grain), exact resume, independence of the device count, and where the corpus lives."""
 import logging
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from batches import equal, take
+from batches import assert_resumes_exactly, equal, take
 
 from experiments.base import get_config
 from motionjax.data import augment, feed, pipeline, resident, transforms
@@ -166,22 +164,7 @@ def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, 
 
 @pytest.mark.parametrize("mode", ["device", "stream"])
 def test_resume_is_exact_through_orbax(cfg, info, tmp_path, mode):
-    it = feed.Feed(cfg, info, seed=3, mode=mode)
-    take(it, 3)
-    state = it.get_state()
-    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-        mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
-        mngr.wait_until_finished()
-        expected = take(it, 2)
-        it.close()
-        fresh = feed.Feed(cfg, info, seed=3, mode=mode)
-        fresh.set_state(state)
-        assert equal(take(fresh, 2), expected)
-        fresh.close()
-        restored = feed.Feed(cfg, info, seed=3, mode=mode)
-        mngr.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(restored)))
-        assert equal(take(restored, 2), expected)
-        restored.close()
+    assert_resumes_exactly(lambda: feed.Feed(cfg, info, seed=3, mode=mode), tmp_path / "ckpt")
 
 
 def test_a_mesh_of_eight_devices_gets_the_one_device_batches(cfg, info):
