@@ -171,14 +171,16 @@ def _motion_terms(skeleton, root_position, rotations, fps, jacobian, time_axis_n
     return predicted_velocity - velocity, generalized, jerk
 
 
-def generalized_forces(skeleton: Skeleton, root_position, rotations, fps: float, offsets=None):
+def generalized_forces(skeleton: Skeleton, root_position, rotations, fps: float, offsets=None, fk=None):
     """The loss's own ``τ = Jᵀ m (a − g)`` of a motion: ``root_position [B, T, 3]``, ``rotations
     [B, T, J, 4]`` -> ``[B, T, J + 1, 3]`` (N per kg of body: the root force, then each joint's
     torque; the blocked backend). Edge frames use edge copies: mask them with ``stencil_valid(.., 1)``.
-    ``offsets``: optional ``[B, J, 3]`` rest offsets of each window's clip."""
+    ``offsets``: optional ``[B, J, 3]`` rest offsets of each window's clip; ``fk``: the motion's
+    ``(positions [B, T, J, 3], world rotations [B, T, J, 4])`` when the caller already ran
+    :func:`motionjax.core.kinematics.forward_kinematics` on it (on the same offsets)."""
     if offsets is not None:
         offsets = jnp.asarray(offsets, rotations.dtype)[:, None]
-    tau = _motion_terms(skeleton, root_position, rotations, fps, "blocked", None, forces_only=True,
+    tau = _motion_terms(skeleton, root_position, rotations, fps, "blocked", None, forces_only=True, fk=fk,
                         offsets=offsets)[1]  # [3, J + 1, B, T]
     root_force, torques = jnp.moveaxis(tau[:, 0], 0, -1), K.from_tree_layout(skeleton, tau[:, 1:])
     return jnp.concatenate([root_force[..., None, :], torques], axis=-2)

@@ -82,7 +82,8 @@ def plausibility_sums(skeleton: Skeleton, fps: float, feet: Feet, root, rotation
     b, t = root.shape[:2]
     valid = jnp.ones((b, t), bool) if valid is None else jnp.asarray(valid).astype(bool)
     bones = None if offsets is None else jnp.asarray(offsets, jnp.float32)[:, None]
-    pos = forward_kinematics(skeleton, rotations, root, bones)[0]  # [B, T, J, 3]
+    fk = forward_kinematics(skeleton, rotations, root, bones)  # once, for the metrics and the forces
+    pos = fk[0]  # [B, T, J, 3]
     up = skeleton.up_axis
     total = lambda x, where: (
         jnp.sum(jnp.where(where, x, 0.0), axis=tuple(range(1, x.ndim))),
@@ -104,7 +105,7 @@ def plausibility_sums(skeleton: Skeleton, fps: float, feet: Feet, root, rotation
     rest = jnp.linalg.norm(
         jnp.asarray(skeleton.offsets, jnp.float32)[1:] if bones is None else bones[..., 1:, :], axis=-1
     )
-    tau = dynamics.generalized_forces(skeleton, root, rotations, fps, offsets)  # [B, T, J + 1, 3]
+    tau = dynamics.generalized_forces(skeleton, root, rotations, fps, offsets, fk=fk)  # [B, T, J + 1, 3]
     return {
         "foot_skate": (lambda s: (100 * s[0], s[1]))(total(horizontal, contact & inner[..., None])),
         "penetration": (lambda s: (100 * s[0], s[1]))(total(jnp.maximum(-lowest, 0.0), valid)),

@@ -131,9 +131,10 @@ def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet)
         x = destandardize(x.reshape(x.shape[0], -1, x.shape[-1]), p["mean"], p["std"])
         root, rotations = unpack(sk, x)
         standing = jnp.zeros(3, x.dtype).at[up].set(dynamics.GRAVITY)
-        tau = dynamics.generalized_forces(sk, root, rotations, fps)[:, 1:-1, 0]  # [B, T-2, 3]: inner frames
+        fk = forward_kinematics(sk, rotations, root)  # once, for the forces and the feet
+        tau = dynamics.generalized_forces(sk, root, rotations, fps, fk=fk)[:, 1:-1, 0]  # [B, T-2, 3]: inner
         force = jnp.mean(jnp.sum((tau - standing) ** 2, -1), -1) / dynamics.GRAVITY**2
-        foot = forward_kinematics(sk, rotations, root)[0][:, :, joints]  # [B, T, K, 3]
+        foot = fk[0][:, :, joints]  # [B, T, K, 3]
         speed = jnp.delete((foot[:, 2:] - foot[:, :-2]) * (fps / 2), up, axis=-1)  # [B, T-2, K, 2]
         lift = foot[:, 1:-1, :, up] - p["floor"]
         contact = jax.nn.sigmoid((feet.contact_m - lift) / (feet.contact_m / 4))
