@@ -7,7 +7,7 @@ from the input's high-frequency content (``model.highpass``, 15 frames here), se
 experiments/deepmimic_denoise.py for why the skip goes there and not around a temporal bottleneck.
 ``get_config("runlocal")``: a tiny model and a few steps.
 """
-from experiments import base
+from motionjax.configs import base
 
 
 def get_config(arg: str | None = None):

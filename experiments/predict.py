@@ -29,7 +29,7 @@ Variants (``--config experiments/predict.py:VARIANT``), comma-separated:
 """
 import ml_collections
 
-from experiments import base
+from motionjax.configs import base
 
 FLAGS = ("bandai", "deepmimic", "folder", "long", "simlpe", "dynamics", "alone", "runlocal")
 
