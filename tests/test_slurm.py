@@ -1,0 +1,195 @@
+"""scripts/slurm/train.sbatch under a real scheduler: a one-node SLURM (Debian's slurm-wlm: slurmctld,
+slurmd and munge, started here in a temporary directory on free ports, as the user running the tests)
+runs the project's sbatch file with two tasks on the tiny runlocal config. Both processes join through
+jax.distributed (SLURM's environment, as on a cluster), train and write their shards of each checkpoint;
+the same command submitted again resumes from the last one.
+
+Needs the SLURM binaries (``.ci/run`` installs them: ``apt-get install slurm-wlm munge``); skipped,
+saying so, where they are missing. docs/multihost.md ("Tested under SLURM") says how to run it.
+"""
+import getpass
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runs import REPO, committed, train_flags
+
+pytestmark = pytest.mark.slow  # scheduler daemons and trainer processes
+
+_BINARIES = ("sbatch", "squeue", "scontrol", "srun", "slurmctld", "slurmd", "munged")
+_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"  # the daemons live in sbin
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name, path=_PATH)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_CONF = """\
+ClusterName=motionjaxtest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge.socket
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MailProg=/bin/true
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+class Cluster:
+    """A one-node SLURM in ``root``: ``env`` points its client commands at it."""
+
+    def __init__(self, root: Path):
+        self.root, self.procs = root, []
+        for sub in ("state", "spool"):
+            (root / sub).mkdir()
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        host = socket.gethostname().split(".")[0]
+        (root / "slurm.conf").write_text(_CONF.format(host=host, dir=root, user=getpass.getuser(),
+                                                      ctld_port=_free_port(), slurmd_port=_free_port()))
+        self.env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"), PATH=_PATH)
+        # --force: munged refuses a key under a world-writable /tmp otherwise
+        self._run([_which("munged"), "--foreground", "--force", f"--socket={root}/munge.socket",
+                   f"--key-file={key}", f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
+                   f"--seed-file={root}/munged.seed"], "munged")
+        self._wait(lambda: (root / "munge.socket").exists(), "munged")
+        self._run([_which("slurmctld"), "-D", "-i", "-f", str(root / "slurm.conf")], "slurmctld")
+        self._run([_which("slurmd"), "-D", "-N", host, "-f", str(root / "slurm.conf")], "slurmd")
+        self._wait(lambda: "idle" in self.cli("sinfo", "-h", "-o", "%T", check=False), "an idle node")
+
+    def _run(self, argv, name):
+        log = open(self.root / f"{name}.out", "w")
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                           start_new_session=True))
+
+    def _wait(self, ready, what, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if ready():
+                return
+            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            assert not dead, f"{dead} exited:\n{self.logs()}"
+            time.sleep(0.5)
+        raise TimeoutError(f"no {what} after {timeout} s:\n{self.logs()}")
+
+    def cli(self, *argv, check=True) -> str:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 or not check, done.stderr
+        return done.stdout
+
+    def submit_and_wait(self, argv, env, timeout=600) -> tuple[str, str]:
+        """``sbatch argv`` from the repository root; waits for the job to leave the queue; returns its
+        state (``COMPLETED``, ``FAILED``, ...) and its output file's text."""
+        out = self.root / "job-%j.out"
+        submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", *argv], cwd=REPO,
+                                   env=dict(env, SLURM_CONF=self.env["SLURM_CONF"], PATH=_PATH),
+                                   capture_output=True, text=True, timeout=60)
+        assert submitted.returncode == 0, submitted.stderr + self.logs()
+        job = submitted.stdout.strip().split(";")[0]
+        deadline = time.time() + timeout
+        while self.cli("squeue", "-h", "-j", job, check=False).strip() and time.time() < deadline:
+            time.sleep(1)
+        state = self.cli("scontrol", "show", "job", job, check=False)
+        text = Path(str(out).replace("%j", job))
+        return state, text.read_text() if text.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.read_text()[-1500:]}" for p in sorted(self.root.glob("*.log"))
+                         if p.is_file())
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    missing = [b for b in _BINARIES if _which(b) is None]
+    if missing:
+        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing): on Debian/Ubuntu "
+                    "`apt-get install slurm-wlm munge` (.ci/run does it)")
+    # A short path: slurmd's and munge's socket paths must fit in 108 bytes.
+    root = Path(tmp_path_factory.mktemp("slurm"))
+    c = Cluster(root)
+    yield c
+    c.stop()
+
+
+def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes(cluster, tmp_path,
+                                                                                  deepmimic_dir, env):
+    workdir = tmp_path / "run"
+    # One CPU device per process: the two processes make the mesh's 'data' axis of 2.
+    job_env = dict(env, PYTHON=sys.executable,
+                   XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
+    resources = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
+                 "--time=00:15:00", "scripts/slurm/train.sbatch"]
+    fast = ("--config.train.checkpoint_every=2", "--config.train.eval_every=100",
+            "--config.evals.final.splits=('validation',)")
+    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
+                                                                   "--config.train.steps=2")], job_env)
+    assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
+    assert committed(workdir) == [0, 2], out[-3000:]
+    # Both processes joined one run (gloo connected the two ranks; the mesh's 2 devices are one each),
+    # each wrote its own shards of the checkpoint (orbax: a directory of shards per process), and
+    # process 0 alone printed.
+    assert "Rank 0 is connected to 1 peer" in out and "Rank 1 is connected to 1 peer" in out, out[-3000:]
+    assert "over data (2 devices)" in out, out[-3000:]
+    shards = sorted(p.name for p in (workdir / "checkpoints/2").rglob("ocdbt.process_*"))
+    assert shards == ["ocdbt.process_0", "ocdbt.process_1"], shards
+    assert out.count(f"run directory: {workdir}") == 1, out[-3000:]
+    first = json.loads((workdir / "summary.json").read_text())
+    assert first["status"] == "done" and first["steps"] == 2
+
+    # The same command with a longer schedule (a resubmission after the time limit looks the same):
+    # it resumes at step 2 and trains on to 4.
+    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
+                                                                   "--config.train.steps=4")], job_env)
+    assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["steps"] == 4 and committed(workdir)[-1] == 4
+    # This session's timed steps (the trainer's rate leaves the compiling step out) are as many as the
+    # first job's, which trained 2: it trained steps 3 and 4 only (from scratch it would have had 4).
+    timed = lambda s: round(s["steps_per_s"] * s["train_s"])
+    assert timed(summary) == timed(first), (summary, first)
+    logged = [s for s, _ in summary["history"]["train/loss"]]
+    assert logged == [1, 2, 3, 4], logged  # the curve went on from the checkpoint, none repeated
