@@ -1,10 +1,11 @@
-"""One command, one table: motionjax optimized vs baseline vs a PyTorch eager peer, the dynamics loss
-across J, MFU, cost growth (the parts and what each mode measures: :mod:`benchmarks.suite`).
+"""One command, one table: motionjax optimized vs baseline, the input path, the dynamics loss across
+J, MFU, cost growth (the parts and what each mode measures: :mod:`benchmarks.suite`). From the
+checkout's root (benchmarks/ is not installed with the package):
 
-    motionjax bench                            # the default: every part, ~12 min on 2 cores
-    python benchmarks/bench.py --quick            # a smoke check, ~2 min (no dynamics grid)
-    python benchmarks/bench.py --full             # everything docs/benchmarks.md reports: hours
-    python benchmarks/bench.py --parts growth,mfu [--grid-budget 600] [--out results/bench]
+    make bench                                     # the default: every part, ~12 min on 2 cores
+    python -m benchmarks.bench --quick             # a smoke check, ~2 min (no dynamics grid)
+    python -m benchmarks.bench --full              # everything docs/benchmarks.md reports: hours
+    python -m benchmarks.bench --parts growth,mfu [--grid-budget 600] [--out results/bench]
 
 Writes ``bench.json``, ``bench.md`` (the table) and PNG plots to ``--out`` after every part and
 prints the table at the end; each part's time is in the log (``[bench] train: 251 s``).
@@ -35,7 +36,7 @@ def main(argv=None) -> dict:
     parts = args.parts.split(",") if args.parts else default
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {sorted(unknown)}; expected a subset of {','.join(PARTS)}")
-    command = shlex.join(["python", "benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)])
     return run(parts, "quick" if args.quick else "full" if args.full else "default", Path(args.out), command,
                grid_budget_s=args.grid_budget)
 

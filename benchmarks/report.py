@@ -12,7 +12,7 @@ import numpy as np
 
 from motionjax.core.dynamics import JACOBIANS
 
-TARGETS = {"speedup": 5.0, "torch_ratio": 2.0, "t_exponent": 1.1}  # growth: "linear" = exponent <= 1.1
+TARGETS = {"speedup": 5.0, "t_exponent": 1.1}  # growth: "linear" = exponent <= 1.1
 MPJPE_TOLERANCE = 0.02  # "equal" held-out MPJPE: within 2% (same batches and weights, other arithmetic)
 
 
@@ -21,7 +21,7 @@ def machine() -> dict:
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
         else platform.processor()
     versions = {"python": platform.python_version(), "jax": jax.__version__}
-    for name in ("jaxlib", "flax", "optax", "grain", "torch"):
+    for name in ("jaxlib", "flax", "optax", "grain"):
         try:
             versions[name] = __import__(name).__version__
         except ImportError:
@@ -54,13 +54,13 @@ def _ms(seconds) -> str:
 def markdown(results: dict) -> str:
     """The whole report: the run's header, the claims table, then one section per part measured."""
     p = results["parts"]
-    tr, to, mf, gr, dy, ip = (p.get(k, {}) for k in ("train", "torch", "mfu", "growth", "dynamics", "input"))
+    tr, mf, gr, dy, ip = (p.get(k, {}) for k in ("train", "mfu", "growth", "dynamics", "input"))
     lines = _header(results)
-    claims = [*_input_claims(ip), *_train_claims(tr), *_torch_claims(to), *_dynamics_claims(dy),
+    claims = [*_input_claims(ip), *_train_claims(tr), *_dynamics_claims(dy),
               *_growth_claims(gr), *_mfu_claims(mf)]
     lines += _table(["claim", "measured", "target", "met"], claims)
     lines += (["## Input path", "", ip["markdown"], ""] if "markdown" in ip else [])
-    lines += _train_section(tr) + _dynamics_section(dy) + _torch_section(to) + _mfu_section(mf) + \
+    lines += _train_section(tr) + _dynamics_section(dy) + _mfu_section(mf) + \
         _growth_section(gr) + _compile_section(p)
     return "\n".join(lines) + "\n"
 
@@ -89,7 +89,7 @@ def _header(results: dict) -> list:
     m, p = results["machine"], results["parts"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     mode = results.get("mode", "quick" if results["quick"] else "default")
-    command = results.get("command", "python benchmarks/bench.py" + (" --quick" if results["quick"] else ""))
+    command = results.get("command", "python -m benchmarks.bench" + (" --quick" if results["quick"] else ""))
     lines = [f"# motionjax benchmarks{'' if mode == 'default' else f' (--{mode})'}", "",
              f"`{command}` on {m['cpu']}, {m['cores']} "
              f"cores, backend {m['backend']} ({m['devices']} × {m['device']}); {versions}. "
@@ -142,23 +142,6 @@ def _train_claims(tr: dict) -> list:
                        f"{_ms(bd['loader_s'])} vs {_ms(bd['step_s'])} ms "
                        f"({bd['step_s'] / bd['loader_s']:.1f}×); "
                        f"{100 * o['data_wait_fraction']:.0f}% of training", "", ""])
-    return claims
-
-
-def _torch_claims(to: dict) -> list:
-    """Claims of part d: motionjax vs the PyTorch peer."""
-    claims = []
-    if "ratio_optimized_vs_torch_blocked" in to:
-        alone = to.get("compute_alone_ms", {}).get("blocked")
-        alone = f", {alone['torch'] / alone['motionjax']:.2f}× compute alone" if alone else ""
-        claims.append(["motionjax ÷ PyTorch eager frames/s (blocked loss both)",
-                       f"**{to['ratio_optimized_vs_torch_blocked']:.2f}×** end to end{alone}",
-                       f"≥ {TARGETS['torch_ratio']:g}×", _yes(to["met"])])
-        if "ratio_baseline_vs_torch_dense" in to:
-            claims.append(["motionjax baseline ÷ PyTorch eager (dense Jacobian both)",
-                           f"{to['ratio_baseline_vs_torch_dense']:.2f}×", "", ""])
-    elif "skipped" in to:
-        claims.append(["motionjax ÷ PyTorch eager", f"skipped: {to['skipped']}", "", ""])
     return claims
 
 
@@ -256,34 +239,6 @@ def _dynamics_section(dy: dict) -> list:
     return lines
 
 
-def _torch_section(to: dict) -> list:
-    """Section (d): the PyTorch peer."""
-    lines = []
-    if "rows" in to:
-        lines += ["", "## (d) PyTorch eager peer: same model, loss, data transforms and initial weights; "
-                  "fp32", ""]
-        rows = [[f"{name} ({r['steps']} steps)", f"{r['frames_per_s']:.0f}", _ms(r["step_s"]),
-                 f"{100 * r['data_wait_fraction']:.0f}%", r["threads"], r["workers"],
-                 f"{r['heldout_mpjpe']:.2f}" if "heldout_mpjpe" in r else ""]
-                for name, r in to["rows"].items()]
-        lines += _table(["loss Jacobian", "frames/s", "step ms", "data wait", "torch threads",
-                         "DataLoader workers", "MPJPE validation/noisy"], rows)
-        probe = ", ".join(f"{k}: {v:.0f}" for k, v in to["probe_frames_per_s"].items())
-        lines += ["", f"Threads and workers: the best of a 3-step probe, frames/s {probe}."]
-        if "motionjax_frames_per_s_runs" in to:
-            runs = lambda v: ", ".join(f"{x:.0f}" for x in v)
-            lines.append(f"End to end, PyTorch and motionjax (optimized) runs of the same length alternate; "
-                         f"frames/s PyTorch {runs(to['rows']['blocked']['frames_per_s_runs'])}, motionjax "
-                         f"{runs(to['motionjax_frames_per_s_runs'])}: the ratio is of the medians.")
-        lines.append("")
-        lines += _table(["compute alone (ms/step, interleaved rounds)", "motionjax", "PyTorch eager",
-                         "PyTorch ÷ motionjax"],
-                        [[f"{name} loss", f"{v['motionjax']:.0f}", f"{v['torch']:.0f}",
-                          f"{v['torch'] / v['motionjax']:.2f}×"]
-                         for name, v in to["compute_alone_ms"].items()])
-    return lines
-
-
 def _mfu_section(mf: dict) -> list:
     """Section (e): MFU."""
     lines = []
@@ -354,12 +309,8 @@ def plots(results: dict, out: Path) -> list[str]:
     if "results" in results["parts"].get("dynamics", {}):
         written.append("dynamics.png")  # part c drew it (benchmarks/bench_dynamics.py)
     bars = {}
-    tr, to = results["parts"].get("train", {}), results["parts"].get("torch", {})
-    for name, r in tr.get("rows", {}).items():
+    for name, r in results["parts"].get("train", {}).get("rows", {}).items():
         bars[f"motionjax\n{name}"] = r["frames_per_s"]
-    for name in ("blocked", "dense"):
-        if name in to.get("rows", {}):
-            bars[f"PyTorch eager\n{name}"] = to["rows"][name]["frames_per_s"]
     if bars:
         fig, ax = plt.subplots(figsize=(7, 3.6))
         ax.bar(list(bars), list(bars.values()), color=["C0", "C1", "C2", "C3"][:len(bars)])

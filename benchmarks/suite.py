@@ -1,5 +1,5 @@
 """The parts of ``benchmarks/bench.py`` and the sizes each mode runs them at: motionjax optimized vs
-baseline vs a PyTorch eager peer, MFU, cost growth.
+baseline, MFU, cost growth.
 
 Every number comes from one run, on the same data and model size, so ratios are meaningful even on a
 shared machine:
@@ -15,9 +15,7 @@ b. step-time breakdown of both: data wait (the trainer's own timing), compute sp
    loss (fwd + bwd, separately jitted), communication (collectives in the compiled step's HLO);
 c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense, J × frames per batch ×
    dtype (:mod:`benchmarks.dynamics_grid`), within a grid budget;
-d. ``torch``: the PyTorch eager twin (:mod:`benchmarks.torch_peer`: same model, loss with the dense
-   ``torch.autograd.functional.jacobian`` or the blocked products, a ``DataLoader`` over the same
-   transforms). torch is the optional extra ``bench``; without it this part is skipped and says so;
+d. (the PyTorch eager twin, removed with #63; its figures and command: docs/history.md);
 e. ``mfu``: XLA ``cost_analysis()`` FLOPs per step / step time / peak FLOP/s of a large matmul;
 f. ``growth``: step time vs window length T (and vs joints J, random trees), fitted exponents;
 g. ``input``: the input path of the headline autoencoder per residency tier (the corpus on the
@@ -59,22 +57,20 @@ from motionjax.data import pipeline
 from motionjax.data.info import stand_in
 from motionjax.train import diagnostics
 
-PARTS = ("input", "train", "dynamics", "torch", "mfu", "growth")
+PARTS = ("input", "train", "dynamics", "mfu", "growth")
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     """What one mode measures: the knobs of every part."""
 
-    steps: int                      # a, d: steps of each end-to-end training run (32 windows × 32 frames)
+    steps: int                      # a: steps of each end-to-end training run (32 windows × 32 frames)
     seeds: tuple[int, ...]          # a: runs of each config, one per seed (data order, noise, weights)
     splits: tuple[str, ...]         # a: held-out splits evaluated after each run
     repeats: int                    # b, e, f: timed calls (or interleaved rounds) of a program alone
     split_compute: bool             # b: also time the model and the loss alone (two more compiles each;
                                     #    the baseline's dense-Jacobian loss is the slowest compile of a run)
     loader_batches: int             # b: batches timed of the input iterator alone
-    torch_pairs: int                # d: end-to-end PyTorch / motionjax run pairs (0: one short run)
-    torch_dense_steps: int          # d: steps of PyTorch with the dense Jacobian (~1 s each)
     mfu_variants: bool              # e: also the baseline and the optimized step in the other dtype
     growth_t: tuple[int, ...]       # f: window lengths T at batch 8
     growth_fixed: tuple[int, ...]   # f: T at B·T = 1,024 frames (the control: flat = no T² term)
@@ -87,7 +83,7 @@ class Sizes:
 SIZES = {
     # A smoke check of every part but the grid (~2 min on 2 cores).
     "quick": Sizes(steps=20, seeds=(0,), splits=("validation",), repeats=3, split_compute=False,
-                   loader_batches=5, torch_pairs=0, torch_dense_steps=3, mfu_variants=False,
+                   loader_batches=5, mfu_variants=False,
                    growth_t=(32, 128), growth_fixed=(), growth_j=(),
                    grid=dict(joints=(13,), frames=(256,), dtypes=("float32",), budget_s=4.0),
                    input_batches=20, input_steps=20),
@@ -95,14 +91,14 @@ SIZES = {
     # grid is the SMPL-like body (J = 24) at the sizes the #15 targets name; its XLA compiles
     # (~1–2 min per row) are what bounds it, hence the grid budget.
     "default": Sizes(steps=100, seeds=(0,), splits=("validation",), repeats=5, split_compute=False,
-                     loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
+                     loader_batches=10, mfu_variants=True,
                      growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512), growth_j=(),
                      grid=dict(joints=(24,), frames=(256, 1024, 4096), dtypes=("float32",), budget_s=8.0,
                                grid_budget_s=180.0)),
     # Everything docs/benchmarks.md reports: 3 seeds, both splits, J growth and the whole grid
     # (4 J × 256–65,536 frames × float32 and bfloat16): hours on 2 cores, most of it the grid.
     "full": Sizes(steps=100, seeds=(0, 1, 2), splits=("test", "validation"), repeats=5, split_compute=True,
-                  loader_batches=10, torch_pairs=2, torch_dense_steps=4, mfu_variants=True,
+                  loader_batches=10, mfu_variants=True,
                   growth_t=(32, 64, 128, 256, 512, 1024), growth_fixed=(32, 128, 512),
                   growth_j=(15, 30, 60, 120), grid=dict(budget_s=8.0)),
 }
@@ -352,88 +348,6 @@ def part_dynamics(sizes: Sizes, out: Path, done: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (d) the PyTorch eager peer
-
-
-def part_torch(sizes: Sizes, out: Path, done: dict) -> dict:
-    try:
-        import torch
-    except ImportError as e:
-        return {"skipped": f"torch is not installed ({e}); pip install -e '.[bench]' (README: Benchmarks)"}
-    from flax import nnx
-
-    from benchmarks import torch_peer
-    from motionjax import models
-
-    steps = sizes.steps
-    config = experiment(deepmimic_denoise, steps)
-    config.model.dtype = "float32"  # torch eager trains in fp32
-    info = pipeline.dataset_info(config.data)
-    init = nnx.state(models.make_model(config.model, info.feature_dim, config.data.chunk,
-                                       nnx.Rngs(config.seed)), nnx.Param)  # motionjax's initial weights
-
-    def run(jacobian, steps, **kwargs):
-        c = config.copy_and_resolve_references()
-        c.loss.jacobian = jacobian
-        return torch_peer.train(c, info, steps, params=init, **kwargs)
-
-    # The peer's best setting on this machine: (torch threads, DataLoader workers). On a busy
-    # machine OpenMP threads spin and one thread can beat all cores; a worker overlaps the data.
-    settings = sorted({(torch.get_num_threads(), 0), (1, 0), (1, 1)})
-    probe = {s: run("blocked", 3, threads=s[0], workers=s[1])["frames_per_s"] for s in settings}
-    threads, workers = max(probe, key=probe.get)
-    log(f"torch: best of the probe {threads} threads, {workers} workers")
-    rows, ours = {}, []
-    if not sizes.torch_pairs:
-        rows["blocked"] = run("blocked", 6, threads=threads, workers=workers)
-    else:  # as long as part (a), then held-out MPJPE: the twin learns what motionjax learns
-        batches = pipeline.make_eval_batches(config.data, info, "validation", config.evals.final.noise_level,
-                                             seed=config.seed)
-        rows["blocked"] = run("blocked", steps, threads=threads, workers=workers, eval_batches=batches)
-        # End to end, torch and motionjax runs alternate (T M T M): load changes hit both alike.
-        torch_fps = [rows["blocked"]["frames_per_s"]]
-        mj = experiment(deepmimic_denoise, steps)
-        mj.evals.heldout.splits = mj.evals.final.splits = ("validation",)
-        for i in range(sizes.torch_pairs):
-            if i:
-                torch_fps.append(run("blocked", steps, threads=threads, workers=workers)["frames_per_s"])
-            shutil.rmtree(out / "runs" / "next_to_torch", ignore_errors=True)
-            ours.append(train.train_and_evaluate(mj, out / "runs" / "next_to_torch")["frames_per_s"])
-        rows["blocked"]["frames_per_s_runs"] = torch_fps
-        rows["blocked"]["frames_per_s"] = float(np.median(torch_fps))
-        log(f"torch: end to end, PyTorch {torch_fps}, motionjax {ours} frames/s")
-    rows["dense"] = run("dense", sizes.torch_dense_steps, threads=threads, workers=workers)
-    result = {"rows": rows,
-              "probe_frames_per_s": {f"{t} threads, {w} workers": v for (t, w), v in probe.items()},
-              "compute_alone_ms": {}}
-    # Compute alone, one fixed batch, the two frameworks timed round by round so that a change of
-    # load on a shared machine hits both alike.
-    for jacobian, module in (("blocked", deepmimic_denoise), ("dense", baseline)):
-        jax_config = experiment(module, steps)
-        step, state, batch, _, _ = compiled_step(jax_config, info)  # part (b)'s program: cached
-        c = config.copy_and_resolve_references()
-        c.loss.jacobian = jacobian
-        _, torch_step = torch_peer.make_train_step(c, info, init)
-        torch_batch = [torch.tensor(np.asarray(batch[k])) for k in ("noisy", "clean")]
-        torch_call = functools.partial(torch_step, *torch_batch)
-        # torch is synchronous; measure.block waits for the jax step and passes torch's loss through.
-        times = measure.interleaved({"motionjax": stepper(step, state, batch), "torch": torch_call},
-                                    rounds=3 if jacobian == "dense" else sizes.repeats)
-        result["compute_alone_ms"][jacobian] = {k: 1e3 * v for k, v in times.items()}
-    if ours:
-        result["motionjax_frames_per_s_runs"] = ours
-        result["ratio_optimized_vs_torch_blocked"] = float(np.median(ours)) / rows["blocked"]["frames_per_s"]
-    if "rows" in done.get("train", {}):
-        part_a = done["train"]["rows"]
-        ratio = lambda name, theirs: part_a[name]["frames_per_s"] / theirs["frames_per_s"]
-        result.setdefault("ratio_optimized_vs_torch_blocked", ratio("optimized", rows["blocked"]))
-        result["ratio_baseline_vs_torch_dense"] = ratio("baseline", rows["dense"])
-    if "ratio_optimized_vs_torch_blocked" in result:
-        result["met"] = bool(result["ratio_optimized_vs_torch_blocked"] >= TARGETS["torch_ratio"])
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
 # (e) MFU and (f) cost growth
 
 
@@ -502,8 +416,7 @@ def part_growth(sizes: Sizes, out: Path, done: dict) -> dict:
     return result
 
 
-RUNNERS = {"input": part_input, "train": part_train, "dynamics": part_dynamics, "torch": part_torch,
-           "mfu": part_mfu,
+RUNNERS = {"input": part_input, "train": part_train, "dynamics": part_dynamics, "mfu": part_mfu,
            "growth": part_growth}
 
 
@@ -520,7 +433,7 @@ def _write(results: dict, out: Path) -> str:
 
 
 def run(parts, mode: str, out: Path, command: str, grid_budget_s: float | None = None) -> dict:
-    """Run ``parts`` (a subset of :data:`PARTS`, in that order: torch and mfu reuse the train part's
+    """Run ``parts`` (a subset of :data:`PARTS`, in that order: mfu reuses the train part's
     numbers and compiled programs) at :data:`SIZES` ``[mode]``; returns the results.
 
     ``bench.json`` and ``bench.md`` are rewritten after every part (the grid also after every row,
@@ -532,7 +445,7 @@ def run(parts, mode: str, out: Path, command: str, grid_budget_s: float | None =
     if grid_budget_s is not None:
         sizes = dataclasses.replace(sizes, grid={**sizes.grid, "grid_budget_s": grid_budget_s or None})
     out.mkdir(parents=True, exist_ok=True)
-    malloc.keep_freed_memory()  # one_arena, late, as its figures were measured; torch's parts too
+    malloc.keep_freed_memory()  # one_arena, late, as its figures were measured
     start = time.perf_counter()
     results = {"wall_s": 0.0, "mode": mode, "quick": mode == "quick", "command": command,
                "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "parts": {},

@@ -106,12 +106,6 @@ LEVERS: dict[str, tuple[str, Callable]] = {
             _set("train", "ema_decay", 0.999)),
     "adamw": ("AdamW + warmup-cosine (train.optimizer = 'adamw'), whatever the config's optimizer",
               _set("train", "optimizer", "adamw")),
-    "torch": ("the PyTorch eager twin (benchmarks/torch_peer.py): the same model, loss, data transforms "
-              "and initial weights, AdamW (compare with the lever adamw), fp32; a torch DataLoader",
-              _set("train", "optimizer", "adamw")),
-    "torch_muon": ("the PyTorch eager twin with torch.optim.Muon (compare with the lever muon): every 2-D "
-                   "weight and the convolutions as matrices, Nesterov adam for biases and norms",
-                   _set("train", "optimizer", "muon")),
 }
 DEFAULT_LEVERS = ("optimized", "baseline", "uniform", "batch2x", "dynamics_loss")
 
@@ -177,36 +171,6 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
             "status": summary["status"], "seed": c.seed}
 
 
-def run_torch_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
-                        max_seconds: float | None = None, metric: str = METRIC) -> dict:
-    """:func:`run_to_target` for the PyTorch twin (:func:`benchmarks.torch_peer.run_to_target`),
-    from the initial weights motionjax draws for ``config.seed``, at its best (torch threads,
-    DataLoader workers) of a short probe (not counted, like initialization); ``workdir`` is unused
-    (no checkpoints)."""
-    import torch
-
-    from benchmarks import torch_peer
-    from motionjax.data import pipeline
-
-    info = pipeline.dataset_info(config.data)
-    init = torch_peer.initial_params(config, info)
-    # On a busy machine OpenMP threads spin and one thread can beat all cores; a worker overlaps the data.
-    # 12 steps each, 8 timed: eager PyTorch speeds up over its first steps, and a 3-step timing picked
-    # 1 thread + 1 worker on the quiet 2-core host, where 2 threads take 0.36 s a step against 1's 0.52.
-    cores = torch.get_num_threads()
-    settings = sorted({(cores, 0), (cores, 1), (1, 0), (1, 1)})
-    probe = {s: torch_peer.train(config, info, 12, params=init, threads=s[0], workers=s[1],
-                                 untimed=4)["frames_per_s"] for s in settings}
-    threads, workers = max(probe, key=probe.get)
-    run = torch_peer.run_to_target(config, target, max_seconds=max_seconds, metric=metric, params=init,
-                                   threads=threads, workers=workers)
-    return dict(run, probe_frames_per_s={f"{t} threads, {w} workers": v for (t, w), v in probe.items()})
-
-
-# Levers that are another trainer, not a change of the config.
-RUNNERS: dict[str, Callable] = {"torch": run_torch_to_target, "torch_muon": run_torch_to_target}
-
-
 def _split(timing: dict) -> dict:
     return {"compile_s": timing["compile_s"], "compute_s": timing["train_s"] - timing["data_wait_s"],
             "data_wait_s": timing["data_wait_s"], "eval_s": timing["eval_s"],
@@ -261,8 +225,8 @@ def compare(configs: dict[str, ml_collections.ConfigDict], target: float, seeds,
                 continue
             c = copy.deepcopy(configs[name])
             c.seed = int(seed)
-            r = RUNNERS.get(name, run_to_target)(c, out / "runs" / name / f"seed{seed}", target,
-                                                 max_seconds=max_seconds, metric=metric)
+            r = run_to_target(c, out / "runs" / name / f"seed{seed}", target, max_seconds=max_seconds,
+                              metric=metric)
             runs[name].append(r)
             log(f"{name} seed {seed}: {'reached' if r['reached'] else 'MISSED'} {r['value']:.3f} cm at step "
                 f"{r['step']}, {r['wall_s']:.1f} s counted ({time.perf_counter() - start:.0f} s elapsed)")

@@ -1,20 +1,13 @@
 """The benchmark's pieces: power-law fit, MFU arithmetic, FLOP counts, and the PyTorch peer computing
 the same model and loss as motionjax (so the speed comparison compares one computation)."""
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from benchmarks import measure, report
-from motionjax import losses, models
-from motionjax.configs import base
-from motionjax.core import features
-from motionjax.core import rotations as rot
-from motionjax.core.skeleton import deepmimic_humanoid, random_tree
 
 
 def test_fit_power_law_recovers_exponent():
@@ -70,239 +63,7 @@ def test_time_call_waits_for_the_result():
 
 
 # ---------------------------------------------------------------------------------------------
-# The PyTorch peer (skipped without the optional extra)
-
-
-def _windows(skeleton, b, t, seed):
-    """Smooth random motion, standardized: ``(clean, pred, mean, std)`` ``[B, T, F]``."""
-    rng = np.random.default_rng(seed)
-    root, angles = measure.smooth_motion(rng, b, t, skeleton.num_joints, angle_std=0.08)
-    root += np.float32([0, 0.9, 0])
-    x = np.asarray(features.pack(skeleton, jnp.asarray(root), rot.axis_angle_to_quat(jnp.asarray(angles))))
-    f = x.shape[-1]
-    mean, std = x.reshape(-1, f).mean(0), x.reshape(-1, f).std(0) + 0.1
-    clean = ((x - mean) / std).astype(np.float32)
-    pred = (clean + 0.2 * rng.standard_normal(clean.shape)).astype(np.float32)
-    return clean, pred, mean.astype(np.float32), std.astype(np.float32)
-
-
-@pytest.mark.parametrize("jacobian", ["blocked", "dense"])
-def test_torch_loss_and_gradient_match_motionjax(jacobian):
-    """On the DeepMimic body: ball, hinge and fixed joints (random trees: the Jacobian test below)."""
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_peer
-
-    skeleton = deepmimic_humanoid()
-    cfg = base.get_config().loss
-    cfg.jacobian = jacobian
-    cfg.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 0.01, "jerk": 1e-5})
-    clean, pred, mean, std = _windows(skeleton, 2, 12, seed=1)
-
-    def jax_loss(p):
-        return losses.reconstruction_loss(cfg, skeleton, 30.0, p, jnp.asarray(clean), jnp.asarray(mean),
-                                          jnp.asarray(std))
-
-    (loss, terms), grad = jax.jit(jax.value_and_grad(jax_loss, has_aux=True))(jnp.asarray(pred))
-    p = torch.tensor(pred, requires_grad=True)
-    t_loss, t_terms = torch_peer.reconstruction_loss(cfg, torch_peer.Body(skeleton), 30.0, p,
-                                                     *(torch.tensor(x) for x in (clean, mean, std)))
-    t_loss.backward()
-    assert terms["dynamics"] > 0.1 * loss  # the Jacobian term carries weight in this check
-    for k in terms:
-        assert t_terms[k].item() == pytest.approx(float(terms[k]), rel=1e-4, abs=1e-6), k
-    np.testing.assert_allclose(p.grad.numpy(), np.asarray(grad), rtol=1e-3, atol=1e-4 * np.abs(grad).max())
-
-
-def test_torch_dense_jacobian_matches_blocked_jacobian():
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_peer
-    from motionjax.core import kinematics
-
-    skeleton = random_tree(7, seed=1)
-    rng = np.random.default_rng(0)
-    q = np.asarray(rot.axis_angle_to_quat(jnp.asarray(rng.normal(0, 0.6, (3, 7, 3)), jnp.float32)))
-    root = rng.normal(0, 1, (3, 3)).astype(np.float32)
-    jac = torch_peer.dense_jacobian(torch_peer.Body(skeleton), torch.tensor(q), torch.tensor(root)).detach()
-    positions, world = kinematics.forward_kinematics(skeleton, q, root)
-    reference = kinematics.dense_jacobian(skeleton, jnp.asarray(positions), jnp.asarray(world))
-    np.testing.assert_allclose(jac.numpy(), np.asarray(reference), atol=1e-5)
-
-
-def test_torch_model_matches_flax_model_with_copied_weights():
-    torch = pytest.importorskip("torch")
-    from flax import nnx
-
-    from benchmarks import torch_peer
-
-    cfg = base.get_config().model
-    cfg.update(dim=32, heads=2, halo=3, latent_dim=8, dtype="float32")
-    f, chunk = 21, 8
-    model = models.make_model(cfg, f, chunk, nnx.Rngs(0))
-    params = nnx.state(model, nnx.Param)
-    rng = np.random.default_rng(0)
-    for _, v in nnx.to_flat_state(params):  # non-zero heads and biases: every weight matters
-        v.set_value(v.get_value() + 0.1 * rng.standard_normal(v.get_value().shape).astype(np.float32))
-    nnx.update(model, params)
-    twin = torch_peer.make_model(cfg, f, chunk)
-    torch_peer.load_flax_params(twin, params)
-    x = rng.standard_normal((2, 3, chunk, f)).astype(np.float32)
-    with torch.no_grad():
-        out = twin(torch.tensor(x)).numpy()
-    np.testing.assert_allclose(out, np.asarray(model(jnp.asarray(x))), atol=1e-4)
-
-
-def test_torch_inverse_kinematics_matches_motionjax():
-    """Ball, hinge and fixed joints (the DeepMimic body), targets off the bones' reach."""
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_peer
-    from motionjax.core import kinematics
-
-    skeleton = deepmimic_humanoid()
-    rng = np.random.default_rng(0)
-    j = skeleton.num_joints
-    hint = np.array(rot.axis_angle_to_quat(jnp.asarray(rng.normal(0, 0.5, (3, j, 3)), jnp.float32)))
-    hint[:, [i for i, k in enumerate(skeleton.kinds) if k == "fixed"]] = [1, 0, 0, 0]
-    goal = np.asarray(kinematics.forward_kinematics(skeleton, jnp.asarray(hint), jnp.zeros((3, 3)))[0])
-    goal = (goal + rng.normal(0, 0.05, goal.shape)).astype(np.float32)  # unreachable: least squares decides
-    ours = np.asarray(kinematics.inverse_kinematics(skeleton, jnp.asarray(goal), jnp.asarray(hint)))
-    body = torch_peer.Body(skeleton)
-    twin = torch_peer.inverse_kinematics(body, torch.tensor(goal), torch.tensor(hint)).numpy()
-    # q and -q are one rotation: compare the rotations.
-    np.testing.assert_allclose(np.asarray(rot.quat_to_matrix(twin)), np.asarray(rot.quat_to_matrix(ours)),
-                               atol=2e-5)
-    assert not np.allclose(ours, hint, atol=1e-2)  # the targets moved the joints
-
-
-def _headline_twins(torch_peer):
-    """The headline autoencoder's shape, small (experiments/autoencoder.py: temporal convs in two
-    stages, interpolating decoder, FK positions in, the IK position head out), as Flax model and
-    its perturbed weights, ``make_twin(state)``: the PyTorch twin holding a Flax ``Param`` state, and
-    windows ``[2, 4, chunk, F]``."""
-    from flax import nnx
-
-    skeleton = deepmimic_humanoid()
-    clean, _, mean, std = _windows(skeleton, 2, 32, seed=2)
-    info = ml_collections.ConfigDict({"skeleton": skeleton, "mean": mean, "std": std})
-    cfg = base.get_config().model
-    cfg.update(name="tconv", dim=32, depth=1, kernel=5, stride=4, stages=2, latent_dim=16, upsample="interp",
-               input_positions=True, position_head=True, dtype="float32")
-    f, chunk = clean.shape[-1], 8
-    model = models.make_model(cfg, f, chunk, nnx.Rngs(0), info=info)
-    params = nnx.state(model, nnx.Param)
-    rng = np.random.default_rng(0)
-    for _, v in nnx.to_flat_state(params):  # non-zero heads and biases: every weight matters
-        v.set_value(v.get_value() + 0.05 * rng.standard_normal(v.get_value().shape).astype(np.float32))
-    nnx.update(model, params)
-    def make_twin(state):
-        twin = torch_peer.make_model(cfg, f, chunk, info)
-        torch_peer.load_flax_params(twin, state)
-        return twin
-
-    return model, params, make_twin, clean.reshape(2, 4, chunk, f)
-
-
-def test_torch_headline_model_matches_flax_model_with_copied_weights():
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_peer
-
-    model, params, make_twin, x = _headline_twins(torch_peer)
-    twin = make_twin(params)
-    with torch.no_grad():
-        out = twin(torch.tensor(x)).numpy()
-    expected = np.asarray(model(jnp.asarray(x)))
-    assert np.abs(expected[..., 3:] - x[..., 3:]).mean() > 0.1  # the head moved the rotations
-    np.testing.assert_allclose(out, expected, atol=2e-4 * np.abs(expected).max())
-
-
-@pytest.mark.parametrize("optimizer,bf16", [("adamw", False), ("muon", False), ("muon", True)])
-def test_torch_optimizer_updates_match_optax(optimizer, bf16):
-    """Updates of the twin's optimizer from the same gradients move every weight as motionjax's
-    (optax) does: three of AdamW to float32 precision; the first of Muon to float32 precision too,
-    or within bfloat16's with torch's own Newton-Schulz (``bf16``). Only the first: optax
-    bias-corrects Muon's momentum, torch does not, so their directions differ in the first
-    ~1 / (1 - 0.95) updates, while the warmup's rate is small."""
-    pytest.importorskip("torch")
-    import optax
-
-    from benchmarks import torch_peer
-    from motionjax.train import step
-
-    _, params, make_twin, _ = _headline_twins(torch_peer)
-    twin = make_twin(params)
-    cfg = base.get_config().train
-    cfg.update(optimizer=optimizer, steps=10, warmup_steps=0, learning_rate=3e-3, weight_decay=0.1,
-               grad_accum_steps=1, grad_clip=1e9)
-    tx = step.make_optimizer(cfg)
-    opt_state = tx.init(params)
-    opts, schedules = torch_peer.make_optimizer(twin, cfg, muon_bf16=bf16)
-    start = {k: v.detach().clone() for k, v in twin.named_parameters()}
-    rng = np.random.default_rng(1)
-    for _ in range(1 if optimizer == "muon" else 3):
-        grads = jax.tree.map(lambda v: jnp.asarray(0.01 * rng.standard_normal(v.shape), jnp.float32), params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        for p, g in zip(twin.parameters(), make_twin(grads).parameters(), strict=True):
-            p.grad = g.detach()  # the same gradients, in torch's layout
-        for opt, schedule in zip(opts, schedules, strict=True):
-            opt.step()
-            schedule.step()
-    expected = dict(make_twin(params).named_parameters())
-    muon_matrices = 0
-    for name, p in twin.named_parameters():
-        ours, ref = p.detach() - start[name], expected[name].detach() - start[name]
-        assert float(ref.norm()) > 0, name
-        matrix = optimizer == "muon" and ref.ndim == 2
-        muon_matrices += matrix
-        assert float((ours - ref).norm() / ref.norm()) < (3e-2 if matrix and bf16 else 1e-4), name
-    assert muon_matrices >= 10 if optimizer == "muon" else muon_matrices == 0
-
-
-def test_torch_loss_matches_motionjax_on_clip_bones_and_padding():
-    """``offsets`` per window (data.bones = "clip") and ``valid`` (padding frames count in no term,
-    the dynamics loss's included; blocked Jacobian)."""
-    torch = pytest.importorskip("torch")
-    from benchmarks import torch_peer
-
-    skeleton = deepmimic_humanoid()
-    cfg = base.get_config().loss
-    cfg.update(dynamics_weight=0.01, foot=1.0, contact_speed=100.0)  # every foot planted: the stencil counts
-    cfg.dynamics = ml_collections.ConfigDict({"velocity": 1.0, "force": 0.01, "jerk": 1e-5})
-    clean, pred, mean, std = _windows(skeleton, 2, 12, seed=3)
-    rng = np.random.default_rng(3)
-    offsets = (skeleton.offsets * rng.uniform(0.8, 1.2, (2, 1, 1))).astype(np.float32)
-    valid = np.ones((2, 12), np.float32)
-    valid[1, 8:] = 0
-    pred[1, 8:] += 5.0  # padding frames: whatever they hold changes nothing
-
-    def jax_loss(p):
-        return losses.reconstruction_loss(cfg, skeleton, 30.0, p, jnp.asarray(clean), jnp.asarray(mean),
-                                          jnp.asarray(std), offsets=jnp.asarray(offsets),
-                                          valid=jnp.asarray(valid))
-
-    (loss, terms), grad = jax.jit(jax.value_and_grad(jax_loss, has_aux=True))(jnp.asarray(pred))
-    p = torch.tensor(pred, requires_grad=True)
-    inputs = (torch.tensor(x) for x in (clean, mean, std, offsets, valid))
-    t_loss, t_terms = torch_peer.reconstruction_loss(cfg, torch_peer.Body(skeleton), 30.0, p, *inputs)
-    t_loss.backward()
-    for k in terms:
-        assert t_terms[k].item() == pytest.approx(float(terms[k]), rel=1e-4, abs=1e-6), k
-    np.testing.assert_allclose(p.grad.numpy(), np.asarray(grad), rtol=1e-3, atol=1e-4 * np.abs(grad).max())
-    assert terms["foot"] > 0 and terms["dynamics"] > 0
-    assert np.abs(np.asarray(grad)[1, 8:]).max() == 0  # padding: no gradient
-
-
-# ---------------------------------------------------------------------------------------------
 # benchmarks/bench.py and its report (benchmarks/report.py)
-
-
-def test_bench_skips_torch_part_without_torch(monkeypatch, tmp_path):
-    from benchmarks import suite
-    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
-    monkeypatch.delitem(sys.modules, "benchmarks.torch_peer", raising=False)
-    result = suite.part_torch(suite.SIZES["quick"], tmp_path, {})
-    assert "pip install" in result["skipped"]
-    assert "skipped" in report.markdown({"quick": True, "date": "", "wall_s": 1.0, "parts": {"torch": result},
-                                         "machine": report.machine()})
 
 
 def test_bench_table_flags_missed_targets():
@@ -404,12 +165,12 @@ def test_bench_run_keeps_finished_parts_when_one_fails_or_is_stopped(monkeypatch
         return dict(GROWTH)
 
     monkeypatch.setattr(suite, "RUNNERS", {"train": fail, "growth": growth})
-    results = suite.run(["growth", "train"], "quick", tmp_path, "python benchmarks/bench.py --quick")
+    results = suite.run(["growth", "train"], "quick", tmp_path, "python -m benchmarks.bench --quick")
     assert list(results["parts"]) == ["train", "growth"]  # in PARTS order, whatever the order asked
     assert set(results["part_wall_s"]) == {"train", "growth"}
     table = (tmp_path / "bench.md").read_text()
     assert "**train: failed** (RuntimeError: boom)" in table and "| step time ∝ T^k | k = 1.00" in table
-    assert "`python benchmarks/bench.py --quick`" in table and "Time per part: train" in table
+    assert "`python -m benchmarks.bench --quick`" in table and "Time per part: train" in table
 
     def stop(sizes, out, done):
         raise KeyboardInterrupt  # Ctrl-C, or SIGTERM through benchmarks/bench.py's handler
@@ -417,7 +178,7 @@ def test_bench_run_keeps_finished_parts_when_one_fails_or_is_stopped(monkeypatch
     monkeypatch.setattr(suite, "RUNNERS", {"mfu": stop, "growth": growth})
     (tmp_path / "bench.json").write_text(json.dumps({"parts": {"train": {"error": "RuntimeError: boom"}}}))
     with pytest.raises(KeyboardInterrupt):
-        suite.run(["mfu", "growth"], "quick", tmp_path, "python benchmarks/bench.py --quick")
+        suite.run(["mfu", "growth"], "quick", tmp_path, "python -m benchmarks.bench --quick")
     kept = json.loads((tmp_path / "bench.json").read_text())
     assert kept["parts"]["mfu"]["error"] == "interrupted" and "growth" not in kept["parts"]
 
@@ -430,9 +191,9 @@ def test_bench_command_line_picks_the_mode_and_grid_budget(monkeypatch):
     bench.main(["--quick"])
     bench.main([])
     (parts, mode, _, command), kwargs = calls[0]
-    assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python benchmarks/bench.py --full "
+    assert (parts, mode, command, kwargs) == (["dynamics"], "full", "python -m benchmarks.bench --full "
                                               "--parts dynamics --grid-budget 0", {"grid_budget_s": 0.0})
-    assert calls[1][0][:2] == (["input", "train", "torch", "mfu", "growth"], "quick")
+    assert calls[1][0][:2] == (["input", "train", "mfu", "growth"], "quick")
     assert calls[2][0][:2] == (list(bench.PARTS), "default") and calls[2][1] == {"grid_budget_s": None}
     for argv in (["--quick", "--full"], ["--parts", "train,fk"]):
         with pytest.raises(SystemExit):
@@ -446,7 +207,7 @@ def test_default_bench_measures_what_the_readme_claims():
     default = SIZES["default"]
     grid = default.grid
     assert 24 in grid["joints"] and set(grid["frames"]) >= {256, 1024, 4096} and "float32" in grid["dtypes"]
-    assert max(default.growth_t) >= 1024 and default.growth_fixed and default.torch_pairs
+    assert max(default.growth_t) >= 1024 and default.growth_fixed
     assert default.steps == SIZES["full"].steps  # the same frames as the docs' full run: ratios comparable
 
 
@@ -458,7 +219,7 @@ def test_bench_table_states_the_grid_targets_on_the_joints_measured():
             "not_run": [{"J": "52 (random_tree)", "frames": 4096, "dtype": "float32"}],
             "grid_budget_s": 180.0, "targets": dynamics_grid.check_targets(rows)}
     part = {"results": grid, "markdown": dynamics_grid.markdown(grid), "met": True}
-    table = report.markdown({"quick": False, "mode": "default", "command": "python benchmarks/bench.py",
+    table = report.markdown({"quick": False, "mode": "default", "command": "python -m benchmarks.bench",
                              "date": "", "wall_s": 1.0, "parts": {"dynamics": part},
                              "machine": report.machine()})
     assert ("| dynamics loss + gradient, dense `jax.jacfwd` ÷ blocked (J = 24, 4,096 frames) | **60.0×** "

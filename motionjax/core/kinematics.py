@@ -452,8 +452,7 @@ def _dof_columns(skeleton: Skeleton) -> np.ndarray:
 
 
 def dof_layout(skeleton: Skeleton):
-    """The numpy index plan of :func:`pack_dofs` / :func:`unpack_dofs` (shared with
-    ``benchmarks/torch_peer.py``): ``columns [num_dof - 3]`` the padded slot ``3k + b`` of each
+    """The numpy index plan of :func:`pack_dofs` / :func:`unpack_dofs`: ``columns [num_dof - 3]`` the padded slot ``3k + b`` of each
     packed rotational DOF, ``source [3J]`` each padded slot's packed index (a gather, no scatter)
     and ``used [3J]`` whether the slot holds a DOF."""
     columns = _dof_columns(skeleton)
