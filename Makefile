@@ -18,7 +18,7 @@ ARGS ?=
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[data,dev]'
+	$(PY) -m pip install -q -e '.[data,test]'  # what train, test and bench need; .[dev] adds ruff, tensorboard
 	$(PY) -m pip install -q --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
 	touch $@
 
@@ -32,6 +32,7 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks.bench  # benchmarks/ is not installed: run from the checkout's root
 
 lint: $(VENV)/.installed
+	$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q 'ruff>=0.5'
 	$(PY) -m ruff check motionjax scripts tests experiments benchmarks notebooks setup.py
 
 clean:
