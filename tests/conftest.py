@@ -54,3 +54,21 @@ def env():
     compilation cache with every program kept (so only the first run of a program compiles)."""
     return dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+# The costliest files first. `make test` hands whole files to two workers (xdist --dist loadfile) in
+# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
+# tests, which put the few-test, minutes-long files such as the notebooks and the cluster runs last,
+# the run's tail). Longest first, the two workers finish together. Seconds per file: the profile of
+# docs/history.md ("`make test` and `make bench` on a fresh clone").
+COSTLIEST_FIRST = (
+    "test_notebooks.py", "test_faults.py", "test_multiprocess.py", "test_train.py", "test_slurm.py",
+    "test_generate.py", "test_evaluate.py", "test_gpu_check.py", "test_predict.py", "test_package.py",
+    "test_efficiency.py", "test_time_to_target.py", "test_bench.py", "test_your_data.py",
+    "test_grad_reduce.py", "test_apply.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
