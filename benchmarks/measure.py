@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from motionjax.timing import block, time_call  # noqa: F401  (the package's own; used here and by the parts)
+
 _CACHE_HITS = [0]  # persistent-cache hits so far in this process (jax.monitoring counts them)
 
 
@@ -44,24 +46,6 @@ def lower_and_compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stag
     return compiled, {"lower_s": wall_lowered - wall, "compile_s": time.perf_counter() - wall_lowered,
                       "lower_cpu_s": cpu_lowered - cpu, "compile_cpu_s": _cpu_s() - cpu_lowered,
                       "cache_hit": _CACHE_HITS[0] > hits}
-
-
-def block(tree):
-    """Wait for every array in ``tree`` (JAX dispatch is asynchronous)."""
-    return jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
-
-
-def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
-              sync: Callable[[object], object] = block) -> float:
-    """Median wall time (s) of ``fn()`` over ``repeats`` calls, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        sync(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sync(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def interleaved_rounds(calls: dict[str, Callable[[], object]], rounds: int = 5, repeats: int = 2,

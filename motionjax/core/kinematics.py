@@ -452,9 +452,9 @@ def _dof_columns(skeleton: Skeleton) -> np.ndarray:
 
 
 def dof_layout(skeleton: Skeleton):
-    """The numpy index plan of :func:`pack_dofs` / :func:`unpack_dofs`: ``columns [num_dof - 3]`` the padded slot ``3k + b`` of each
-    packed rotational DOF, ``source [3J]`` each padded slot's packed index (a gather, no scatter)
-    and ``used [3J]`` whether the slot holds a DOF."""
+    """The numpy index plan of :func:`pack_dofs` / :func:`unpack_dofs`: ``columns [num_dof - 3]``
+    the padded slot ``3k + b`` of each packed rotational DOF, ``source [3J]`` each padded slot's packed
+    index (a gather, no scatter) and ``used [3J]`` whether the slot holds a DOF."""
     columns = _dof_columns(skeleton)
     source = np.zeros(3 * skeleton.num_joints, int)
     source[columns] = np.arange(len(columns))

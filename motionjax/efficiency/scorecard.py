@@ -5,12 +5,11 @@ be compared as ratios (the absolute numbers move with the machine's load).
 """
 from __future__ import annotations
 
-import time
-
 import jax
 import numpy as np
 from flax import nnx
 
+from motionjax import timing
 from motionjax.data import pipeline
 from motionjax.evaluation import metrics
 
@@ -46,14 +45,7 @@ def param_count(model: nnx.Module) -> int:
 
 def latency(fn, x, repeats: int = 100, warmup: int = 5) -> float:
     """Median seconds per call of ``fn(x)`` (a JAX result is waited for)."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(x))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return timing.time_call(lambda: fn(x), repeats, warmup)
 
 
 def window(shape, batch: int = 1, seed: int = 0) -> np.ndarray:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax import parallel
+from motionjax import parallel, timing
 from motionjax.core.features import feature_dim
 from motionjax.train import step as train_step
 
@@ -124,15 +123,13 @@ class StepProbe:
                  for k, s in self._batch_spec(per_device).items()}
         # The step donates its state: run on a copy, then drop it.
         state = jax.tree.map(lambda a: a.copy(), self.state)
-        state, metrics = compiled(state, batch)  # warm-up
-        jax.block_until_ready(metrics)
-        times = []
-        for _ in range(steps):
-            t = time.perf_counter()
+
+        def step():
+            nonlocal state
             state, metrics = compiled(state, batch)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - t)
-        return float(np.median(times))
+            return metrics
+
+        return timing.time_call(step, repeats=steps, warmup=1)
 
 
 def largest_fitting(fits, max_batch: int = 1 << 16) -> int:
