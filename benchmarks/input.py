@@ -1,177 +1,187 @@
-"""The input path, alone and in training (#53): per residency tier, on the headline config.
+"""Input overhead: what the trainer loses to its input, fed vs fixed batch (#61).
 
-For each tier (:mod:`motionjax.data.feed`: ``device``, the corpus on the devices; ``stream``, Grain
-ships spans; and ``host``, the baseline that augments every window in numpy on the main thread, as
-the trainer did before #53 in one process):
+    python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
+                               [--out results/input] [--check]
 
-- ``batches_per_s``: batches the input delivers alone (no train step competing), after warm-up;
-- ``cpu_ms_per_batch``: process CPU time per batch over that loop (on a CPU backend it includes the
-  device program's own work, which runs on the same cores; on a GPU it is the host's alone);
-- ``program_ms``: the device augmentation program alone on a fixed input (device and stream tiers);
-- ``compile_s``: its compile seconds;
-- in a real training run of ``steps`` steps: ``data_wait_fraction``, ``steps_per_s`` and the step's
-  ``compile_s`` (the trainer's own timing, ``summary.json``), and the host cache's hit rate (stream).
+For each case, the real trainer (:func:`motionjax.train.train_and_evaluate`, a short run) fed by its
+own input, and the same trainer fed one fixed batch (its first batch repeated: no input program
+runs), alternating fed / fixed / fed / fixed in one process; the best of the runs of each:
 
-``step_ms``: the train step alone on one batch, for scale: the input keeps up when its batches/s
-exceed ``1000 / step_ms``.
+- ``input_overhead = 1 - fed steps/s / fixed steps/s``: everything the input costs the step,
+  the input program's device time included (a timer around ``next()`` misses it: asynchronous
+  dispatch returns before the program runs);
+- ``input_ms``: the input program alone (the feed's batch, waited for), and its share of the fixed
+  step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and syncs;
+- ``host_ms`` p50 / p99: the trainer's period from one step's dispatch to the next, and
+  ``dispatch_ms`` p50 / p99, the call of the train step itself (``summary.json``'s ``host``).
+
+Cases: the headline autoencoder (``experiments/autoencoder.py``, Bandai when here), the DeepMimic
+denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes
+~5-10 ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
+``--check`` exits 1 when a case passes its threshold (:data:`THRESHOLDS`). Writes ``input.json``
+and prints the table. Ratios within one run are what count on a shared machine.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import itertools
+import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
+import experiments
 from benchmarks import measure
-from experiments import autoencoder, base
 from motionjax import parallel, train
 from motionjax.data import feed, pipeline
+from motionjax.train import loop
 
-TIERS = ("device", "stream", "host")
-TARGET_BATCHES_PER_S = 300.0   # the input alone, 32 x 64 windows, 2 cores (#53)
-TARGET_DATA_WAIT = 0.02        # in training on the CPU, every tier
+# name: (config spec, steps per run, the figure checked, its threshold)
+CASES = {
+    "autoencoder": ("experiments/autoencoder.py:{corpus}", 60, "input_overhead", 0.02),
+    "denoiser": ("experiments/deepmimic_denoise.py", 200, "input_overhead", 0.04),
+    "standin": ("experiments/deepmimic_denoise.py:runlocal", 400, "other", 0.02),
+}
 
 
-def headline_config(steps: int):
-    """``experiments/autoencoder.py`` (Bandai-1 when its files are here, else DeepMimic) trimmed to
-    ``steps`` steps: one validation evaluation at the end, no references, plots or exports."""
-    corpus = "bandai" if Path(base.BANDAI_SOURCE).is_dir() else "deepmimic"
-    c = autoencoder.get_config(corpus)
-    c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=())
-    c.evals.heldout.splits = ("validation",)
+def case_config(name: str, steps: int, tier: str):
+    """The case's config trimmed to ``steps`` steps: one checkpoint, one validation evaluation (its
+    time is not training time), no references, no clip video; ``tier``'s residency."""
+    spec = CASES[name][0].format(corpus="bandai" if Path(experiments.load(
+        "experiments/autoencoder.py:bandai").data.source).exists() else "deepmimic")
+    c = experiments.load(spec)
+    c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=(),
+                   progress_every=steps, log_every=10)
     c.train.best_metric = "validation/mpjpe"
-    c.evals.final.update(splits=("validation",), references=(), by_label=False)
-    del c.evals["clip"]
+    c.evals = {"heldout": dict(c.evals.heldout, splits=("validation",)),
+               "final": dict(c.evals.final, splits=("validation",), references=(), by_label=False,
+                             inputs=("clean",))}
+    if name == "standin":  # a small model on a full batch: a step of a few ms
+        c.data.batch_size = 16
+        c.train.update(warmup_steps=10)
+    if "input_check_steps" in c.train:
+        c.train.input_check_steps = 0  # the trainer's own fed/fixed stretch: measured here instead
+    c.data.residency = tier
     return c
 
 
-def _iterator(config, info, tier: str):
-    if tier == "host":
-        mesh = parallel.make_mesh(config.mesh)
-        shardings = parallel.batch_shardings(mesh, train.batch_keys(config))
-        return (pipeline.to_global(shardings, b)
-                for b in pipeline.make_naive_train_iterator(config.data, info, seed=config.seed))
-    return feed.Feed(config.data, info, parallel.make_mesh(config.mesh), train.batch_keys(config),
-                     seed=config.seed, mode=tier)
+@contextlib.contextmanager
+def fixed_batch():
+    """Within it, the trainer is fed its first batch again and again (an iterator that is no feed, so
+    it takes the plain step: the input program never runs)."""
+    make = loop.make_iterator
+
+    def repeat(config, info, mesh):
+        it = make(config, info, mesh)
+        batch = jax.block_until_ready(next(it))
+        if hasattr(it, "close"):
+            it.close()
+        return itertools.repeat(batch)
+
+    loop.make_iterator = repeat
+    try:
+        yield
+    finally:
+        loop.make_iterator = make
 
 
-def input_alone(config, info, tier: str, batches: int) -> dict:
-    """Batches/s and CPU ms per batch of ``tier``'s iterator alone; its program's time and compile."""
-    it = _iterator(config, info, tier)
-    out = {"compile_s": getattr(it, "compile_s", None)}
-    live = [jax.block_until_ready(next(it)) for _ in range(3)]  # warm: first batches, caches
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(batches):
-        live = [*live[-2:], next(it)]  # XLA:CPU: a batch lives until its program has run
-    jax.block_until_ready(live)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    out.update(batches_per_s=batches / wall, cpu_ms_per_batch=1e3 * cpu / batches)
-    if tier in ("device", "stream"):
-        out["program_ms"] = 1e3 * _program_seconds(it)
-        stats = it.stats()
-        if stats:
-            out["cache"] = stats
-    if hasattr(it, "close"):
-        it.close()
-    return out
-
-
-def _program_seconds(it: feed.Feed, repeats: int = 20) -> float:
-    """The feed's compiled augmentation program alone, on one fixed input."""
-    if it.mode == "device":
-        args = (np.int32(0), it._tables, it._seg_cdf)
-    else:
-        args = (np.int32(0), next(it._source))
-    return measure.time_call(lambda: it._program(*args), repeats=repeats)
-
-
-def step_seconds(config, info, repeats: int = 5) -> float:
-    """The train step alone on one batch of the feed."""
-    mesh = parallel.make_mesh(config.mesh)
-    step, state, _, _ = train.build_train_step(config, info, mesh)
-    it = feed.Feed(config.data, info, mesh, train.batch_keys(config), seed=config.seed)
-    batch = jax.block_until_ready(next(it))
-    it.close()
-    holder = {"state": state}
-
-    def call():
-        holder["state"], metrics = step(holder["state"], batch)
-        return metrics
-
-    return measure.time_call(call, repeats=repeats)
-
-
-def in_training(config, tier: str, workdir: Path) -> dict:
-    """A real training run of ``config`` with the input of ``tier``: the trainer's own timing."""
-    c = config.copy_and_resolve_references()
-    if tier == "host":
-        c.data.loader = "naive"
-    else:
-        c.data.residency = tier
+def one_run(config, workdir: Path, fixed: bool) -> dict:
     shutil.rmtree(workdir, ignore_errors=True)
-    summary = train.train_and_evaluate(c, workdir)
-    out = {k: summary[k] for k in ("data_wait_fraction", "steps_per_s", "frames_per_s", "compile_s")}
-    out.update({k: v for k, v in summary.get("input", {}).items() if k != "residency"})
-    return out
+    with fixed_batch() if fixed else contextlib.nullcontext():
+        s = train.train_and_evaluate(config, workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"steps_per_s": s["steps_per_s"], "compile_s": s["compile_s"], "host": s.get("host")}
 
 
-def run(steps: int, batches: int, out: Path, tiers=TIERS, log=print) -> dict:
-    """Every tier of :data:`TIERS`: the input alone, then a ``steps``-step training run, each tier in
-    turn (one run: their ratios hold on a shared machine)."""
-    config = headline_config(steps)
+def input_ms(config) -> float:
+    """The input program alone: the feed's next batch, waited for (median of 20)."""
     info = pipeline.dataset_info(config.data)
-    corpus = "bandai" if "bandai" in config.data.dir else "deepmimic"
-    result = {"config": f"experiments/autoencoder.py:{corpus}",
-              "batch": config.data.batch_size, "window": config.data.window, "steps": steps,
-              "batches": batches, "backend": jax.default_backend(), "devices": jax.device_count(),
-              "cores": len(os.sched_getaffinity(0)), "corpus_mb": feed.resident.corpus_nbytes(info) / 2**20,
-              "residency_auto": feed.choose_residency(config.data, info)[0], "tiers": {}}
-    start = time.perf_counter()
-    result["step_ms"] = 1e3 * step_seconds(config, info)
-    log(f"input: the train step alone {result['step_ms']:.1f} ms ({time.perf_counter() - start:.0f} s)")
-    for tier in tiers:
-        t = time.perf_counter()
-        # The host loader makes ~5 batches/s here: a few tens of them say as much as hundreds.
-        row = {"alone": input_alone(config, info, tier, batches if tier != "host" else min(batches, 30))}
-        row["training"] = in_training(config, tier, out / "runs" / f"input_{tier}")
-        result["tiers"][tier] = row
-        wait = row["training"]["data_wait_fraction"]
-        log(f"input: {tier}: {row['alone']['batches_per_s']:.0f} batches/s alone, data wait "
-            f"{100 * wait:.1f}% in training ({time.perf_counter() - t:.0f} s)")
-    alone = {t: r["alone"]["batches_per_s"] for t, r in result["tiers"].items()}
-    waits = {t: r["training"]["data_wait_fraction"] for t, r in result["tiers"].items() if t != "host"}
-    result["targets"] = {
-        "batches_per_s": TARGET_BATCHES_PER_S, "data_wait": TARGET_DATA_WAIT,
-        "met_batches_per_s": {t: alone[t] >= TARGET_BATCHES_PER_S for t in alone if t != "host"},
-        "met_data_wait": {t: w <= TARGET_DATA_WAIT for t, w in waits.items()}}
-    if "host" in alone:
-        result["speedup_vs_host"] = {t: alone[t] / alone["host"] for t in alone if t != "host"}
-    result["met"] = bool(all(result["targets"]["met_batches_per_s"].values())
-                         and all(result["targets"]["met_data_wait"].values()))
+    it = feed.Feed(config.data, info, parallel.make_mesh(config.mesh), train.batch_keys(config),
+                   seed=config.seed, mode=config.data.residency)
+    try:
+        return 1e3 * measure.time_call(lambda: next(it), repeats=20, warmup=3)
+    finally:
+        it.close()
+
+
+def compare(name: str, tier: str, out: Path, rounds: int = 2, log=print, steps: int | None = None) -> dict:
+    """Fed and fixed trainer runs of case ``name``, alternating, ``rounds`` of each; the best of each."""
+    steps = steps or CASES[name][1]
+    config = case_config(name, steps, tier)
+    runs = {"fed": [], "fixed": []}
+    for r in range(rounds):
+        for kind in ("fed", "fixed"):
+            t = time.perf_counter()
+            runs[kind].append(one_run(config, out / "runs" / f"{name}_{tier}_{kind}", kind == "fixed"))
+            log(f"input: {name}/{tier} {kind} run {r + 1}: {runs[kind][-1]['steps_per_s']:.2f} steps/s "
+                f"({time.perf_counter() - t:.0f} s)")
+    best = {k: max(runs[k], key=lambda x: x["steps_per_s"]) for k in runs}
+    fed, fixed = best["fed"]["steps_per_s"], best["fixed"]["steps_per_s"]
+    row = {"config": config.data.dir, "steps": steps, "batch": config.data.batch_size,
+           "fed_steps_per_s": fed, "fixed_steps_per_s": fixed, "input_overhead": 1 - fed / fixed,
+           "fixed_step_ms": 1e3 / fixed, "input_ms": input_ms(config), "host": best["fed"]["host"],
+           "fixed_host": best["fixed"]["host"], "compile_s": best["fed"]["compile_s"], "runs": runs}
+    row["input_share"] = row["input_ms"] / row["fixed_step_ms"]
+    row["other"] = row["input_overhead"] - row["input_share"]
+    figure, threshold = CASES[name][2:]
+    row["check"] = {"figure": figure, "threshold": threshold, "ok": row[figure] <= threshold}
+    return row
+
+
+def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = 2,
+        log=print, steps: int | None = None) -> dict:
+    """Every case x tier (:func:`compare`; ``steps``: every run's, default the case's own)."""
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": jax.default_backend(),
+              "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "rows": {}}
+    for name in cases:
+        for tier in tiers:
+            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps)
+    result["ok"] = all(r["check"]["ok"] for r in result["rows"].values())
     return result
 
 
+def _ms(host: dict | None, key: str) -> str:
+    return "-" if not host else f"{host[f'{key}_p50']:.2f} / {host[f'{key}_p99']:.2f}"
+
+
 def markdown(result: dict) -> str:
-    """The input table: a row per tier."""
-    lines = [f"Input path ({result['config']}, {result['batch']} x {result['window']} frames, "
-             f"{result['backend']} x {result['devices']}, {result['cores']} cores; the train step alone "
-             f"{result['step_ms']:.1f} ms; corpus {result['corpus_mb']:.1f} MB, data.residency='auto' picks "
-             f"'{result['residency_auto']}')", "",
-             "| tier | batches/s alone | CPU ms / batch | program ms | compile s | data wait (training) "
-             "| steps/s (training) | cache hit rate |", "|---|---|---|---|---|---|---|---|"]
-    for tier, row in result["tiers"].items():
-        a, t = row["alone"], row["training"]
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        hit = (a.get("cache") or {}).get("hit_rate")
-        lines.append(f"| {tier} | {a['batches_per_s']:.0f} | {a['cpu_ms_per_batch']:.1f} | "
-                     f"{fmt(a.get('program_ms'), '.2f')} | {fmt(a.get('compile_s'), '.1f')} | "
-                     f"{100 * t['data_wait_fraction']:.1f}% | {t['steps_per_s']:.2f} | {fmt(hit, '.1%')} |")
-    tg = result["targets"]
-    lines += ["", f"Targets: >= {tg['batches_per_s']:.0f} batches/s alone ("
-              + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in tg["met_batches_per_s"].items())
-              + f"); data wait <= {100 * tg['data_wait']:.0f}% in training ("
-              + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in tg["met_data_wait"].items()) + ")"]
+    lines = [f"Input overhead, fed vs fixed batch, best of {result['rounds']} alternating trainer runs "
+             f"({result['backend']}, {result['cores']} cores, {result['date']})", "",
+             "| case / tier | fed steps/s | fixed steps/s | **input overhead** | input program ms (share) "
+             "| other | host ms p50 / p99 | dispatch ms p50 / p99 | check |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, r in result["rows"].items():
+        c = r["check"]
+        lines.append(f"| {key} | {r['fed_steps_per_s']:.2f} | {r['fixed_steps_per_s']:.2f} | "
+                     f"**{100 * r['input_overhead']:.1f}%** | {r['input_ms']:.2f} "
+                     f"({100 * r['input_share']:.1f}%) | {100 * r['other']:.1f}% "
+                     f"| {_ms(r['host'], 'host_ms')} "
+                     f"| {_ms(r['host'], 'dispatch_ms')} | {c['figure']} <= {100 * c['threshold']:.0f}%: "
+                     f"{'ok' if c['ok'] else 'PASSED'} |")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
+    p.add_argument("--tiers", default="device", help="device,stream")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default="results/input")
+    p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds)
+    result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
+    (out / "input.json").write_text(json.dumps(result, indent=2))
+    print(markdown(result), flush=True)
+    return 0 if result["ok"] or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

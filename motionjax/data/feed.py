@@ -160,7 +160,7 @@ class Feed(grain.DatasetIterator):
                 starts = augment.purpose(keys_, augment._START)
                 spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
                 batch = self._augment({k: spans[k] for k in span_keys}, keys_)
-                return {k: batch[k] for k in keys}
+                return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             args = (np.int32(0), self._tables, self._seg_cdf)
             self._source, self.sampler = None, []
@@ -180,7 +180,7 @@ class Feed(grain.DatasetIterator):
 
             def program(step, spans):
                 batch = self._augment(spans, augment.example_keys(seed, step, b))
-                return {k: batch[k] for k in keys}
+                return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             j = info.skeleton.num_joints
             shapes = {"root_position": ((b, self._augment.span, 3), np.float32),
@@ -188,22 +188,29 @@ class Feed(grain.DatasetIterator):
                       "offsets": ((b, j, 3), np.float32), "segment": ((b,), np.int32)}
             abstract = {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys}
             args = (np.int32(0), abstract)
+        self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
         self._program = jitted.lower(*args).compile()
         self.compile_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------
     def __next__(self) -> dict:
-        step = np.int32(self.served)
+        return self._program(np.int32(self.served), *self.inputs())
+
+    def inputs(self) -> tuple:
+        """The arguments of :attr:`draw` after the step for the next batch (counted served): the
+        resident tables and segment distribution (renewed every ``data.loss_block`` steps with
+        loss-aware sampling), or the next spans from Grain. ``draw(served before, *inputs())`` is
+        :meth:`__next__`'s batch, whether one program runs it or the train step traces it in."""
         if self.mode == "stream":
-            batch = self._program(step, next(self._source))
+            out = (next(self._source),)
         else:
             if self.table is not None and self.served % self._cfg.loss_block == 0:
                 self.table.apply(upto=self.served - 1)  # steps the loop has surely read (priority's doc)
                 self._set_segments(self.table.probabilities(self.served))
-            batch = self._program(step, self._tables, self._seg_cdf)
+            out = (self._tables, self._seg_cdf)
         self.served += 1
-        return batch
+        return out
 
     def record(self, step: int, segments, errors) -> None:
         """Step ``step``'s (1-based) windows: their segments ``[B]`` and errors ``[B]`` (global)."""
