@@ -86,7 +86,8 @@ MODES = {
     # A 16-core GPU host: 480 s of limits in all (the environment's pip install comes first).
     "gpu": Mode("gpu", limits=dict(environment=90, tests=100, autoencoder=120, mfu=50, dynamics=80, torch=90,
                                    bench=120),
-                budget_s=480, steps=500, input_check_steps=60, variant="", tests=GPU_TESTS, matmul_n=8192, rounds=5, joints=24,
+                budget_s=480, steps=500, input_check_steps=60,
+                variant="", tests=GPU_TESTS, matmul_n=8192, rounds=5, joints=24,
                 frames=4096, dynamics_budget_s=6.0, dense=True, torch_steps=60, torch_untimed=10),
     # The dry run: every part's plumbing at tiny sizes (tests: the halo test only; the suite runs the rest).
     # Its seconds are compiles, which a loaded 2-core machine stretches 3-4x: generous limits.

@@ -1,31 +1,35 @@
 """Input overhead: what the trainer loses to its input, fed vs fixed batch (#61).
 
     python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
-                               [--out results/input] [--check]
+                               [--rounds 3] [--out results/input] [--check]
 
-For each case, the real trainer (:func:`motionjax.train.train_and_evaluate`, a short run) fed by its
-own input, and the same trainer fed one fixed batch (its first batch repeated: no input program
-runs), alternating fed / fixed / fed / fixed in one process; the best of the runs of each:
+For each case and residency tier, in one process:
 
-- ``input_overhead = 1 - fed steps/s / fixed steps/s``: everything the input costs the step,
-  the input program's device time included (a timer around ``next()`` misses it: asynchronous
-  dispatch returns before the program runs);
-- ``input_ms``: the input program alone (the feed's batch, waited for), and its share of the fixed
-  step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and syncs;
-- ``host_ms`` p50 / p99: the trainer's period from one step's dispatch to the next, and
-  ``dispatch_ms`` p50 / p99, the call of the train step itself (``summary.json``'s ``host``).
+1. a short run of the real trainer (:func:`motionjax.train.train_and_evaluate`): its steps/s and the
+   host's milliseconds per step, p50 / p99, from one step's dispatch to the next (``host_ms``) and
+   the call of the step itself (``dispatch_ms``);
+2. the train step fed several ways, in blocks of steps timed round-robin (:func:`motionjax.train.
+   loop.time_blocks`, ``--rounds`` blocks each, the best of each): ``fixed``, one batch again and
+   again (no input program runs); ``fed``, the trainer's way now, the feed's input program inside the
+   step (one program a step); ``separate``, the input as its own program before each step.
+   ``input_overhead = 1 - fed steps/s / fixed steps/s`` counts the input program's device time,
+   which a timer around ``next()`` misses (asynchronous dispatch returns before it runs);
+   ``separate_overhead`` is the same for the input as its own program, and ``before_overhead`` for
+   the trainer of before #61 (its own program, and each step's metrics read one step late, against
+   the same loop on the fixed batch);
+3. ``input_ms``: the input program alone (its blocks timed in the same round-robin) and its share of
+   the fixed step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and
+   syncs (negative where the step hides part of the input's compute).
 
-Cases: the headline autoencoder (``experiments/autoencoder.py``, Bandai when here), the DeepMimic
-denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes
-~5-10 ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
-``--check`` exits 1 when a case passes its threshold (:data:`THRESHOLDS`). Writes ``input.json``
-and prints the table. Ratios within one run are what count on a shared machine.
+Cases: the headline autoencoder (``experiments/autoencoder.py``, Bandai-1 when here), the DeepMimic
+denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes a
+few ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
+``--check`` exits 1 when a case passes its threshold (:data:`CASES`). Writes ``input.json`` and
+prints the table. Ratios within one process are what count on a shared machine.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import os
 import shutil
@@ -34,24 +38,24 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 import experiments
-from benchmarks import measure
 from motionjax import parallel, train
-from motionjax.data import feed, pipeline
+from motionjax.data import pipeline
 from motionjax.train import loop
 
-# name: (config spec, steps per run, the figure checked, its threshold)
+# name: (config spec, trainer steps, steps per timed block, the figure checked, its threshold)
 CASES = {
-    "autoencoder": ("experiments/autoencoder.py:{corpus}", 60, "input_overhead", 0.02),
-    "denoiser": ("experiments/deepmimic_denoise.py", 200, "input_overhead", 0.04),
-    "standin": ("experiments/deepmimic_denoise.py:runlocal", 400, "other", 0.02),
+    "autoencoder": ("experiments/autoencoder.py:{corpus}", 30, 10, "input_overhead", 0.02),
+    "denoiser": ("experiments/deepmimic_denoise.py", 100, 25, "input_overhead", 0.04),
+    "standin": ("experiments/deepmimic_denoise.py:runlocal", 300, 60, "other", 0.02),
 }
 
 
 def case_config(name: str, steps: int, tier: str):
     """The case's config trimmed to ``steps`` steps: one checkpoint, one validation evaluation (its
-    time is not training time), no references, no clip video; ``tier``'s residency."""
+    time is not training time), no references, no input check (measured here); ``tier``'s residency."""
     spec = CASES[name][0].format(corpus="bandai" if Path(experiments.load(
         "experiments/autoencoder.py:bandai").data.source).exists() else "deepmimic")
     c = experiments.load(spec)
@@ -64,78 +68,78 @@ def case_config(name: str, steps: int, tier: str):
     if name == "standin":  # a small model on a full batch: a step of a few ms
         c.data.batch_size = 16
         c.train.update(warmup_steps=10)
-    if "input_check_steps" in c.train:
-        c.train.input_check_steps = 0  # the trainer's own fed/fixed stretch: measured here instead
+    c.train.input_check_steps = 0  # the trainer's own fed / fixed blocks: measured here instead
     c.data.residency = tier
     return c
 
 
-@contextlib.contextmanager
-def fixed_batch():
-    """Within it, the trainer is fed its first batch again and again (an iterator that is no feed, so
-    it takes the plain step: the input program never runs)."""
-    make = loop.make_iterator
-
-    def repeat(config, info, mesh):
-        it = make(config, info, mesh)
-        batch = jax.block_until_ready(next(it))
-        if hasattr(it, "close"):
-            it.close()
-        return itertools.repeat(batch)
-
-    loop.make_iterator = repeat
-    try:
-        yield
-    finally:
-        loop.make_iterator = make
-
-
-def one_run(config, workdir: Path, fixed: bool) -> dict:
+def trainer_run(config, workdir: Path) -> dict:
+    """A short run of the real trainer: steps/s, host wait and host ms per step (its summary)."""
     shutil.rmtree(workdir, ignore_errors=True)
-    with fixed_batch() if fixed else contextlib.nullcontext():
-        s = train.train_and_evaluate(config, workdir)
+    s = train.train_and_evaluate(config, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"steps_per_s": s["steps_per_s"], "compile_s": s["compile_s"], "host": s.get("host")}
+    return {k: s.get(k) for k in ("steps_per_s", "compile_s", "host_wait_fraction", "host")}
 
 
-def input_ms(config) -> float:
-    """The input program alone: the feed's next batch, waited for (median of 20)."""
-    info = pipeline.dataset_info(config.data)
-    it = feed.Feed(config.data, info, parallel.make_mesh(config.mesh), train.batch_keys(config),
-                   seed=config.seed, mode=config.data.residency)
+def read_late(call):
+    """``call`` with the metrics of the step before read to the host after each dispatch (the loop of
+    before #61: one step of lookahead)."""
+    held = []
+
+    def f(state):
+        state, metrics, *rest = call(state)
+        if held:
+            jax.device_get(held.pop())
+        held.append(metrics)
+        return state, metrics, *rest
+
+    return f
+
+
+def compare(name: str, tier: str, out: Path, rounds: int = 3, log=print, steps: int | None = None) -> dict:
+    """Case ``name`` on ``tier``: a trainer run, then fixed / fed / separate blocks round-robin."""
+    spec, trainer_steps, block, figure, threshold = CASES[name]
+    config = case_config(name, steps or trainer_steps, tier)
+    t = time.perf_counter()
+    row = {"config": spec, "data": config.data.dir, "batch": config.data.batch_size,
+           "window": config.data.window, "trainer": trainer_run(config, out / "runs" / f"{name}_{tier}")}
+    log(f"input: {name}/{tier}: trainer {row['trainer']['steps_per_s']:.2f} steps/s "
+        f"({time.perf_counter() - t:.0f} s)")
+    info, mesh = pipeline.dataset_info(config.data), parallel.make_mesh(config.mesh)
+    step, state, _, _ = train.build_train_step(config, info, mesh)
+    it = loop.make_iterator(config, info, mesh)
     try:
-        return 1e3 * measure.time_call(lambda: next(it), repeats=20, warmup=3)
+        fixed_batch = jax.block_until_ready(next(it))
+        # "input": the input program alone, its batches in flight as the step's would be (the state
+        # passes through untouched).
+        calls = {"fixed": lambda s: (*step(s, fixed_batch), None), "fed": step.fed(it),
+                 "separate": lambda s: (*step(s, b := next(it)), b), "input": lambda s: (s, next(it)),
+                 # The trainer before #61: the input as its own program, each step's metrics read
+                 # (device_get) one step late; against the same loop on the fixed batch.
+                 "before": read_late(lambda s: (*step(s, b := next(it)), b)),
+                 "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))}
+        seconds = loop.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds)
     finally:
         it.close()
-
-
-def compare(name: str, tier: str, out: Path, rounds: int = 2, log=print, steps: int | None = None) -> dict:
-    """Fed and fixed trainer runs of case ``name``, alternating, ``rounds`` of each; the best of each."""
-    steps = steps or CASES[name][1]
-    config = case_config(name, steps, tier)
-    runs = {"fed": [], "fixed": []}
-    for r in range(rounds):
-        for kind in ("fed", "fixed"):
-            t = time.perf_counter()
-            runs[kind].append(one_run(config, out / "runs" / f"{name}_{tier}_{kind}", kind == "fixed"))
-            log(f"input: {name}/{tier} {kind} run {r + 1}: {runs[kind][-1]['steps_per_s']:.2f} steps/s "
-                f"({time.perf_counter() - t:.0f} s)")
-    best = {k: max(runs[k], key=lambda x: x["steps_per_s"]) for k in runs}
-    fed, fixed = best["fed"]["steps_per_s"], best["fixed"]["steps_per_s"]
-    row = {"config": config.data.dir, "steps": steps, "batch": config.data.batch_size,
-           "fed_steps_per_s": fed, "fixed_steps_per_s": fixed, "input_overhead": 1 - fed / fixed,
-           "fixed_step_ms": 1e3 / fixed, "input_ms": input_ms(config), "host": best["fed"]["host"],
-           "fixed_host": best["fixed"]["host"], "compile_s": best["fed"]["compile_s"], "runs": runs}
+    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
+    row["input_ms"] = 1e3 / rate.pop("input")
+    row.update({f"{k}_steps_per_s": v for k, v in rate.items()}, block=block, seconds=seconds)
+    row["input_overhead"] = 1 - rate["fed"] / rate["fixed"]
+    row["separate_overhead"] = 1 - rate["separate"] / rate["fixed"]
+    row["before_overhead"] = 1 - rate["before"] / rate["before_fixed"]
+    row["fixed_step_ms"] = 1e3 / rate["fixed"]
     row["input_share"] = row["input_ms"] / row["fixed_step_ms"]
     row["other"] = row["input_overhead"] - row["input_share"]
-    figure, threshold = CASES[name][2:]
     row["check"] = {"figure": figure, "threshold": threshold, "ok": row[figure] <= threshold}
+    log(f"input: {name}/{tier}: overhead {100 * row['input_overhead']:.1f}% (separate program "
+        f"{100 * row['separate_overhead']:.1f}%), fixed step {row['fixed_step_ms']:.1f} ms "
+        f"({time.perf_counter() - t:.0f} s)")
     return row
 
 
-def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = 2,
+def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = 3,
         log=print, steps: int | None = None) -> dict:
-    """Every case x tier (:func:`compare`; ``steps``: every run's, default the case's own)."""
+    """Every case x tier (:func:`compare`; ``steps``: the trainer runs', default each case's own)."""
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": jax.default_backend(),
               "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "rows": {}}
     for name in cases:
@@ -150,19 +154,21 @@ def _ms(host: dict | None, key: str) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"Input overhead, fed vs fixed batch, best of {result['rounds']} alternating trainer runs "
-             f"({result['backend']}, {result['cores']} cores, {result['date']})", "",
-             "| case / tier | fed steps/s | fixed steps/s | **input overhead** | input program ms (share) "
-             "| other | host ms p50 / p99 | dispatch ms p50 / p99 | check |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Input overhead: fed vs fixed batch, best of {result['rounds']} blocks each, round-robin "
+             f"in one process ({result['backend']}, {result['cores']} cores, {result['date']})", "",
+             "| case / tier | fixed step ms | before #61 (own program, per-step read) | input as its own "
+             "program | **input overhead** (inside the step) | input program ms (share) | other "
+             "| trainer steps/s | host ms p50 / p99 | dispatch ms p50 / p99 | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in result["rows"].items():
-        c = r["check"]
-        lines.append(f"| {key} | {r['fed_steps_per_s']:.2f} | {r['fixed_steps_per_s']:.2f} | "
-                     f"**{100 * r['input_overhead']:.1f}%** | {r['input_ms']:.2f} "
-                     f"({100 * r['input_share']:.1f}%) | {100 * r['other']:.1f}% "
-                     f"| {_ms(r['host'], 'host_ms')} "
-                     f"| {_ms(r['host'], 'dispatch_ms')} | {c['figure']} <= {100 * c['threshold']:.0f}%: "
-                     f"{'ok' if c['ok'] else 'PASSED'} |")
+        c, host = r["check"], r["trainer"]["host"]
+        cells = [key, f"{r['fixed_step_ms']:.2f}", f"{100 * r['before_overhead']:.1f}%",
+                 f"{100 * r['separate_overhead']:.1f}%", f"**{100 * r['input_overhead']:.1f}%**",
+                 f"{r['input_ms']:.2f} ({100 * r['input_share']:.1f}%)",
+                 f"{100 * r['other']:.1f}%", f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
+                 _ms(host, "dispatch_ms"),
+                 f"{c['figure']} <= {100 * c['threshold']:.0f}%: {'ok' if c['ok'] else 'PASSED'}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -170,7 +176,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
     p.add_argument("--tiers", default="device", help="device,stream")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="timed blocks of each way to feed the step")
     p.add_argument("--out", default="results/input")
     p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
     args = p.parse_args(argv)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,8 +108,8 @@ class Chrono:
 
 class MetricLog:
     """``log(step, values, prefix)``: each value appended to ``history[prefix/key]`` (saved with every
-    checkpoint, so a resumed run keeps its whole curve) and, given a ``writer`` (process 0), written
-    to TensorBoard and flushed."""
+    checkpoint, so a resumed run keeps its whole curve) and, given a ``writer`` (process 0), queued
+    for TensorBoard and a flush (:class:`EventWriter` writes them off the trainer's thread)."""
 
     def __init__(self, history: dict, writer: EventWriter | None):
         self.history, self.writer = history, writer
@@ -122,11 +124,13 @@ class MetricLog:
 
 
 class EventWriter:
-    """TensorBoard scalars written and flushed in the calling thread (tensorboardX's record format).
+    """TensorBoard scalars (tensorboardX's record format) written by a thread of their own: the
+    trainer's thread only queues them, so a slow disk never holds a step back.
 
-    tensorboardX's ``SummaryWriter`` hands events to a writer thread through a bounded queue: when
-    that thread dies on a full disk, the next ``add_scalar`` blocks forever. Here a failed write
-    raises ``OSError`` (naming the events file) where it happens.
+    tensorboardX's ``SummaryWriter`` also writes from a thread, through a bounded queue: when that
+    thread dies on a full disk, the next ``add_scalar`` blocks forever. Here the queue is unbounded
+    and a failed write is kept: the next call (``add_scalar``, ``flush``, ``close``) raises it as
+    :class:`~motionjax.train.faults.StorageError` naming the events file, and later events are dropped.
     """
 
     def __init__(self, logdir: Path):
@@ -135,7 +139,11 @@ class EventWriter:
         logdir.mkdir(parents=True, exist_ok=True)
         self._writer = EventsWriter(str(logdir / "events"))
         self.path = self._writer._file_name
-        self._io(self._writer.flush)
+        self._io(self._writer.flush)  # here, in the caller's thread: a full disk raises at once
+        self._error: StorageError | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="tensorboard events", daemon=True)
+        self._thread.start()
 
     def _io(self, fn, *args):
         try:
@@ -143,18 +151,37 @@ class EventWriter:
         except OSError as e:
             raise StorageError(e.errno, os.strerror(e.errno), e.filename or self.path) from e
 
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._io(*item)
+                except StorageError as e:
+                    self._error = e
+
+    def _put(self, *item) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(item)
+
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         from tensorboardX.proto import event_pb2
         from tensorboardX.summary import scalar
 
-        self._io(self._writer.write_event,
-                 event_pb2.Event(wall_time=time.time(), step=int(step), summary=scalar(tag, value)))
+        self._put(self._writer.write_event,
+                  event_pb2.Event(wall_time=time.time(), step=int(step), summary=scalar(tag, value)))
 
     def flush(self) -> None:
-        self._io(self._writer.flush)
+        self._put(self._writer.flush)
 
     def close(self) -> None:
-        self._io(self._writer.close)
+        """Write what is queued, close the file and end the thread (again: only raise a kept error)."""
+        if self._thread.is_alive():
+            self._queue.put((self._writer.close,))
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _duration(seconds: float) -> str:

@@ -131,7 +131,7 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     writer = bar = None
     if main:
         workdir.mkdir(parents=True, exist_ok=True)
-        writer = logs.EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
+        writer = logs.EventWriter(workdir / "tensorboard")  # its own thread; a write's error raises here
         cleanup.callback(faults.quietly, writer.close)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     chrono = logs.Chrono(frames_per_step=config.data.batch_size * config.data.window)
@@ -319,35 +319,45 @@ def input_check(run: _Run, steps: int) -> dict:
     """The input's cost to the step, measured where it runs: ``steps`` steps fed by the run's own
     input (the feed's program inside the step, or the iterator's batches) against ``steps`` on one
     fixed batch (no input program runs), in blocks of ``steps / 2`` alternating fed / fixed / fed /
-    fixed, on a copy of the trained state (the run's is untouched); ``input_overhead = 1 - fed
-    steps/s / fixed steps/s``, each the best of its blocks. It counts the input program's device time,
-    which a timer around the host's call cannot see. The fixed side runs the plain step, compiled
-    here for a feed's run (``compile_s``). The run is over: the data stream it saved is not moved."""
+    fixed (:func:`time_blocks`), on a copy of the trained state (the run's is untouched);
+    ``input_overhead = 1 - fed steps/s / fixed steps/s``, each the best of its blocks. It counts the
+    input program's device time, which a timer around the host's call cannot see. The fixed side runs
+    the plain step, compiled here for a feed's run (``compile_s``). The run is over: the data stream
+    it saved is not moved."""
     fixed_batch = jax.block_until_ready(next(run.iterator))
     if isinstance(run.iterator, feed.Feed):
         fed = lambda s: run.fed(s)  # noqa: E731
     else:
         fed = lambda s: (*run.step(s, b := next(run.iterator)), b)  # noqa: E731
     fixed = lambda s: (*run.step(s, fixed_batch), None)  # noqa: E731
-    state = jax.tree.map(jnp.copy, run.state)
     t = time.perf_counter()
-    state = jax.block_until_ready(fixed(state)[0])
+    state = jax.block_until_ready(fixed(jax.tree.map(jnp.copy, run.state))[0])
     compile_s = time.perf_counter() - t
-    state = jax.block_until_ready(fed(state)[0])
-    block, seconds = max(steps // 2, 1), {"fed": [], "fixed": []}
-    for _ in range(2):
-        for name, call in (("fed", fed), ("fixed", fixed)):
+    block = max(steps // 2, 1)
+    seconds = time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds=2)
+    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
+    return {"input_overhead": 1.0 - rate["fed"] / rate["fixed"], "fed_steps_per_s": rate["fed"],
+            "fixed_steps_per_s": rate["fixed"], "steps": 2 * block, "compile_s": compile_s,
+            "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
+
+
+def time_blocks(calls: dict, state, block: int, rounds: int) -> dict:
+    """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
+    blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
+    call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
+    donated: pass a copy."""
+    for call in calls.values():
+        state = jax.block_until_ready(call(state)[0])
+    seconds = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
             keep, t = [], time.perf_counter()
             for _ in range(block):
                 state, *rest = call(state)
                 keep.append(rest)  # every input lives until its step has run (XLA:CPU)
             jax.block_until_ready((state, keep))
             seconds[name].append((time.perf_counter() - t) / block)
-    del state
-    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
-    return {"input_overhead": 1.0 - rate["fed"] / rate["fixed"], "fed_steps_per_s": rate["fed"],
-            "fixed_steps_per_s": rate["fixed"], "steps": 2 * block, "compile_s": compile_s,
-            "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
+    return seconds
 
 
 def speed_line(summary: dict) -> str:
