@@ -334,8 +334,8 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     assert proc.returncode == -signal.SIGKILL
 
     # The last session also measures its input's cost (fed vs fixed batch) after training.
-    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN, "--config.train.input_check_steps=4"), env=env,
-                          check=True, capture_output=True, cwd=REPO, text=True)
+    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN, "--config.train.input_check_steps=4"),
+                          env=env, check=True, capture_output=True, cwd=REPO, text=True)
     # No terminal: plain progress lines (train.progress_every, and the last step), no tqdm bar.
     assert "\r" not in done.stderr and re.search(r"^interrupted: step 40/40  loss \S+  [\d.]+ steps/s  "
                                                  r"host wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr

@@ -8,7 +8,8 @@ Two tiers, one program per batch:
   moves no bytes per step: it dispatches one program.
 - ``"stream"``: Grain reads the clip records through a host cache that keeps dynamic segments longest
   (:class:`~motionjax.data.pipeline.SegmentCache`), draws the starts and ships each window's span
-  (:mod:`motionjax.data.pipeline`); the device augments them with the same program.
+  (:mod:`motionjax.data.pipeline`), every leaf of a batch in one array (one transfer,
+  :class:`~motionjax.data.pipeline.Packed`); the device augments them with the same program.
 - ``"auto"`` (the default): ``"device"`` when the corpus fits ``data.device_share`` of one device's
   memory, else ``"stream"``, saying which and why.
 
@@ -171,23 +172,25 @@ class Feed(grain.DatasetIterator):
                 cfg.worker_count = auto_workers(cfg, info, log=_log_main)
                 self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
-            shardings = span_shardings(mesh, span_keys)
+            j, s = info.skeleton.num_joints, self._augment.span
+            shapes = {"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
+                      "length": ((), np.int32), "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
+            # Every span leaf in one array: one host-to-device transfer a batch.
+            packed = pipeline.Packed({k: shapes[k] for k in span_keys},
+                                     parallel.named_sharding(mesh, "batch"))
             if self._loss_aware:
-                self._source = priority.LossAwareIterator(cfg, info, shardings=shardings, seed=seed, **where)
+                self._source = priority.LossAwareIterator(cfg, info, shardings=packed, seed=seed, **where)
             else:
-                self._source = pipeline.make_train_iterator(cfg, info, shardings=shardings, seed=seed,
+                self._source = pipeline.make_train_iterator(cfg, info, shardings=packed, seed=seed,
                                                             sampler=self.sampler, **where)
 
             def program(step, spans):
-                batch = self._augment(spans, augment.example_keys(seed, step, b))
+                batch = self._augment(packed.unpack(spans["packed"]), augment.example_keys(seed, step, b))
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 
-            j = info.skeleton.num_joints
-            shapes = {"root_position": ((b, self._augment.span, 3), np.float32),
-                      "rotations": ((b, self._augment.span, j, 4), np.float32), "length": ((b,), np.int32),
-                      "offsets": ((b, j, 3), np.float32), "segment": ((b,), np.int32)}
-            abstract = {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys}
-            args = (np.int32(0), abstract)
+            width = sum(packed.widths.values())
+            args = (np.int32(0),
+                    {"packed": jax.ShapeDtypeStruct((b, width), np.uint32, sharding=packed.sharding)})
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
         self._program = jitted.lower(*args).compile()

@@ -451,11 +451,41 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     return ds
 
 
-def to_global(shardings: dict, batch: dict) -> dict:
+class Packed:
+    """A batch's leaves ``keys`` as one ``[B, K]`` uint32 array on the devices (``sharding``: over
+    ``data``), so a batch is one host-to-device transfer, not one per leaf: :func:`to_global` packs
+    (float32 and int32 leaves, each flattened per row, their bits as uint32), :meth:`unpack` (traced,
+    on the device) gives the leaves back bit for bit. ``shapes``: ``{key: (shape per row, dtype)}``."""
+
+    def __init__(self, shapes: dict, sharding):
+        self.shapes, self.sharding = dict(shapes), sharding
+        self.widths = {k: int(np.prod(shape, dtype=np.int64)) for k, (shape, _) in self.shapes.items()}
+
+    def pack(self, batch: dict) -> np.ndarray:
+        """``{key: [b, *shape]}`` -> ``[b, K]`` uint32."""
+        b = len(next(iter(batch.values())))
+        return np.concatenate([np.ascontiguousarray(batch[k], dtype).reshape(b, -1).view(np.uint32)
+                               for k, (_, dtype) in self.shapes.items()], axis=1)
+
+    def unpack(self, packed) -> dict:
+        """``[B, K]`` uint32 (a jax array) -> ``{key: [B, *shape] dtype}``."""
+        import jax.numpy as jnp
+
+        out, start = {}, 0
+        for k, (shape, dtype) in self.shapes.items():
+            bits = packed[:, start:start + self.widths[k]]
+            start += self.widths[k]
+            out[k] = jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype)).reshape(packed.shape[0], *shape)
+        return out
+
+
+def to_global(shardings, batch: dict) -> dict:
     """This process's numpy batch -> global jax Arrays of the keys ``shardings`` names (``{key:
     NamedSharding}``, e.g. ``parallel.batch_shardings``), the others left on the host: each process
     holds ``[B / processes, ...]`` of a leaf. Processes split the batch only: the 'time' axis must
-    not span hosts."""
+    not span hosts. ``shardings`` a :class:`Packed`: ``{"packed": [B, K]}``, one array."""
+    if isinstance(shardings, Packed):
+        return {"packed": jax.make_array_from_process_local_data(shardings.sharding, shardings.pack(batch))}
     return {k: jax.make_array_from_process_local_data(shardings[k], batch[k]) for k in shardings}
 
 
