@@ -222,9 +222,10 @@ class Feed(grain.DatasetIterator):
     def stats(self) -> dict | None:
         """The stream tier's host cache statistics (:meth:`~pipeline.SegmentCache.stats`), when its
         sampler runs in this process (``data.worker_count = 0``); else None."""
-        if self.mode != "stream" or not self.sampler or self._cfg.worker_count:
+        if self.mode != "stream" or self._cfg.worker_count:
             return None
-        return self.sampler[0].cache.stats()
+        cache = self.sampler[0].cache if self.sampler else getattr(self._source, "cache", None)
+        return None if cache is None else cache.stats()
 
     def _set_segments(self, q) -> None:
         self._q = np.asarray(q, np.float64)
