@@ -73,16 +73,19 @@ def choose_residency(cfg, info) -> tuple[str, str]:
                       "does not fit (data.residency='auto'); windows augmented on the device")
 
 
-AUTO_WORKER_MS = 4.0  # host CPU ms per batch the main process may spend before the stream gets workers
+AUTO_WORKER_MS = 4.0     # host CPU ms per batch the main process may spend, when the step's time is unknown
+AUTO_WORKER_SHARE = 0.5  # ... or this share of the train step's time, when the trainer measured it
 
 
-def auto_workers(cfg, info, batches: int = 16, log=None) -> int:
+def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None = None) -> int:
     """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
     process makes ``batches`` span batches after as many to warm its cache, and its CPU time per batch
-    (not wall time: other load on the host does not count) decides. At most :data:`AUTO_WORKER_MS`
-    ms, the main process keeps the work (its prefetch thread runs beside the device program; a worker
-    costs a process start and a copy of every batch); else enough workers to bring each one's share
-    under it, leaving one core to the main process."""
+    (not wall time: other load on the host does not count) decides against the budget: a share
+    (:data:`AUTO_WORKER_SHARE`) of the train step's ``step_ms`` when the trainer measured it (the
+    prefetch thread must keep ahead of the accelerator's clock, not a fixed one), else
+    :data:`AUTO_WORKER_MS`. Within it, the main process keeps the work (its prefetch thread runs beside
+    the device program; a worker costs a process start and a copy of every batch); else enough
+    workers to bring each one's share under it, leaving one core to the main process."""
     c = cfg.copy_and_resolve_references()
     c.update(worker_count=0, prefetch=0)
     it = pipeline.make_train_iterator(c, info, seed=0)
@@ -94,10 +97,13 @@ def auto_workers(cfg, info, batches: int = 16, log=None) -> int:
     ms = 1e3 * (time.process_time() - start) / batches
     it.close()
     cores = len(os.sched_getaffinity(0))
-    workers = 0 if ms <= AUTO_WORKER_MS else max(1, min(cores - 1, int(np.ceil(ms / AUTO_WORKER_MS))))
+    budget = AUTO_WORKER_SHARE * step_ms if step_ms else AUTO_WORKER_MS
+    workers = 0 if ms <= budget else max(1, min(cores - 1, int(np.ceil(ms / budget))))
     if log:
-        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process -> {workers} "
-            f"Grain worker(s) ({cores} cores)")
+        against = (f"{AUTO_WORKER_SHARE:.0%} of the {step_ms:.1f} ms train step" if step_ms
+                   else f"{AUTO_WORKER_MS:g} ms (step time not measured)")
+        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process against "
+            f"{against} -> {workers} Grain worker(s) ({cores} cores)")
     return workers
 
 
@@ -127,13 +133,16 @@ class Feed(grain.DatasetIterator):
     ``DatasetIterator``, so
     ``grain.checkpoint.CheckpointSave/Restore`` save and restore it like Grain's own.
 
+    ``step_ms``: the train step's milliseconds (or a function measuring them, called only when the
+    stream tier picks its workers, ``data.worker_count = -1``: :func:`auto_workers`).
+
     ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
     (``data.loss_sampling``). ``compile_s``: seconds compiling the augmentation program;
     :meth:`stats`: the host cache's hits (stream, in-process workers only).
     """
 
     def __init__(self, cfg, info, mesh=None, keys=None, *, seed: int, mode: str | None = None,
-                 process_index=None, process_count=None):
+                 process_index=None, process_count=None, step_ms=None):
         super().__init__()
         mesh = one_device_mesh() if mesh is None else mesh
         keys = batch_keys(cfg) if keys is None else tuple(keys)
@@ -169,7 +178,8 @@ class Feed(grain.DatasetIterator):
             self.sampler = []
             if cfg.worker_count < 0:
                 cfg = cfg.copy_and_resolve_references()
-                cfg.worker_count = auto_workers(cfg, info, log=_log_main)
+                ms = step_ms() if callable(step_ms) else step_ms
+                cfg.worker_count = auto_workers(cfg, info, log=_log_main, step_ms=ms)
                 self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
             j, s = info.skeleton.num_joints, self._augment.span

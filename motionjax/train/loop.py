@@ -29,17 +29,18 @@ from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, compile_cache, faults, logs, step
 
 
-def make_iterator(config: ml_collections.ConfigDict, info, mesh):
+def make_iterator(config: ml_collections.ConfigDict, info, mesh, step_ms=None):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
     feed (:mod:`motionjax.data.feed`: the corpus on the devices or streamed by Grain, windows augmented
     on the device), or (``data.loader = "naive"``, the baseline) numpy batches made on the main thread
-    and placed on the mesh per step."""
+    and placed on the mesh per step. ``step_ms``: the train step's milliseconds, or a function that
+    measures them (the stream tier's worker choice, :func:`motionjax.data.feed.auto_workers`)."""
     keys = step.batch_keys(config)
     if config.data.loader == "grain":
         mode, why = feed.choose_residency(config.data, info)
         if parallel.is_main_process():
             print(f"data: {why}", flush=True)
-        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode)
+        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode, step_ms=step_ms)
     if config.data.loader == "naive":
         shardings = parallel.batch_shardings(mesh, keys)
         return (pipeline.to_global(shardings, b)
@@ -120,7 +121,8 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
     if main:
         print(step.gradient_reduction(config, mesh, state["params"])[1].describe(), flush=True)
-    iterator = make_iterator(config, info, mesh)
+    step_ms = lambda: step.step_ms(train_step, state, step.abstract_batch(config, info, mesh))  # noqa: E731
+    iterator = make_iterator(config, info, mesh, step_ms=step_ms)
     cleanup.callback(faults.quietly, getattr(iterator, "close", None))
     mngr = checkpoints.make_checkpoint_manager(workdir, cfg)
     cleanup.callback(faults.quietly, mngr.close)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -340,6 +341,20 @@ def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
     keys = batch_keys(config)
     return {k: jax.ShapeDtypeStruct(shapes[k], np.int32 if k == "segment" else np.float32, sharding=s)
             for k, s in parallel.batch_shardings(mesh, keys).items()}
+
+
+def step_ms(step, state, abstract: dict, repeats: int = 3) -> float:
+    """Milliseconds of one ``step`` on a batch of zeros shaped like ``abstract`` (:func:`abstract_batch`),
+    the fastest of ``repeats`` after a first (compiling) call, on a copy of ``state`` (left untouched).
+    The trainer's input check later runs the same compiled step."""
+    batch = {k: jnp.zeros(a.shape, a.dtype, device=a.sharding) for k, a in abstract.items()}
+    copy = jax.block_until_ready(step(jax.tree.map(jnp.copy, state), batch)[0])
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        copy = jax.block_until_ready(step(copy, batch)[0])
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best
 
 
 def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
