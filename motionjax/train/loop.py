@@ -151,16 +151,17 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
     by on_eval)``.
 
     The host never waits for a step it just dispatched: metrics are read only for the steps they are
-    logged at (every ``train.log_every``; every step with loss-aware sampling, whose sampler needs
-    each step's window errors), from a copy to the host started when the step was dispatched, and
-    ``READ_LAG`` steps later, so the device always has that many queued. Before an evaluation or a
+    logged or shown at (every ``train.log_every`` and ``train.progress_every``; every step with
+    loss-aware sampling, whose sampler needs each step's window errors), from a copy to the host
+    started when the step was dispatched, ``READ_LAG`` steps later, so the device always has that
+    many queued. Before an evaluation or a
     checkpoint every dispatched step is read (the non-finite guard sees what the checkpoint holds)."""
     cfg, chrono = run.config.train, run.chrono
     current, stopped_early = run.start, False
     advance = _stepper(run)
     loss_aware = step.uses_window_errors(run.config)
     lag = 1 if loss_aware else READ_LAG  # loss-aware: priority's doc counts on one step late
-    inflight: list = []  # [step, metrics, read?, batch or None]: dispatched, not read yet
+    inflight: list = []  # (step, metrics, read?, what it read): dispatched, not read yet
     while current < cfg.steps and not _stop_agreed(stop, current, cfg.log_every) and not stopped_early:
         if chrono.compile_s is None:
             with chrono.compiling():
@@ -170,7 +171,8 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
             with chrono.dispatch():
                 run.state, metrics, keep = advance()
         current += 1
-        read = loss_aware or current % cfg.log_every == 0 or current == cfg.steps
+        read = (loss_aware or current % cfg.log_every == 0 or current % cfg.progress_every == 0
+                or current == cfg.steps)
         if read:
             for x in jax.tree.leaves(metrics):
                 x.copy_to_host_async()
