@@ -18,8 +18,8 @@ next one starts; the whole check stops starting parts at ``budget_s``):
                  CPU references, blocked Jacobian against jax.jacfwd, shard_map halos) and the FK,
                  Jacobian and dynamics tests, with the default backend on the accelerator
 ``autoencoder``  the headline model (experiments/autoencoder.py, Bandai if present, else DeepMimic)
-                 trained by scripts/train.py for a fixed number of steps: steps/s, data wait, compile s
-                 (its summary.json)
+                 trained by scripts/train.py for a fixed number of steps: steps/s, input overhead (the
+                 trainer's fed vs fixed-batch check), host ms per step, compile s (its summary.json)
 ``mfu``          that model's train step: XLA's FLOPs / step time against a float32 and a bfloat16
                  matmul peak measured here (as ``benchmarks/bench.py`` part e does)
 ``dynamics``     the dynamics loss + gradient at J = 24, 4,096 frames: blocked, jvp and dense
@@ -67,6 +67,7 @@ class Mode:
     limits: dict              # part -> seconds (a part also stops when the check's budget is spent)
     budget_s: float           # no part starts after this long; a part's limit is cut to what is left
     steps: int                # autoencoder: training steps
+    input_check_steps: int    # autoencoder: the trainer's fed vs fixed-batch steps after training
     variant: str              # autoencoder: extra config variant (the dry run's tiny model)
     tests: tuple              # pytest arguments
     matmul_n: int             # mfu: the peak probe's matrix size
@@ -85,13 +86,14 @@ MODES = {
     # A 16-core GPU host: 480 s of limits in all (the environment's pip install comes first).
     "gpu": Mode("gpu", limits=dict(environment=90, tests=100, autoencoder=120, mfu=50, dynamics=80, torch=90,
                                    bench=120),
-                budget_s=480, steps=500, variant="", tests=GPU_TESTS, matmul_n=8192, rounds=5, joints=24,
+                budget_s=480, steps=500, input_check_steps=60,
+                variant="", tests=GPU_TESTS, matmul_n=8192, rounds=5, joints=24,
                 frames=4096, dynamics_budget_s=6.0, dense=True, torch_steps=60, torch_untimed=10),
     # The dry run: every part's plumbing at tiny sizes (tests: the halo test only; the suite runs the rest).
     # Its seconds are compiles, which a loaded 2-core machine stretches 3-4x: generous limits.
     "cpu": Mode("cpu", limits=dict(environment=60, tests=90, autoencoder=150, mfu=90, dynamics=120, torch=120,
                                    bench=0),
-                budget_s=600, steps=2, variant=",runlocal",
+                budget_s=600, steps=4, input_check_steps=4, variant=",runlocal",
                 tests=("tests/test_backend_numerics.py", "-k", "halo"), matmul_n=256, rounds=2, joints=5,
                 frames=64, dynamics_budget_s=0.2, dense=False, torch_steps=3, torch_untimed=1),
 }
@@ -292,6 +294,7 @@ def train_overrides(plan: dict, mode: Mode) -> list[str]:
     PCA reference fit and no per-label tables (none is timed, but the part's time limit counts them)."""
     flags = [f"--config.train.steps={mode.steps}", f"--config.train.eval_every={mode.steps}",
              f"--config.train.checkpoint_every={mode.steps}", "--config.evals.clip.video_s=0.0",
+             f"--config.train.input_check_steps={mode.input_check_steps}",
              "--config.evals.final.references=()", "--config.evals.final.by_label=False",
              "--config.evals.final.splits=('validation',)"]
     if plan.get("data_dir"):
@@ -553,8 +556,8 @@ def _autoencoder(mode: Mode, out: Path, plan: dict, env: dict, limit_s: float) -
     except (OSError, ValueError):
         summary = None
     if summary:
-        keep = ("steps", "status", "steps_per_s", "frames_per_s", "data_wait_fraction", "compile_s",
-                "train_s", "eval_s", "params")
+        keep = ("steps", "status", "steps_per_s", "frames_per_s", "input_overhead", "input_check", "host",
+                "host_wait_fraction", "compile_s", "train_s", "eval_s", "params")
         result.update({k: summary.get(k) for k in keep})
         result["validation_mpjpe_cm"] = _validation_mpjpe(summary)
         result["frames_per_step"] = summary["frames_per_s"] / summary["steps_per_s"] if summary.get(
@@ -625,9 +628,12 @@ def summary_line(name: str, part: dict, results: dict) -> str:
         numerics = "; ".join(part["numerics"])
         return f"{counts or 'no tests ran'}" + (f"; {numerics}" if numerics else "")
     if name == "autoencoder" and part.get("steps_per_s"):
+        overhead, host = part.get("input_overhead"), part.get("host") or {}
         return (f"{part['config']}: {part['steps']} steps, {part['steps_per_s']:.1f} steps/s "
-                f"({part['frames_per_s']:,.0f} frames/s), data wait {100 * part['data_wait_fraction']:.1f}%, "
-                f"compile {part['compile_s']:.1f} s, "
+                f"({part['frames_per_s']:,.0f} frames/s), input overhead "
+                f"{'—' if overhead is None else format(100 * overhead, '.1f') + '%'} (fed vs fixed batch), "
+                f"host {_fmt(host.get('host_ms_p50'))} ms/step (p99 {_fmt(host.get('host_ms_p99'))}, "
+                f"dispatch {_fmt(host.get('dispatch_ms_p50'))}), compile {part['compile_s']:.1f} s, "
                 f"validation MPJPE {_fmt(part.get('validation_mpjpe_cm'))} cm")
     if name == "mfu" and "mfu" in part:
         peaks = ", ".join(f"{d} {p:,.1f}" for d, p in part["peak_tflops"].items())

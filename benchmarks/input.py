@@ -1,178 +1,190 @@
-"""The input path, alone and in training (#53): per residency tier, on the headline config.
+"""Input overhead: what the trainer loses to its input, fed vs fixed batch (#61).
 
-For each tier (:mod:`motionjax.data.feed`: ``device``, the corpus on the devices; ``stream``, Grain
-ships spans; and ``host``, the baseline that augments every window in numpy on the main thread, as
-the trainer did before #53 in one process):
+    python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
+                               [--rounds 3] [--out results/input] [--check]
 
-- ``batches_per_s``: batches the input delivers alone (no train step competing), after warm-up;
-- ``cpu_ms_per_batch``: process CPU time per batch over that loop (on a CPU backend it includes the
-  device program's own work, which runs on the same cores; on a GPU it is the host's alone);
-- ``program_ms``: the device augmentation program alone on a fixed input (device and stream tiers);
-- ``compile_s``: its compile seconds;
-- in a real training run of ``steps`` steps: ``data_wait_fraction``, ``steps_per_s`` and the step's
-  ``compile_s`` (the trainer's own timing, ``summary.json``), and the host cache's hit rate (stream).
+For each case and residency tier, in one process:
 
-``step_ms``: the train step alone on one batch, for scale: the input keeps up when its batches/s
-exceed ``1000 / step_ms``.
+1. a short run of the real trainer (:func:`motionjax.train.train_and_evaluate`): its steps/s and the
+   host's milliseconds per step, p50 / p99, from one step's dispatch to the next (``host_ms``) and
+   the call of the step itself (``dispatch_ms``);
+2. the train step fed several ways, in blocks of steps timed round-robin (:func:`motionjax.train.
+   loop.time_blocks`, ``--rounds`` blocks each, the best of each): ``fixed``, one batch again and
+   again (no input program runs); ``fed``, the trainer's way now, the feed's input program inside the
+   step (one program a step); ``separate``, the input as its own program before each step.
+   ``input_overhead = 1 - fed steps/s / fixed steps/s`` counts the input program's device time,
+   which a timer around ``next()`` misses (asynchronous dispatch returns before it runs);
+   ``separate_overhead`` is the same for the input as its own program, and ``before_overhead`` for
+   the trainer of before #61 (its own program, and each step's metrics read one step late, against
+   the same loop on the fixed batch);
+3. ``input_ms``: the input program alone (its blocks timed in the same round-robin) and its share of
+   the fixed step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and
+   syncs (negative where the step hides part of the input's compute).
+
+Cases: the headline autoencoder (``experiments/autoencoder.py``, its default corpus), the DeepMimic
+denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes a
+few ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
+``--check`` exits 1 when a case passes its threshold (:data:`CASES`). Writes ``input.json`` and
+prints the table. Ratios within one process are what count on a shared machine.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
-from benchmarks import measure
-from experiments import autoencoder
-from motionjax import parallel, train
-from motionjax.configs import base
-from motionjax.data import feed, pipeline
+from motionjax import configs, parallel, train
+from motionjax.data import pipeline
+from motionjax.train import loop
 
-TIERS = ("device", "stream", "host")
-TARGET_BATCHES_PER_S = 300.0   # the input alone, 32 x 64 windows, 2 cores (#53)
-TARGET_DATA_WAIT = 0.02        # in training on the CPU, every tier
+# name: (config spec, trainer steps, steps per timed block, the figure checked, its threshold)
+CASES = {
+    "autoencoder": ("experiments/autoencoder.py", 30, 10, "input_overhead", 0.02),  # the headline corpus
+    "denoiser": ("experiments/deepmimic_denoise.py", 100, 25, "input_overhead", 0.04),
+    "standin": ("experiments/deepmimic_denoise.py:runlocal", 300, 60, "other", 0.02),
+}
 
 
-def headline_config(steps: int):
-    """``experiments/autoencoder.py`` (Bandai-1 when its files are here, else DeepMimic) trimmed to
-    ``steps`` steps: one validation evaluation at the end, no references, plots or exports."""
-    corpus = "bandai" if Path(base.BANDAI_SOURCE).is_dir() else "deepmimic"
-    c = autoencoder.get_config(corpus)
-    c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=())
-    c.evals.heldout.splits = ("validation",)
+def case_config(name: str, steps: int, tier: str):
+    """The case's config trimmed to ``steps`` steps: one checkpoint, one validation evaluation (its
+    time is not training time), no references, no input check (measured here); ``tier``'s residency."""
+    c = configs.load(CASES[name][0])
+    c.train.update(steps=steps, eval_every=steps, checkpoint_every=steps, references=(),
+                   progress_every=steps, log_every=10)
     c.train.best_metric = "validation/mpjpe"
-    c.evals.final.update(splits=("validation",), references=(), by_label=False)
-    del c.evals["clip"]
+    c.evals = {"heldout": dict(c.evals.heldout, splits=("validation",)),
+               "final": dict(c.evals.final, splits=("validation",), references=(), by_label=False,
+                             inputs=("clean",))}
+    if name == "standin":  # a small model on a full batch: a step of a few ms
+        c.data.batch_size = 16
+        c.train.update(warmup_steps=10)
+    c.train.input_check_steps = 0  # the trainer's own fed / fixed blocks: measured here instead
+    c.data.residency = tier
     return c
 
 
-def _iterator(config, info, tier: str):
-    if tier == "host":
-        mesh = parallel.make_mesh(config.mesh)
-        shardings = parallel.batch_shardings(mesh, train.batch_keys(config))
-        return (pipeline.to_global(shardings, b)
-                for b in pipeline.make_naive_train_iterator(config.data, info, seed=config.seed))
-    return feed.Feed(config.data, info, parallel.make_mesh(config.mesh), train.batch_keys(config),
-                     seed=config.seed, mode=tier)
-
-
-def input_alone(config, info, tier: str, batches: int) -> dict:
-    """Batches/s and CPU ms per batch of ``tier``'s iterator alone; its program's time and compile."""
-    it = _iterator(config, info, tier)
-    out = {"compile_s": getattr(it, "compile_s", None)}
-    live = [jax.block_until_ready(next(it)) for _ in range(3)]  # warm: first batches, caches
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(batches):
-        live = [*live[-2:], next(it)]  # XLA:CPU: a batch lives until its program has run
-    jax.block_until_ready(live)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    out.update(batches_per_s=batches / wall, cpu_ms_per_batch=1e3 * cpu / batches)
-    if tier in ("device", "stream"):
-        out["program_ms"] = 1e3 * _program_seconds(it)
-        stats = it.stats()
-        if stats:
-            out["cache"] = stats
-    if hasattr(it, "close"):
-        it.close()
-    return out
-
-
-def _program_seconds(it: feed.Feed, repeats: int = 20) -> float:
-    """The feed's compiled augmentation program alone, on one fixed input."""
-    if it.mode == "device":
-        args = (np.int32(0), it._tables, it._seg_cdf)
-    else:
-        args = (np.int32(0), next(it._source))
-    return measure.time_call(lambda: it._program(*args), repeats=repeats)
-
-
-def step_seconds(config, info, repeats: int = 5) -> float:
-    """The train step alone on one batch of the feed."""
-    mesh = parallel.make_mesh(config.mesh)
-    step, state, _, _ = train.build_train_step(config, info, mesh)
-    it = feed.Feed(config.data, info, mesh, train.batch_keys(config), seed=config.seed)
-    batch = jax.block_until_ready(next(it))
-    it.close()
-    holder = {"state": state}
-
-    def call():
-        holder["state"], metrics = step(holder["state"], batch)
-        return metrics
-
-    return measure.time_call(call, repeats=repeats)
-
-
-def in_training(config, tier: str, workdir: Path) -> dict:
-    """A real training run of ``config`` with the input of ``tier``: the trainer's own timing."""
-    c = config.copy_and_resolve_references()
-    if tier == "host":
-        c.data.loader = "naive"
-    else:
-        c.data.residency = tier
+def trainer_run(config, workdir: Path) -> dict:
+    """A short run of the real trainer: steps/s, host wait and host ms per step (its summary)."""
     shutil.rmtree(workdir, ignore_errors=True)
-    summary = train.train_and_evaluate(c, workdir)
-    out = {k: summary[k] for k in ("data_wait_fraction", "steps_per_s", "frames_per_s", "compile_s")}
-    out.update({k: v for k, v in summary.get("input", {}).items() if k != "residency"})
-    return out
+    s = train.train_and_evaluate(config, workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {k: s.get(k) for k in ("steps_per_s", "compile_s", "host_wait_fraction", "host")}
 
 
-def run(steps: int, batches: int, out: Path, tiers=TIERS, log=print) -> dict:
-    """Every tier of :data:`TIERS`: the input alone, then a ``steps``-step training run, each tier in
-    turn (one run: their ratios hold on a shared machine)."""
-    config = headline_config(steps)
-    info = pipeline.dataset_info(config.data)
-    corpus = "bandai" if "bandai" in config.data.dir else "deepmimic"
-    result = {"config": f"experiments/autoencoder.py:{corpus}",
-              "batch": config.data.batch_size, "window": config.data.window, "steps": steps,
-              "batches": batches, "backend": jax.default_backend(), "devices": jax.device_count(),
-              "cores": len(os.sched_getaffinity(0)), "corpus_mb": feed.resident.corpus_nbytes(info) / 2**20,
-              "residency_auto": feed.choose_residency(config.data, info)[0], "tiers": {}}
-    start = time.perf_counter()
-    result["step_ms"] = 1e3 * step_seconds(config, info)
-    log(f"input: the train step alone {result['step_ms']:.1f} ms ({time.perf_counter() - start:.0f} s)")
-    for tier in tiers:
-        t = time.perf_counter()
-        # The host loader makes ~5 batches/s here: a few tens of them say as much as hundreds.
-        row = {"alone": input_alone(config, info, tier, batches if tier != "host" else min(batches, 30))}
-        row["training"] = in_training(config, tier, out / "runs" / f"input_{tier}")
-        result["tiers"][tier] = row
-        wait = row["training"]["data_wait_fraction"]
-        log(f"input: {tier}: {row['alone']['batches_per_s']:.0f} batches/s alone, data wait "
-            f"{100 * wait:.1f}% in training ({time.perf_counter() - t:.0f} s)")
-    alone = {t: r["alone"]["batches_per_s"] for t, r in result["tiers"].items()}
-    waits = {t: r["training"]["data_wait_fraction"] for t, r in result["tiers"].items() if t != "host"}
-    result["targets"] = {
-        "batches_per_s": TARGET_BATCHES_PER_S, "data_wait": TARGET_DATA_WAIT,
-        "met_batches_per_s": {t: alone[t] >= TARGET_BATCHES_PER_S for t in alone if t != "host"},
-        "met_data_wait": {t: w <= TARGET_DATA_WAIT for t, w in waits.items()}}
-    if "host" in alone:
-        result["speedup_vs_host"] = {t: alone[t] / alone["host"] for t in alone if t != "host"}
-    result["met"] = bool(all(result["targets"]["met_batches_per_s"].values())
-                         and all(result["targets"]["met_data_wait"].values()))
+def read_late(call):
+    """``call`` with the metrics of the step before read to the host after each dispatch (the loop of
+    before #61: one step of lookahead)."""
+    held = []
+
+    def f(state):
+        state, metrics, *rest = call(state)
+        if held:
+            jax.device_get(held.pop())
+        held.append(metrics)
+        return state, metrics, *rest
+
+    return f
+
+
+def compare(name: str, tier: str, out: Path, rounds: int = 3, log=print, steps: int | None = None) -> dict:
+    """Case ``name`` on ``tier``: a trainer run, then fixed / fed / separate blocks round-robin."""
+    spec, trainer_steps, block, figure, threshold = CASES[name]
+    config = case_config(name, steps or trainer_steps, tier)
+    t = time.perf_counter()
+    row = {"config": spec, "data": config.data.dir, "batch": config.data.batch_size,
+           "window": config.data.window, "trainer": trainer_run(config, out / "runs" / f"{name}_{tier}")}
+    log(f"input: {name}/{tier}: trainer {row['trainer']['steps_per_s']:.2f} steps/s "
+        f"({time.perf_counter() - t:.0f} s)")
+    info, mesh = pipeline.dataset_info(config.data), parallel.make_mesh(config.mesh)
+    step, state, _, _ = train.build_train_step(config, info, mesh)
+    it = loop.make_iterator(config, info, mesh)
+    try:
+        fixed_batch = jax.block_until_ready(next(it))
+        # "input": the input program alone, its batches in flight as the step's would be (the state
+        # passes through untouched).
+        calls = {"fixed": lambda s: (*step(s, fixed_batch), None), "fed": step.fed(it),
+                 "separate": lambda s: (*step(s, b := next(it)), b), "input": lambda s: (s, next(it)),
+                 # The trainer before #61: the input as its own program, each step's metrics read
+                 # (device_get) one step late; against the same loop on the fixed batch.
+                 "before": read_late(lambda s: (*step(s, b := next(it)), b)),
+                 "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))}
+        seconds = loop.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds)
+    finally:
+        it.close()
+    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
+    row["input_ms"] = 1e3 / rate.pop("input")
+    row.update({f"{k}_steps_per_s": v for k, v in rate.items()}, block=block, seconds=seconds)
+    row["input_overhead"] = 1 - rate["fed"] / rate["fixed"]
+    row["separate_overhead"] = 1 - rate["separate"] / rate["fixed"]
+    row["before_overhead"] = 1 - rate["before"] / rate["before_fixed"]
+    row["fixed_step_ms"] = 1e3 / rate["fixed"]
+    row["input_share"] = row["input_ms"] / row["fixed_step_ms"]
+    row["other"] = row["input_overhead"] - row["input_share"]
+    row["check"] = {"figure": figure, "threshold": threshold, "ok": row[figure] <= threshold}
+    log(f"input: {name}/{tier}: overhead {100 * row['input_overhead']:.1f}% (separate program "
+        f"{100 * row['separate_overhead']:.1f}%), fixed step {row['fixed_step_ms']:.1f} ms "
+        f"({time.perf_counter() - t:.0f} s)")
+    return row
+
+
+def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = 3,
+        log=print, steps: int | None = None) -> dict:
+    """Every case x tier (:func:`compare`; ``steps``: the trainer runs', default each case's own)."""
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": jax.default_backend(),
+              "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "rows": {}}
+    for name in cases:
+        for tier in tiers:
+            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps)
+    result["ok"] = all(r["check"]["ok"] for r in result["rows"].values())
     return result
 
 
+def _ms(host: dict | None, key: str) -> str:
+    return "-" if not host else f"{host[f'{key}_p50']:.2f} / {host[f'{key}_p99']:.2f}"
+
+
 def markdown(result: dict) -> str:
-    """The input table: a row per tier."""
-    lines = [f"Input path ({result['config']}, {result['batch']} x {result['window']} frames, "
-             f"{result['backend']} x {result['devices']}, {result['cores']} cores; the train step alone "
-             f"{result['step_ms']:.1f} ms; corpus {result['corpus_mb']:.1f} MB, data.residency='auto' picks "
-             f"'{result['residency_auto']}')", "",
-             "| tier | batches/s alone | CPU ms / batch | program ms | compile s | data wait (training) "
-             "| steps/s (training) | cache hit rate |", "|---|---|---|---|---|---|---|---|"]
-    for tier, row in result["tiers"].items():
-        a, t = row["alone"], row["training"]
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        hit = (a.get("cache") or {}).get("hit_rate")
-        lines.append(f"| {tier} | {a['batches_per_s']:.0f} | {a['cpu_ms_per_batch']:.1f} | "
-                     f"{fmt(a.get('program_ms'), '.2f')} | {fmt(a.get('compile_s'), '.1f')} | "
-                     f"{100 * t['data_wait_fraction']:.1f}% | {t['steps_per_s']:.2f} | {fmt(hit, '.1%')} |")
-    tg = result["targets"]
-    lines += ["", f"Targets: >= {tg['batches_per_s']:.0f} batches/s alone ("
-              + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in tg["met_batches_per_s"].items())
-              + f"); data wait <= {100 * tg['data_wait']:.0f}% in training ("
-              + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in tg["met_data_wait"].items()) + ")"]
+    lines = [f"Input overhead: fed vs fixed batch, best of {result['rounds']} blocks each, round-robin "
+             f"in one process ({result['backend']}, {result['cores']} cores, {result['date']})", "",
+             "| case / tier | fixed step ms | before #61 (own program, per-step read) | input as its own "
+             "program | **input overhead** (inside the step) | input program ms (share) | other "
+             "| trainer steps/s | host ms p50 / p99 | dispatch ms p50 / p99 | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in result["rows"].items():
+        c, host = r["check"], r["trainer"]["host"]
+        cells = [key, f"{r['fixed_step_ms']:.2f}", f"{100 * r['before_overhead']:.1f}%",
+                 f"{100 * r['separate_overhead']:.1f}%", f"**{100 * r['input_overhead']:.1f}%**",
+                 f"{r['input_ms']:.2f} ({100 * r['input_share']:.1f}%)",
+                 f"{100 * r['other']:.1f}%", f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
+                 _ms(host, "dispatch_ms"),
+                 f"{c['figure']} <= {100 * c['threshold']:.0f}%: {'ok' if c['ok'] else 'PASSED'}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
+    p.add_argument("--tiers", default="device", help="device,stream")
+    p.add_argument("--rounds", type=int, default=3, help="timed blocks of each way to feed the step")
+    p.add_argument("--out", default="results/input")
+    p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds)
+    result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
+    (out / "input.json").write_text(json.dumps(result, indent=2))
+    print(markdown(result), flush=True)
+    return 0 if result["ok"] or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

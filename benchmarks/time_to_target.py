@@ -172,8 +172,8 @@ def run_to_target(config: ml_collections.ConfigDict, workdir, target: float, *,
 
 
 def _split(timing: dict) -> dict:
-    return {"compile_s": timing["compile_s"], "compute_s": timing["train_s"] - timing["data_wait_s"],
-            "data_wait_s": timing["data_wait_s"], "eval_s": timing["eval_s"],
+    return {"compile_s": timing["compile_s"], "compute_s": timing["train_s"] - timing["host_wait_s"],
+            "data_wait_s": timing["host_wait_s"], "eval_s": timing["eval_s"],
             "checkpoint_s": timing["checkpoint_s"]}
 
 

@@ -95,6 +95,7 @@ def get_config(arg: str | None = None):
     if "runlocal" in parts:
         c.data.batch_size = 8
         c.model.update(dim=16, depth=1, kernel=3)
-        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2)
+        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2,
+                       input_check_steps=0)  # the input check compiles a second step: not in tests
         c.evals.clip.video_s = 0.0  # the tests train many runs: no video each
     return c

@@ -90,5 +90,6 @@ def get_config(arg: str | None = None):
     if "runlocal" in parts:
         c.data.batch_size = 8
         c.model.update(dim=16, depth=2)
-        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2)
+        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2,
+                       input_check_steps=0)  # the input check compiles a second step: not in tests
     return c

@@ -100,6 +100,34 @@ def test_device_prefetch_builds_global_sharded_batches(cfg, info):
     again.close()
 
 
+def test_a_packed_batch_is_one_transfer_and_unpacks_bit_for_bit(cfg, info):
+    """The stream tier's spans travel as one [B, K] array a batch (pipeline.Packed) and come back on
+    the device, sharded over data, with every leaf's bits (NaN payloads and extreme ints included)."""
+    mesh = jax.make_mesh((4, 2), ("data", "time"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    shapes = {"root_position": ((5, 3), np.float32), "length": ((), np.int32), "segment": ((), np.int32)}
+    packed = pipeline.Packed(shapes, NamedSharding(mesh, PartitionSpec("data")))
+    rng = np.random.default_rng(0)
+    batch = {"root_position": rng.normal(size=(8, 5, 3)).astype(np.float32),
+             "length": rng.integers(-2**31, 2**31 - 1, 8).astype(np.int32),
+             "segment": np.arange(8, dtype=np.int32)}
+    batch["root_position"].view(np.uint32)[0, 0, 0] = 0x7FC00123  # a NaN with a payload
+    batch["length"][0] = 3  # a float32 denormal when its bits are read as a float
+    got = pipeline.to_global(packed, batch)
+    assert list(got) == ["packed"] and got["packed"].shape == (8, 15 + 2)
+    assert len(got["packed"].addressable_shards) == 8
+    out = jax.tree.map(np.asarray, jax.jit(packed.unpack)(got["packed"]))
+    for k in shapes:
+        assert out[k].dtype == batch[k].dtype
+        assert np.array_equal(out[k].view(np.uint32), batch[k].view(np.uint32)), k
+    stream = pipeline.make_train_iterator(cfg, info, seed=5)
+    spans = next(stream)
+    stream.close()
+    keys = {"root_position": ((spans["root_position"].shape[1], 3), np.float32), "length": ((), np.int32)}
+    one = pipeline.Packed(keys, NamedSharding(mesh, PartitionSpec("data")))
+    back = jax.tree.map(np.asarray, jax.jit(one.unpack)(pipeline.to_global(one, spans)["packed"]))
+    assert equal([back], [{k: spans[k] for k in keys}])
+
+
 def test_one_worker_process_yields_the_in_process_stream(cfg, info):
     c = cfg.copy_and_resolve_references()
     c.prefetch = 0

@@ -233,3 +233,17 @@ def test_loss_aware_draws_on_the_device_follow_the_error_table(cfg, info):
     assert p > 0.5 and abs((draws == hot).mean() - p) < 5 * np.sqrt(p * (1 - p) / draws.size)
     it.close()
 
+
+
+def test_loss_aware_streaming_keeps_its_host_cache_across_blocks(cfg, info):
+    """Loss-aware sampling opens a new Grain pipeline every data.loss_block steps; in the main process
+    they all read through one host cache: over six blocks no training segment is decoded twice."""
+    c = cfg.copy_and_resolve_references()
+    c.update(loss_sampling=0.5, loss_block=1, batch_size=8, worker_count=0)
+    it = feed.Feed(c, info, seed=0, mode="stream")
+    for step, batch in enumerate(take(it, 6), start=1):
+        it.record(step, batch["segment"], np.ones(8))
+    stats = it.stats()
+    it.close()
+    segments = len(info.splits[info.train_split])
+    assert stats["misses"] <= segments < 6 * 8 and stats["hits"] >= 6 * 8 - segments, stats

@@ -65,6 +65,9 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic
     assert parts["tests"]["counts"].get("passed", 0) >= 1 and not parts["tests"]["failed"]  # CPU halos
     ae = parts["autoencoder"]
     assert ae["steps"] == gpu_check.MODES["cpu"].steps and ae["steps_per_s"] > 0 and ae["compile_s"] > 0
+    # The input's cost measured where it runs (fed vs fixed batch), and the host's time per step.
+    assert -1 < ae["input_overhead"] < 1 and ae["input_check"]["fixed_steps_per_s"] > 0
+    assert ae["host"]["dispatch_ms_p50"] > 0 and "input overhead" in (out / "gpu_check.md").read_text()
     assert 0 < parts["mfu"]["mfu"] < 1 and parts["mfu"]["flops_per_step"] > 0
     assert parts["dynamics"]["blocked_compile_s"] > 0 and parts["dynamics"]["jvp_ms"] > 0
     assert "skipped" in parts["bench"]

@@ -75,6 +75,34 @@ def test_data_time_mesh_matches_one_device(data_dir, batches, single_device_step
     assert sharded[-1]["loss"] != sharded[0]["loss"]  # the parameters did move
 
 
+def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir, single_device_step):
+    """The feed's input program traced into the train step (one program a step, the step counter on
+    the device) trains on the batches the feed gives alone, step for step (float32 rounding aside);
+    set back to an earlier step, as a restore does, it draws that step's batch again."""
+    step, fresh = single_device_step
+    config = runlocal_config(data_dir)
+    info = pipeline.dataset_info(config.data)
+    make = lambda: feed.Feed(config.data, info, keys=train.batch_keys(config), seed=0)  # noqa: E731
+    alone, inside = make(), make()
+    batches = [next(alone) for _ in range(3)]
+    state, plain = fresh(), []
+    for batch in batches:
+        state, metrics = step(state, batch)
+        plain.append(float(metrics["loss"]))
+    fed, state, got = step.fed(inside), fresh(), []
+    for _ in range(3):
+        state, metrics, _ = fed(state)
+        got.append(float(metrics["loss"]))
+    assert inside.served == 3 and len(set(plain)) == 3
+    np.testing.assert_allclose(got, plain, rtol=1e-5)
+    inside.set_state(alone.get_state() | {"served": 1})
+    _, metrics, _ = fed(fresh())
+    _, want = step(fresh(), batches[1])
+    np.testing.assert_allclose(float(metrics["loss"]), float(want["loss"]), rtol=1e-5)
+    alone.close()
+    inside.close()
+
+
 def test_nonfinite_step_is_skipped_and_counted(single_device_step, batches):
     step, init = single_device_step
     state = init()
@@ -167,9 +195,9 @@ class _Stream(io.StringIO):
 
 def test_progress_is_a_bar_on_a_terminal_and_a_line_every_n_steps_in_a_log():
     """In a log file (no terminal): one line at every ``every``-th step and the last, with the loss,
-    the rate, the data wait and the ETA the rate gives, and no carriage returns; on a terminal a bar."""
+    the rate, the host wait and the ETA the rate gives, and no carriage returns; on a terminal a bar."""
     chrono = logs.Chrono(frames_per_step=10)
-    chrono.steps, chrono.data_wait_s = 20, 0.0
+    chrono.steps, chrono.host_wait_s = 20, 0.0
     chrono._t0 -= 10.0  # 20 steps in (about) 10 s: 2 steps/s
     log = _Stream(tty=False)
     progress = logs.Progress(total=250, initial=0, desc="run", every=100, chrono=chrono, stream=log)
@@ -180,7 +208,7 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_every_n_steps_in_a_log():
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue() and len(lines) == 3, lines
     assert [line.split()[:3] for line in lines] == [["run:", "step", f"{s}/250"] for s in (100, 200, 250)]
-    assert "loss 0.0050 " in lines[0] and " 2.00 steps/s " in lines[0] and " data wait 0% " in lines[0]
+    assert "loss 0.0050 " in lines[0] and " 2.00 steps/s " in lines[0] and " host wait 0% " in lines[0]
     assert lines[0].endswith("ETA 1m15s") and lines[2].endswith("ETA 0s")  # 150 steps left at 2 steps/s
 
     terminal = _Stream(tty=True)
@@ -218,7 +246,7 @@ def _fake_run(calls):
         results = {split: {condition: {"model": row(model), "input": row(9.0), "pca": row(5.0)}
                            for condition in ("clean", "noisy")} for split in ("validation", "test")}
         results.update(pca_latent_per_frame=8, model_residual=True)
-        return {"results": results, "steps_per_s": 2.0, "frames_per_s": 512.0, "data_wait_fraction": 0.01}
+        return {"results": results, "steps_per_s": 2.0, "frames_per_s": 512.0, "host_wait_fraction": 0.01}
 
     return run
 
@@ -305,13 +333,16 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
 
-    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
-                          cwd=REPO, text=True)
+    # The last session also measures its input's cost (fed vs fixed batch) after training.
+    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN, "--config.train.input_check_steps=4"),
+                          env=env, check=True, capture_output=True, cwd=REPO, text=True)
     # No terminal: plain progress lines (train.progress_every, and the last step), no tqdm bar.
     assert "\r" not in done.stderr and re.search(r"^interrupted: step 40/40  loss \S+  [\d.]+ steps/s  "
-                                                 r"data wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr
+                                                 r"host wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr
     final = json.loads((interrupted / "summary.json").read_text())
     assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
+    assert -1 < final["input_overhead"] < 1 and final["input_check"]["steps"] == 4
+    assert re.search(r"^speed: .* input overhead -?[\d.]+% \(fed vs fixed batch\)", done.stdout, re.M)
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 

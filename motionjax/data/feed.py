@@ -8,7 +8,8 @@ Two tiers, one program per batch:
   moves no bytes per step: it dispatches one program.
 - ``"stream"``: Grain reads the clip records through a host cache that keeps dynamic segments longest
   (:class:`~motionjax.data.pipeline.SegmentCache`), draws the starts and ships each window's span
-  (:mod:`motionjax.data.pipeline`); the device augments them with the same program.
+  (:mod:`motionjax.data.pipeline`), every leaf of a batch in one array (one transfer,
+  :class:`~motionjax.data.pipeline.Packed`); the device augments them with the same program.
 - ``"auto"`` (the default): ``"device"`` when the corpus fits ``data.device_share`` of one device's
   memory, else ``"stream"``, saying which and why.
 
@@ -72,16 +73,19 @@ def choose_residency(cfg, info) -> tuple[str, str]:
                       "does not fit (data.residency='auto'); windows augmented on the device")
 
 
-AUTO_WORKER_MS = 4.0  # host CPU ms per batch the main process may spend before the stream gets workers
+AUTO_WORKER_MS = 4.0     # host CPU ms per batch the main process may spend, when the step's time is unknown
+AUTO_WORKER_SHARE = 0.5  # ... or this share of the train step's time, when the trainer measured it
 
 
-def auto_workers(cfg, info, batches: int = 16, log=None) -> int:
+def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None = None) -> int:
     """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
     process makes ``batches`` span batches after as many to warm its cache, and its CPU time per batch
-    (not wall time: other load on the host does not count) decides. At most :data:`AUTO_WORKER_MS`
-    ms, the main process keeps the work (its prefetch thread runs beside the device program; a worker
-    costs a process start and a copy of every batch); else enough workers to bring each one's share
-    under it, leaving one core to the main process."""
+    (not wall time: other load on the host does not count) decides against the budget: a share
+    (:data:`AUTO_WORKER_SHARE`) of the train step's ``step_ms`` when the trainer measured it (the
+    prefetch thread must keep ahead of the accelerator's clock, not a fixed one), else
+    :data:`AUTO_WORKER_MS`. Within it, the main process keeps the work (its prefetch thread runs beside
+    the device program; a worker costs a process start and a copy of every batch); else enough
+    workers to bring each one's share under it, leaving one core to the main process."""
     c = cfg.copy_and_resolve_references()
     c.update(worker_count=0, prefetch=0)
     it = pipeline.make_train_iterator(c, info, seed=0)
@@ -93,10 +97,13 @@ def auto_workers(cfg, info, batches: int = 16, log=None) -> int:
     ms = 1e3 * (time.process_time() - start) / batches
     it.close()
     cores = len(os.sched_getaffinity(0))
-    workers = 0 if ms <= AUTO_WORKER_MS else max(1, min(cores - 1, int(np.ceil(ms / AUTO_WORKER_MS))))
+    budget = AUTO_WORKER_SHARE * step_ms if step_ms else AUTO_WORKER_MS
+    workers = 0 if ms <= budget else max(1, min(cores - 1, int(np.ceil(ms / budget))))
     if log:
-        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process -> {workers} "
-            f"Grain worker(s) ({cores} cores)")
+        against = (f"{AUTO_WORKER_SHARE:.0%} of the {step_ms:.1f} ms train step" if step_ms
+                   else f"{AUTO_WORKER_MS:g} ms (step time not measured)")
+        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process against "
+            f"{against} -> {workers} Grain worker(s) ({cores} cores)")
     return workers
 
 
@@ -126,13 +133,16 @@ class Feed(grain.DatasetIterator):
     ``DatasetIterator``, so
     ``grain.checkpoint.CheckpointSave/Restore`` save and restore it like Grain's own.
 
+    ``step_ms``: the train step's milliseconds (or a function measuring them, called only when the
+    stream tier picks its workers, ``data.worker_count = -1``: :func:`auto_workers`).
+
     ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
     (``data.loss_sampling``). ``compile_s``: seconds compiling the augmentation program;
     :meth:`stats`: the host cache's hits (stream, in-process workers only).
     """
 
     def __init__(self, cfg, info, mesh=None, keys=None, *, seed: int, mode: str | None = None,
-                 process_index=None, process_count=None):
+                 process_index=None, process_count=None, step_ms=None):
         super().__init__()
         mesh = one_device_mesh() if mesh is None else mesh
         keys = batch_keys(cfg) if keys is None else tuple(keys)
@@ -160,7 +170,7 @@ class Feed(grain.DatasetIterator):
                 starts = augment.purpose(keys_, augment._START)
                 spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
                 batch = self._augment({k: spans[k] for k in span_keys}, keys_)
-                return {k: batch[k] for k in keys}
+                return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             args = (np.int32(0), self._tables, self._seg_cdf)
             self._source, self.sampler = None, []
@@ -168,42 +178,52 @@ class Feed(grain.DatasetIterator):
             self.sampler = []
             if cfg.worker_count < 0:
                 cfg = cfg.copy_and_resolve_references()
-                cfg.worker_count = auto_workers(cfg, info, log=_log_main)
+                ms = step_ms() if callable(step_ms) else step_ms
+                cfg.worker_count = auto_workers(cfg, info, log=_log_main, step_ms=ms)
                 self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
-            shardings = span_shardings(mesh, span_keys)
+            j, s = info.skeleton.num_joints, self._augment.span
+            shapes = {"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
+                      "length": ((), np.int32), "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
+            # Every span leaf in one array: one host-to-device transfer a batch.
+            packed = pipeline.Packed({k: shapes[k] for k in span_keys},
+                                     parallel.named_sharding(mesh, "batch"))
             if self._loss_aware:
-                self._source = priority.LossAwareIterator(cfg, info, shardings=shardings, seed=seed, **where)
+                self._source = priority.LossAwareIterator(cfg, info, shardings=packed, seed=seed, **where)
             else:
-                self._source = pipeline.make_train_iterator(cfg, info, shardings=shardings, seed=seed,
+                self._source = pipeline.make_train_iterator(cfg, info, shardings=packed, seed=seed,
                                                             sampler=self.sampler, **where)
 
             def program(step, spans):
-                batch = self._augment(spans, augment.example_keys(seed, step, b))
-                return {k: batch[k] for k in keys}
+                batch = self._augment(packed.unpack(spans["packed"]), augment.example_keys(seed, step, b))
+                return {k: parallel.put(batch[k], out[k]) for k in keys}
 
-            j = info.skeleton.num_joints
-            shapes = {"root_position": ((b, self._augment.span, 3), np.float32),
-                      "rotations": ((b, self._augment.span, j, 4), np.float32), "length": ((b,), np.int32),
-                      "offsets": ((b, j, 3), np.float32), "segment": ((b,), np.int32)}
-            abstract = {k: jax.ShapeDtypeStruct(*shapes[k], sharding=shardings[k]) for k in span_keys}
-            args = (np.int32(0), abstract)
+            width = sum(packed.widths.values())
+            args = (np.int32(0),
+                    {"packed": jax.ShapeDtypeStruct((b, width), np.uint32, sharding=packed.sharding)})
+        self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
         self._program = jitted.lower(*args).compile()
         self.compile_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------
     def __next__(self) -> dict:
-        step = np.int32(self.served)
+        return self._program(np.int32(self.served), *self.inputs())
+
+    def inputs(self) -> tuple:
+        """The arguments of :attr:`draw` after the step for the next batch (counted served): the
+        resident tables and segment distribution (renewed every ``data.loss_block`` steps with
+        loss-aware sampling), or the next spans from Grain. ``draw(served before, *inputs())`` is
+        :meth:`__next__`'s batch, whether one program runs it or the train step traces it in."""
         if self.mode == "stream":
-            batch = self._program(step, next(self._source))
+            out = (next(self._source),)
         else:
             if self.table is not None and self.served % self._cfg.loss_block == 0:
                 self.table.apply(upto=self.served - 1)  # steps the loop has surely read (priority's doc)
                 self._set_segments(self.table.probabilities(self.served))
-            batch = self._program(step, self._tables, self._seg_cdf)
+            out = (self._tables, self._seg_cdf)
         self.served += 1
-        return batch
+        return out
 
     def record(self, step: int, segments, errors) -> None:
         """Step ``step``'s (1-based) windows: their segments ``[B]`` and errors ``[B]`` (global)."""
@@ -212,9 +232,10 @@ class Feed(grain.DatasetIterator):
     def stats(self) -> dict | None:
         """The stream tier's host cache statistics (:meth:`~pipeline.SegmentCache.stats`), when its
         sampler runs in this process (``data.worker_count = 0``); else None."""
-        if self.mode != "stream" or not self.sampler or self._cfg.worker_count:
+        if self.mode != "stream" or self._cfg.worker_count:
             return None
-        return self.sampler[0].cache.stats()
+        cache = self.sampler[0].cache if self.sampler else getattr(self._source, "cache", None)
+        return None if cache is None else cache.stats()
 
     def _set_segments(self, q) -> None:
         self._q = np.asarray(q, np.float64)

@@ -263,10 +263,12 @@ class SampleWindow:
     The start is drawn from :func:`transforms.window_weights` restricted to the slot's segment
     (``dynamics_sampling`` mixes score-weighted and uniform); the span is the
     :func:`transforms.span_frames` frames from it (:func:`transforms.read_span`). Segments are read
-    through a :class:`SegmentCache` of ``data.host_cache_mb``.
+    through a :class:`SegmentCache` of ``data.host_cache_mb`` (``cache``: one to share, e.g. across
+    the pipelines loss-aware sampling opens block after block).
     """
 
-    def __init__(self, source: ClipSource, info: DatasetInfo, cfg, name_segment: bool = False):
+    def __init__(self, source: ClipSource, info: DatasetInfo, cfg, name_segment: bool = False,
+                 cache: SegmentCache | None = None):
         self.source, self.skeleton, self.name_segment = source, info.skeleton, name_segment
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.span = transforms.span_frames(cfg.window, cfg.speed_range)
@@ -274,7 +276,7 @@ class SampleWindow:
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
         self.cache_bytes = int(cfg.host_cache_mb * 2**20)
-        self.cache = SegmentCache(self.cache_bytes)
+        self.cache = SegmentCache(self.cache_bytes) if cache is None else cache
 
     def __getstate__(self):  # each worker process starts with an empty cache of its own
         return dict(self.__dict__, cache=SegmentCache(self.cache_bytes))
@@ -423,19 +425,20 @@ def _local_batch_size(batch_size: int, process_count: int) -> int:
 
 def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
                   process_count: int | None = None, rows: np.ndarray | None = None,
-                  sampler: list | None = None) -> grain.IterDataset:
+                  sampler: list | None = None, cache: SegmentCache | None = None) -> grain.IterDataset:
     """The host-side training stream of this process (numpy span batches of ``batch_size /
     processes``): over :func:`train_slots` (:class:`SlotBatches`), or over ``rows``
     (:func:`segment_rows`, repeated in order; batches then hold each window's ``"segment" [B]``).
     ``sampler``: a list that gets the :class:`SampleWindow` (its cache statistics, when it runs in
-    this process)."""
+    this process); ``cache``: the :class:`SegmentCache` it reads through (default a new one; worker
+    processes always start their own)."""
     _check(cfg, info)
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
     _local_batch_size(cfg.batch_size, pc)
     table = train_slots(info, cfg.window, cfg.dynamics_sampling) if rows is None else np.asarray(rows)
     ds = SlotBatches(table, cfg.batch_size, seed=seed, shuffle=rows is None)
-    sample = SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None)
+    sample = SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None, cache=cache)
     if sampler is not None:
         sampler.append(sample)
     # A batch's generator is a function of its place in the global stream: any process count.
@@ -451,11 +454,41 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     return ds
 
 
-def to_global(shardings: dict, batch: dict) -> dict:
+class Packed:
+    """A batch's leaves ``keys`` as one ``[B, K]`` uint32 array on the devices (``sharding``: over
+    ``data``), so a batch is one host-to-device transfer, not one per leaf: :func:`to_global` packs
+    (float32 and int32 leaves, each flattened per row, their bits as uint32), :meth:`unpack` (traced,
+    on the device) gives the leaves back bit for bit. ``shapes``: ``{key: (shape per row, dtype)}``."""
+
+    def __init__(self, shapes: dict, sharding):
+        self.shapes, self.sharding = dict(shapes), sharding
+        self.widths = {k: int(np.prod(shape, dtype=np.int64)) for k, (shape, _) in self.shapes.items()}
+
+    def pack(self, batch: dict) -> np.ndarray:
+        """``{key: [b, *shape]}`` -> ``[b, K]`` uint32."""
+        b = len(next(iter(batch.values())))
+        return np.concatenate([np.ascontiguousarray(batch[k], dtype).reshape(b, -1).view(np.uint32)
+                               for k, (_, dtype) in self.shapes.items()], axis=1)
+
+    def unpack(self, packed) -> dict:
+        """``[B, K]`` uint32 (a jax array) -> ``{key: [B, *shape] dtype}``."""
+        import jax.numpy as jnp
+
+        out, start = {}, 0
+        for k, (shape, dtype) in self.shapes.items():
+            bits = packed[:, start:start + self.widths[k]]
+            start += self.widths[k]
+            out[k] = jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype)).reshape(packed.shape[0], *shape)
+        return out
+
+
+def to_global(shardings, batch: dict) -> dict:
     """This process's numpy batch -> global jax Arrays of the keys ``shardings`` names (``{key:
     NamedSharding}``, e.g. ``parallel.batch_shardings``), the others left on the host: each process
     holds ``[B / processes, ...]`` of a leaf. Processes split the batch only: the 'time' axis must
-    not span hosts."""
+    not span hosts. ``shardings`` a :class:`Packed`: ``{"packed": [B, K]}``, one array."""
+    if isinstance(shardings, Packed):
+        return {"packed": jax.make_array_from_process_local_data(shardings.sharding, shardings.pack(batch))}
     return {k: jax.make_array_from_process_local_data(shardings[k], batch[k]) for k in shardings}
 
 
@@ -473,13 +506,13 @@ def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -
 
 def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
                         process_index=None, process_count=None, rows=None,
-                        sampler=None) -> grain.DatasetIterator:
+                        sampler=None, cache=None) -> grain.DatasetIterator:
     """The training span iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
-    key. ``rows``, ``sampler``: see :func:`train_dataset`. Call ``.close()`` when done."""
+    key. ``rows``, ``sampler``, ``cache``: see :func:`train_dataset`. Call ``.close()`` when done."""
     ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count,
-                       rows=rows, sampler=sampler)
+                       rows=rows, sampler=sampler, cache=cache)
     return iter(device_prefetch(ds, shardings, cfg.prefetch))
 
 

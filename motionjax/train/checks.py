@@ -47,7 +47,8 @@ class ResumeError(ConfigError):
 # its data and workers come from, the mesh (checkpoints restore onto any) and the evaluators. Anything
 # else (model, loss, optimizer, data windows and noise, seed) makes another experiment.
 RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every",
-             "train.progress_every", "train.keep_checkpoints", "train.stop_timeout_s", "train.compile_cache",
+             "train.progress_every", "train.input_check_steps", "train.keep_checkpoints",
+             "train.stop_timeout_s", "train.compile_cache",
              "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
              "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
              "data.residency", "data.device_share", "data.host_cache_mb", "mesh", "evals")
@@ -174,6 +175,7 @@ _RULES = {
     "train.max_nonfinite_steps": _POSITIVE_INT,
     "train.log_every": _POSITIVE_INT,
     "train.progress_every": _POSITIVE_INT,
+    "train.input_check_steps": _NONNEGATIVE_INT,
     "train.eval_every": _POSITIVE_INT,
     "train.checkpoint_every": _POSITIVE_INT,
     "train.keep_checkpoints": _POSITIVE_INT,

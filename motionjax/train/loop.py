@@ -14,9 +14,11 @@ import dataclasses
 import json
 import math
 import numbers
+import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
@@ -27,17 +29,18 @@ from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, compile_cache, faults, logs, step
 
 
-def make_iterator(config: ml_collections.ConfigDict, info, mesh):
+def make_iterator(config: ml_collections.ConfigDict, info, mesh, step_ms=None):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
     feed (:mod:`motionjax.data.feed`: the corpus on the devices or streamed by Grain, windows augmented
     on the device), or (``data.loader = "naive"``, the baseline) numpy batches made on the main thread
-    and placed on the mesh per step."""
+    and placed on the mesh per step. ``step_ms``: the train step's milliseconds, or a function that
+    measures them (the stream tier's worker choice, :func:`motionjax.data.feed.auto_workers`)."""
     keys = step.batch_keys(config)
     if config.data.loader == "grain":
         mode, why = feed.choose_residency(config.data, info)
         if parallel.is_main_process():
             print(f"data: {why}", flush=True)
-        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode)
+        return feed.Feed(config.data, info, mesh, keys, seed=config.seed, mode=mode, step_ms=step_ms)
     if config.data.loader == "naive":
         shardings = parallel.batch_shardings(mesh, keys)
         return (pipeline.to_global(shardings, b)
@@ -52,7 +55,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None)
     shards; process 0 alone holds the workdir lock, logs, plots and writes ``summary.json``.
     ``on_eval(step, metrics, timing) -> bool``, if given, runs after each evaluation (and its
     checkpoint) with the held-out metrics and the seconds so far (``compile_s``, ``train_s``,
-    ``eval_s``, ``checkpoint_s``, ``data_wait_s``); True ends training there, evaluated as a finished
+    ``eval_s``, ``checkpoint_s``, ``host_wait_s``); True ends training there, evaluated as a finished
     run (``status`` "stopped by on_eval"): a stop at a target accuracy or a time budget.
     Returns the summary dict. Raises :class:`~.checks.ConfigError`, :class:`~.faults.WorkdirLockedError`,
     :class:`~.faults.StorageError` (a failed write, after closing the checkpoint manager and the data
@@ -102,6 +105,7 @@ class _Run:
     start: int
     writer: logs.EventWriter | None = None
     bar: logs.Progress | None = None
+    fed: object = None     # the train step with the feed's input program inside (step.FedStep)
 
 
 def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
@@ -117,7 +121,8 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
     if main:
         print(step.gradient_reduction(config, mesh, state["params"])[1].describe(), flush=True)
-    iterator = make_iterator(config, info, mesh)
+    step_ms = lambda: step.step_ms(train_step, state, step.abstract_batch(config, info, mesh))  # noqa: E731
+    iterator = make_iterator(config, info, mesh, step_ms=step_ms)
     cleanup.callback(faults.quietly, getattr(iterator, "close", None))
     mngr = checkpoints.make_checkpoint_manager(workdir, cfg)
     cleanup.callback(faults.quietly, mngr.close)
@@ -128,7 +133,7 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     writer = bar = None
     if main:
         workdir.mkdir(parents=True, exist_ok=True)
-        writer = logs.EventWriter(workdir / "tensorboard")  # writes in this thread: a full disk raises here
+        writer = logs.EventWriter(workdir / "tensorboard")  # its own thread; a write's error raises here
         cleanup.callback(faults.quietly, writer.close)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     chrono = logs.Chrono(frames_per_step=config.data.batch_size * config.data.window)
@@ -143,31 +148,43 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
 
 def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
     """Steps until ``train.steps``, a signal (``stop``) or ``on_eval`` says stop: ``(last step, stopped
-    by on_eval)``. Metrics are read one step late, so the device always has a step queued."""
-    cfg, chrono, pending = run.config.train, run.chrono, None
+    by on_eval)``.
+
+    The host never waits for a step it just dispatched: metrics are read only for the steps they are
+    logged or shown at (every ``train.log_every`` and ``train.progress_every``; every step with
+    loss-aware sampling, whose sampler needs each step's window errors), from a copy to the host
+    started when the step was dispatched, ``READ_LAG`` steps later, so the device always has that
+    many queued. Before an evaluation or a
+    checkpoint every dispatched step is read (the non-finite guard sees what the checkpoint holds)."""
+    cfg, chrono = run.config.train, run.chrono
     current, stopped_early = run.start, False
+    advance = _stepper(run)
+    loss_aware = step.uses_window_errors(run.config)
+    lag = 1 if loss_aware else READ_LAG  # loss-aware: priority's doc counts on one step late
+    inflight: list = []  # (step, metrics, read?, what it read): dispatched, not read yet
     while current < cfg.steps and not _stop_agreed(stop, current, cfg.log_every) and not stopped_early:
-        with chrono.data_wait():
-            batch = next(run.iterator)
         if chrono.compile_s is None:
             with chrono.compiling():
-                run.state, metrics = run.step(run.state, batch)
+                run.state, metrics, keep = advance()
                 jax.block_until_ready(metrics)
         else:
-            run.state, metrics = run.step(run.state, batch)
-            chrono.steps += 1
+            with chrono.dispatch():
+                run.state, metrics, keep = advance()
         current += 1
-        if pending is not None:
-            _read(run, pending, dispatched=current)
+        read = (loss_aware or current % cfg.log_every == 0 or current % cfg.progress_every == 0
+                or current == cfg.steps)
+        if read:
+            for x in jax.tree.leaves(metrics):
+                x.copy_to_host_async()
         # The batch lives until its step has run: on XLA:CPU, freeing an array whose transfer
         # or use is still queued blocks the host until the device gets there.
-        pending = (current, metrics, batch)
+        inflight.append((current, metrics, read, keep))
+        _read_upto(run, inflight, current - lag, dispatched=current)
         if run.bar:
             run.bar.update(1)
         eval_now = current % cfg.eval_every == 0 or current == cfg.steps
         if eval_now or current % cfg.checkpoint_every == 0:
-            _read(run, pending, dispatched=current)
-            pending = None
+            _read_upto(run, inflight, current, dispatched=current)
             with chrono.paused("eval"):
                 held_out = _evaluate_heldout(run, current) if eval_now else None
             best = {cfg.best_metric: held_out[cfg.best_metric]} if held_out else None
@@ -175,9 +192,32 @@ def _train(run: _Run, stop: dict, on_eval) -> tuple[int, bool]:
                 checkpoints.save_checkpoint(run.mngr, current, run.state, run.iterator, run.history, best)
             if held_out and on_eval is not None:
                 stopped_early = bool(on_eval(current, held_out, chrono.so_far()))
-    if pending is not None:
-        _read(run, pending, dispatched=current)
+    _read_upto(run, inflight, current, dispatched=current)
     return current, stopped_early
+
+
+READ_LAG = 2  # steps between a step's dispatch and the read of its metrics
+
+
+def _stepper(run: _Run):
+    """``advance() -> (state, metrics, keep)``: the next step dispatched and what it read (kept until
+    it has run). A feed's input program runs inside the step (:class:`~.step.FedStep`: one program);
+    another iterator's batches (the naive loader) go to the plain step, the host's time in ``next()``
+    counted as host wait."""
+    chrono = run.chrono
+    if isinstance(run.iterator, feed.Feed):
+        run.fed = run.fed or run.step.fed(run.iterator)
+        return lambda: run.fed(run.state, chrono.host_wait)
+
+    def plain():
+        with chrono.host_wait():
+            batch = next(run.iterator)
+        state, metrics = run.step(run.state, batch)
+        if "segment" in batch:
+            metrics["segment"] = batch["segment"]
+        return state, metrics, batch
+
+    return plain
 
 
 def _stop_agreed(stop: dict, current: int, every: int) -> bool:
@@ -195,13 +235,22 @@ def _stop_agreed(stop: dict, current: int, every: int) -> bool:
     return bool(got.any())
 
 
-def _read(run: _Run, pending, dispatched: int) -> None:
+def _read_upto(run: _Run, inflight: list, upto: int, dispatched: int) -> None:
+    """Read the metrics of the in-flight steps up to ``upto`` that are read (:func:`_read`) and let go
+    of every step up to there (their batches have surely run)."""
+    while inflight and inflight[0][0] <= upto:
+        done_step, metrics, read, _ = inflight.pop(0)
+        if read:
+            _read(run, done_step, metrics, dispatched)
+
+
+def _read(run: _Run, done_step: int, metrics: dict, dispatched: int) -> None:
     """Log a dispatched step's metrics, hand its window errors to a loss-aware sampler and let the
     non-finite guard act on them."""
-    cfg, (done_step, metrics, batch) = run.config.train, pending
-    window_error = metrics.pop("window_pose", None)  # [B]: per window, not a scalar to log
-    if window_error is not None:
-        run.iterator.record(done_step, parallel.to_host(batch["segment"]), parallel.to_host(window_error))
+    cfg = run.config.train
+    window_error, segments = metrics.pop("window_pose", None), metrics.pop("segment", None)
+    if window_error is not None:  # [B] per window, not scalars to log
+        run.iterator.record(done_step, parallel.to_host(segments), parallel.to_host(window_error))
     metrics = jax.device_get(metrics)
     if done_step % cfg.log_every == 0 or done_step == cfg.steps:
         run.log(done_step, {k: v for k, v in metrics.items() if k != "nonfinite_run"}, "train")
@@ -226,6 +275,10 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
     """The final checkpoint and evaluation (every declared evaluator, once, on the best checkpoint by
     ``train.best_metric``), ``summary.json``."""
     main, mngr = parallel.is_main_process(), run.mngr
+    check = None
+    if not interrupted and done > run.start and run.config.train.input_check_steps:
+        with run.chrono.paused("input_check"):
+            check = input_check(run, run.config.train.input_check_steps)
     timing = run.chrono.summary()
     if interrupted and mngr.latest_step() != done:
         checkpoints.save_checkpoint(mngr, done, run.state, run.iterator, run.history)
@@ -249,6 +302,10 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
     if isinstance(run.iterator, feed.Feed):  # where the corpus lived, the input program's compile, cache hits
         summary["input"] = {"residency": run.iterator.mode, "compile_s": run.iterator.compile_s,
                             "cache": run.iterator.stats()}
+    if check:
+        summary["input_overhead"], summary["input_check"] = check["input_overhead"], check
+    if summary["steps_per_s"]:  # the table's speed line (run_experiment prints it last)
+        summary["speed"] = speed_line(summary)
     if not interrupted:
         summary.update(_evaluate_best(run, done))
     summary["history"] = run.history
@@ -260,6 +317,65 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         run.writer.close()
     return summary
+
+
+def input_check(run: _Run, steps: int) -> dict:
+    """The input's cost to the step, measured where it runs: ``steps`` steps fed by the run's own
+    input (the feed's program inside the step, or the iterator's batches) against ``steps`` on one
+    fixed batch (no input program runs), in blocks of ``steps / 2`` alternating fed / fixed / fed /
+    fixed (:func:`time_blocks`), on a copy of the trained state (the run's is untouched);
+    ``input_overhead = 1 - fed steps/s / fixed steps/s``, each the best of its blocks. It counts the
+    input program's device time, which a timer around the host's call cannot see. The fixed side runs
+    the plain step, compiled here for a feed's run (``compile_s``). The run is over: the data stream
+    it saved is not moved."""
+    fixed_batch = jax.block_until_ready(next(run.iterator))
+    if isinstance(run.iterator, feed.Feed):
+        fed = lambda s: run.fed(s)  # noqa: E731
+    else:
+        fed = lambda s: (*run.step(s, b := next(run.iterator)), b)  # noqa: E731
+    fixed = lambda s: (*run.step(s, fixed_batch), None)  # noqa: E731
+    t = time.perf_counter()
+    state = jax.block_until_ready(fixed(jax.tree.map(jnp.copy, run.state))[0])
+    compile_s = time.perf_counter() - t
+    block = max(steps // 2, 1)
+    seconds = time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds=2)
+    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
+    return {"input_overhead": 1.0 - rate["fed"] / rate["fixed"], "fed_steps_per_s": rate["fed"],
+            "fixed_steps_per_s": rate["fixed"], "steps": 2 * block, "compile_s": compile_s,
+            "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
+
+
+def time_blocks(calls: dict, state, block: int, rounds: int) -> dict:
+    """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
+    blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
+    call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
+    donated: pass a copy."""
+    for call in calls.values():
+        state = jax.block_until_ready(call(state)[0])
+    seconds = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            keep, t = [], time.perf_counter()
+            for _ in range(block):
+                state, *rest = call(state)
+                keep.append(rest)  # every input lives until its step has run (XLA:CPU)
+            jax.block_until_ready((state, keep))
+            seconds[name].append((time.perf_counter() - t) / block)
+    return seconds
+
+
+def speed_line(summary: dict) -> str:
+    """``speed: 6.21 steps/s, 12,718 frames/s, input overhead 0.4% (fed vs fixed batch), host wait 0.0%,
+    host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms`` (what is known of it)."""
+    line = f"speed: {summary['steps_per_s']:.2f} steps/s, {summary['frames_per_s']:,.0f} frames/s"
+    if summary.get("input_overhead") is not None:
+        line += f", input overhead {100 * summary['input_overhead']:.1f}% (fed vs fixed batch)"
+    line += f", host wait {100 * summary['host_wait_fraction']:.1f}%"
+    host = summary.get("host")
+    if host:
+        line += (f", host {host['host_ms_p50']:.1f} ms/step (p99 {host['host_ms_p99']:.1f}), step dispatch "
+                 f"{host['dispatch_ms_p50']:.2f} ms")
+    return line
 
 
 def best_step(history: dict, metric: str, on_disk) -> tuple[int | None, float | None]:
@@ -360,8 +476,7 @@ def run_experiment(config: ml_collections.ConfigDict, workdir) -> dict:
                      "model's bottleneck" + (" (the model also has a residual skip from its input)"
                                              if summary["results"]["model_residual"] else ""))
     if summary["steps_per_s"]:  # a run resumed at its last step trains nothing in this session
-        speed = (summary["steps_per_s"], summary["frames_per_s"], 100 * summary["data_wait_fraction"])
-        table.append("speed: {:.2f} steps/s, {:.0f} frames/s, data wait {:.1f}%".format(*speed))
+        table.append(speed_line(summary))
     summary["table"] = table
     if parallel.is_main_process():
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))

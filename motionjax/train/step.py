@@ -9,7 +9,9 @@ decides when to restore). :func:`lower_train_step` compiles the same step for ab
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -279,7 +281,52 @@ def jit_train_step(step, shardings, mesh):
         def lower(self, state, batch):
             return jitted(tuple(sorted(batch))).lower(state, batch)
 
+        def fed(self, feed):
+            """:class:`FedStep`: this step with ``feed``'s input program traced into it."""
+            return FedStep(step, shardings, mesh, feed)
+
     return Step()
+
+
+class FedStep:
+    """``fed(state) -> (state, metrics, inputs)``: one jitted program per step that draws and augments the
+    batch (``feed.draw``, :class:`motionjax.data.feed.Feed`) and runs the train step on it: the input's
+    device time is part of the step's, with no program, transfer or host scalar of its own. The step
+    counter the batch is drawn for lives on the device (donated, returned plus one); the host only
+    mirrors it (``feed.served``) and puts it there again when the feed moved (a restore). Batches are
+    the feed's own (``draw(step, *feed.inputs())``), so resume and process counts behave as the feed's.
+    With loss-aware sampling ``metrics["segment"] [B]`` names each window's segment."""
+
+    def __init__(self, step, shardings, mesh, feed):
+        self.feed, self.counter, self._at = feed, None, None
+        self._replicated = parallel.replicated(mesh)
+
+        def fused(state, counter, *inputs):
+            batch = feed.draw(counter, *inputs)
+            state, metrics = step(state, batch)
+            if "segment" in batch:
+                metrics["segment"] = batch["segment"]
+            return state, metrics, counter + 1
+
+        # Inputs keep the shardings they were placed with (replicated tables, spans over data).
+        self._jitted = jax.jit(fused, out_shardings=(shardings, None, self._replicated),
+                               donate_argnums=(0, 1))
+
+    def _counter(self):
+        if self._at != self.feed.served:  # first call, or the feed was set to another step
+            self.counter = parallel.put(np.int32(self.feed.served), self._replicated)
+        return self.counter
+
+    def __call__(self, state, wait=contextlib.nullcontext):
+        """One step; ``wait()``: a context timing the host's wait for the feed's inputs (Grain's
+        next spans; nothing to wait for when the corpus is resident). ``inputs``: what the step
+        read, to keep until it has run (XLA:CPU blocks the host when an input still in use is freed)."""
+        counter = self._counter()
+        with wait():
+            inputs = self.feed.inputs()
+        state, metrics, self.counter = self._jitted(state, counter, *inputs)
+        self._at = self.feed.served
+        return state, metrics, inputs
 
 
 def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
@@ -294,6 +341,20 @@ def abstract_batch(config: ml_collections.ConfigDict, info, mesh) -> dict:
     keys = batch_keys(config)
     return {k: jax.ShapeDtypeStruct(shapes[k], np.int32 if k == "segment" else np.float32, sharding=s)
             for k, s in parallel.batch_shardings(mesh, keys).items()}
+
+
+def step_ms(step, state, abstract: dict, repeats: int = 3) -> float:
+    """Milliseconds of one ``step`` on a batch of zeros shaped like ``abstract`` (:func:`abstract_batch`),
+    the fastest of ``repeats`` after a first (compiling) call, on a copy of ``state`` (left untouched).
+    The trainer's input check later runs the same compiled step."""
+    batch = {k: jnp.zeros(a.shape, a.dtype, device=a.sharding) for k, a in abstract.items()}
+    copy = jax.block_until_ready(step(jax.tree.map(jnp.copy, state), batch)[0])
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        copy = jax.block_until_ready(step(copy, batch)[0])
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best
 
 
 def lower_train_step(config: ml_collections.ConfigDict, info, mesh):
