@@ -18,15 +18,12 @@ next one starts; the whole check stops starting parts at ``budget_s``):
                  CPU references, blocked Jacobian against jax.jacfwd, shard_map halos) and the FK,
                  Jacobian and dynamics tests, with the default backend on the accelerator
 ``autoencoder``  the headline model (experiments/autoencoder.py, Bandai if present, else DeepMimic)
-                 trained by scripts/train.py for a fixed number of steps: steps/s, input overhead (the
+                 trained by motionjax train for a fixed number of steps: steps/s, input overhead (the
                  trainer's fed vs fixed-batch check), host ms per step, compile s (its summary.json)
 ``mfu``          that model's train step: XLA's FLOPs / step time against a float32 and a bfloat16
                  matmul peak measured here (as ``benchmarks/bench.py`` part e does)
 ``dynamics``     the dynamics loss + gradient at J = 24, 4,096 frames: blocked, jvp and dense
                  Jacobians, compile seconds per program (benchmarks/dynamics_grid.py)
-``torch``        the PyTorch twin of the headline model (benchmarks/torch_peer.py) on the same device:
-                 its step alone beside motionjax's (same batch, timed round-robin) and end to end
-                 beside the autoencoder part's frames/s
 ``bench``        ``benchmarks/bench.py --quick --parts mfu,growth`` (its workload needs DeepMimic)
 
 Without a GPU (``--cpu``, or when jax sees none) the same parts run on the CPU with tiny sizes and
@@ -53,7 +50,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("environment", "tests", "autoencoder", "mfu", "dynamics", "torch", "bench")
+PARTS = ("environment", "tests", "autoencoder", "mfu", "dynamics", "bench")
 # Packages whose absence costs a part of the check, not the check: what needs them is skipped.
 OPTIONAL = {"pybullet": "the DeepMimic clips and humanoid (tests that use them, DeepMimic training, bench)",
             "av": "videos of skeletons (the check trains without the clip video)"}
@@ -71,31 +68,29 @@ class Mode:
     variant: str              # autoencoder: extra config variant (the dry run's tiny model)
     tests: tuple              # pytest arguments
     matmul_n: int             # mfu: the peak probe's matrix size
-    rounds: int               # mfu, torch: interleaved timing rounds
+    rounds: int               # mfu: interleaved timing rounds
     joints: int               # dynamics: J (24: the SMPL-like body; else a random tree)
     frames: int               # dynamics: frames per batch
     dynamics_budget_s: float  # dynamics: timing seconds
     dense: bool               # dynamics: also the dense Jacobian
-    torch_steps: int          # torch: end-to-end steps of the twin
-    torch_untimed: int        # torch: first steps not timed (allocator, kernel caches)
 
 
 GPU_TESTS = ("tests/test_backend_numerics.py", "tests/test_kinematics.py", "tests/test_jacobian.py",
              "tests/test_dynamics.py")
 MODES = {
     # A 16-core GPU host: 480 s of limits in all (the environment's pip install comes first).
-    "gpu": Mode("gpu", limits=dict(environment=90, tests=100, autoencoder=120, mfu=50, dynamics=80, torch=90,
+    "gpu": Mode("gpu", limits=dict(environment=90, tests=100, autoencoder=120, mfu=50, dynamics=80,
                                    bench=120),
                 budget_s=480, steps=500, input_check_steps=60,
                 variant="", tests=GPU_TESTS, matmul_n=8192, rounds=5, joints=24,
-                frames=4096, dynamics_budget_s=6.0, dense=True, torch_steps=60, torch_untimed=10),
+                frames=4096, dynamics_budget_s=6.0, dense=True),
     # The dry run: every part's plumbing at tiny sizes (tests: the halo test only; the suite runs the rest).
     # Its seconds are compiles, which a loaded 2-core machine stretches 3-4x: generous limits.
-    "cpu": Mode("cpu", limits=dict(environment=60, tests=90, autoencoder=150, mfu=90, dynamics=120, torch=120,
+    "cpu": Mode("cpu", limits=dict(environment=60, tests=90, autoencoder=150, mfu=90, dynamics=120,
                                    bench=0),
                 budget_s=600, steps=4, input_check_steps=4, variant=",runlocal",
                 tests=("tests/test_backend_numerics.py", "-k", "halo"), matmul_n=256, rounds=2, joints=5,
-                frames=64, dynamics_budget_s=0.2, dense=False, torch_steps=3, torch_untimed=1),
+                frames=64, dynamics_budget_s=0.2, dense=False),
 }
 
 
@@ -185,7 +180,7 @@ def install_missing(wheels: Path, limit_s: float, reqs: list[str] | None = None)
 
 def run_limited(cmd: list[str], limit_s: float, log_path: Path, env: dict) -> dict:
     """Run ``cmd`` in its own process group with output to ``log_path``; past ``limit_s`` the group
-    gets SIGTERM (scripts/train.py checkpoints and writes its summary then), 20 s later SIGKILL."""
+    gets SIGTERM (motionjax train checkpoints and writes its summary then), 20 s later SIGKILL."""
     start = time.perf_counter()
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
@@ -224,7 +219,7 @@ def part_env(mode: Mode, out: Path) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     if mode.name == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-    # One compilation cache for the check's processes, fresh each run: the mfu and torch parts reuse the
+    # One compilation cache for the check's processes, fresh each run: the mfu part reuses the
     # autoencoder's step; the compile seconds reported (autoencoder, dynamics) are cold ones.
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(out / "jax_cache"))
     return env
@@ -244,7 +239,7 @@ def probe(plan: dict) -> dict:
     import jax
 
     names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy", "ml-collections",
-             "torch", "pybullet", "av")
+             "pybullet", "av")
     versions = {}
     for name in names:
         try:
@@ -290,7 +285,7 @@ def headline_config(plan: dict, mode: Mode):
 
 
 def train_overrides(plan: dict, mode: Mode) -> list[str]:
-    """scripts/train.py flags: ``mode.steps`` steps, one held-out evaluation at the end, no video, no
+    """motionjax train flags: ``mode.steps`` steps, one held-out evaluation at the end, no video, no
     PCA reference fit and no per-label tables (none is timed, but the part's time limit counts them)."""
     flags = [f"--config.train.steps={mode.steps}", f"--config.train.eval_every={mode.steps}",
              f"--config.train.checkpoint_every={mode.steps}", "--config.evals.clip.video_s=0.0",
@@ -359,47 +354,6 @@ def dynamics(plan: dict, mode: Mode, out: Path) -> dict:
     return {**measure(True), **compiles, "backend": jax.default_backend()}
 
 
-def torch_twin(plan: dict, mode: Mode, out: Path) -> dict:
-    """The PyTorch twin on this device: its step alone beside motionjax's on one batch (interleaved
-    rounds, both waited for), then ``mode.torch_steps`` steps end to end through its DataLoader."""
-    try:
-        import torch
-    except ImportError as e:
-        return {"skipped": f"torch is not installed ({e})"}
-    import numpy as np
-
-    from benchmarks import measure, suite, torch_peer
-    from motionjax.data import pipeline
-    device = "cuda" if mode.name == "gpu" and torch.cuda.is_available() else "cpu"
-    if device == "cpu":  # beside XLA's threads torch's OpenMP threads spin on a small machine
-        torch.set_num_threads(1)
-    config = headline_config(plan, mode)
-    info = pipeline.dataset_info(config.data)
-    init = torch_peer.initial_params(config, info)
-    step, state, batch, _, _ = suite.compiled_step(config, info)
-    _, torch_step = torch_peer.make_train_step(config, info, init, device=device)
-    keys = ("noisy", "clean", "offsets", "valid")
-    torch_batch = [torch.tensor(np.asarray(batch[k])) if k in batch else None for k in keys]
-    wait = torch_peer._synchronizer(device)
-    result = {"device": device, "torch": torch.__version__, "optimizer": config.train.optimizer,
-              "model": f"autoencoder.py:{plan['variant']}{mode.variant}"}
-    times = measure.interleaved({"motionjax": suite.stepper(step, state, batch),
-                                 "torch": lambda: torch_step(*torch_batch)},
-                                rounds=mode.rounds, warmup=1, sync=lambda x: (measure.block(x), wait()))
-    result["step_alone_ms"] = {k: 1e3 * v for k, v in times.items()}
-    result["step_alone_ratio"] = times["torch"] / times["motionjax"]
-    # Kept if the end-to-end run goes past the part's limit.
-    (out / "parts" / "torch.partial.json").write_text(json.dumps(result))
-    workers = 0 if mode.name == "cpu" else min(4, max((os.cpu_count() or 2) // 4, 1))
-    # The DataLoader's workers are spawned with this environment: any jax they touch stays on the CPU
-    # (this process's GPU backend is initialized already), rather than each taking the GPU's memory.
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    run = torch_peer.train(config, info, mode.torch_steps, params=init, workers=workers, device=device,
-                           untimed=mode.torch_untimed)
-    result["end_to_end"] = run
-    return result
-
-
 def run_part(name: str, mode: Mode, out: Path, plan: dict) -> dict:
     if name == "environment":
         return probe(plan)
@@ -407,8 +361,6 @@ def run_part(name: str, mode: Mode, out: Path, plan: dict) -> dict:
         return mfu(plan, mode)
     if name == "dynamics":
         return dynamics(plan, mode, out)
-    if name == "torch":
-        return torch_twin(plan, mode, out)
     raise ValueError(f"unknown part {name!r}")
 
 
@@ -483,10 +435,8 @@ def _skip_reason(name: str, mode: Mode, plan: dict, results: dict, limit: float)
     if "error" in results["parts"]["environment"]:
         return "the environment probe failed (see its error)"
     versions = results["parts"]["environment"]["versions"]
-    if name in ("autoencoder", "mfu", "torch") and not plan.get("variant"):
+    if name in ("autoencoder", "mfu") and not plan.get("variant"):
         return results["parts"]["environment"]["corpus"]["why"]
-    if name == "torch" and not versions.get("torch"):
-        return "torch is not installed (the GPU images' PyTorch, or pip install -e '.[bench]')"
     if name == "bench":
         if mode.name == "cpu":
             return "dry run: benchmarks/bench.py --quick has its own tests (tests/test_bench.py)"
@@ -543,11 +493,11 @@ def _tests(mode: Mode, out: Path, env: dict, limit_s: float) -> dict:
 
 
 def _autoencoder(mode: Mode, out: Path, plan: dict, env: dict, limit_s: float) -> dict:
-    """scripts/train.py for ``mode.steps`` steps; the numbers of its summary.json."""
+    """motionjax train for ``mode.steps`` steps; the numbers of its summary.json."""
     workdir = out / "autoencoder_run"
     shutil.rmtree(workdir, ignore_errors=True)  # a workdir resumes: this one starts fresh
     spec = f"experiments/autoencoder.py:{plan['variant']}{mode.variant}"
-    cmd = [sys.executable, "scripts/train.py", "--config", spec, "--workdir", str(workdir),
+    cmd = [sys.executable, "-m", "motionjax", "train", "--config", spec, "--workdir", str(workdir),
            *train_overrides(plan, mode)]
     run = run_limited(cmd, limit_s, out / "logs" / "autoencoder.log", env)
     result = {"config": spec, "command": shlex.join(["python", *cmd[1:]]), "seconds": run["seconds"]}
@@ -581,7 +531,7 @@ def _validation_mpjpe(summary: dict):
 def _bench(out: Path, env: dict, limit_s: float) -> dict:
     """``benchmarks/bench.py --quick --parts mfu,growth`` (the parts of the quick bench that measure the
     device; its ``train`` part compares loaders and Jacobians on the CPU-era baseline)."""
-    cmd = [sys.executable, "benchmarks/bench.py", "--quick", "--parts", "mfu,growth",
+    cmd = [sys.executable, "-m", "benchmarks.bench", "--quick", "--parts", "mfu,growth",
            "--out", str(out / "bench")]
     run = run_limited(cmd, limit_s, out / "logs" / "bench.log", env)
     result = {"command": shlex.join(["python", *cmd[1:]]), "seconds": run["seconds"]}
@@ -616,8 +566,8 @@ def summary_line(name: str, part: dict, results: dict) -> str:
         installed = ", ".join(pkgs["installed"]) or "nothing"
         plugins = ", ".join(part["jax_plugins"]) or "no plugin"
         line = (f"Python {part['python']}, jax {v['jax']} / jaxlib {v['jaxlib']} ({plugins}), "
-                f"flax {v['flax']}, optax {v['optax']}, orbax {v['orbax-checkpoint']}, grain {v['grain']}, "
-                f"torch {v['torch'] or '—'}; {part['device_count']} × {part['device_kind']} "
+                f"flax {v['flax']}, optax {v['optax']}, orbax {v['orbax-checkpoint']}, grain {v['grain']}; "
+                f"{part['device_count']} × {part['device_kind']} "
                 f"({part['backend']}), {part['cpu_count']} CPUs; "
                 f"installed from {pkgs['wheels']}: {installed}")
         if pkgs["failed"]:
@@ -648,19 +598,6 @@ def summary_line(name: str, part: dict, results: dict) -> str:
             cells.append(f"{jac} {_fmt(ms, '.2f')} ms (compile {_fmt(compile_s, '.1f')} s)" if ms is not None
                          else f"{jac} not run ({part['not_run'].get(jac, 'the time ran out')})")
         return f"J = {part['J']}, {part['frames']} frames, float32: " + ", ".join(cells)
-    if name == "torch" and "step_alone_ms" in part:
-        ms = part["step_alone_ms"]
-        line = (f"on {part['device']} (torch {part['torch']}, {part['optimizer']}): step alone PyTorch "
-                f"{ms['torch']:.2f} ms vs motionjax {ms['motionjax']:.2f} ms "
-                f"({part['step_alone_ratio']:.2f}×)")
-        ours = results["parts"].get("autoencoder", {}).get("frames_per_s")
-        if "end_to_end" in part:
-            e2e = part["end_to_end"]
-            line += (f"; end to end PyTorch {e2e['frames_per_s']:,.0f} frames/s (data wait "
-                     f"{100 * e2e['data_wait_fraction']:.0f}%, {e2e['workers']} workers)")
-            if ours:
-                line += f" vs motionjax {ours:,.0f} ({ours / e2e['frames_per_s']:.2f}×)"
-        return line
     if name == "bench" and "mfu" in part:
         return f"MFU {_fmt(part['mfu'])}, step time ∝ T^{_fmt(part.get('growth_T_exponent'), '.2f')}"
     return ""

@@ -71,9 +71,6 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic
     assert 0 < parts["mfu"]["mfu"] < 1 and parts["mfu"]["flops_per_step"] > 0
     assert parts["dynamics"]["blocked_compile_s"] > 0 and parts["dynamics"]["jvp_ms"] > 0
     assert "skipped" in parts["bench"]
-    if "skipped" not in parts["torch"]:  # torch installed (the bench extra)
-        torch = parts["torch"]
-        assert torch["step_alone_ms"]["torch"] > 0 and torch["end_to_end"]["frames_per_s"] > 0
     table = (out / "gpu_check.md").read_text()
     for name in gpu_check.PARTS:
         assert f"| {name} |" in table
