@@ -283,6 +283,20 @@ def use_bandai(c: ml_collections.ConfigDict, window: int | None = None, ood: boo
     return c
 
 
+# The cross-corpus test of a Bandai-2 run (docs/protocol.md): Bandai-1's takes of the two contents both
+# corpora have (walk and run: 30 clips), and all of Bandai-1 (174 clips, 17 contents), every clip scored.
+BANDAI1_CROSS = {"bandai1_walk_run": tuple(f"{BANDAI_SOURCE}/dataset-1_{k}_*.bvh" for k in ("walk", "run")),
+                 "bandai1_all": (BANDAI_SOURCE,)}
+
+
+def cross_corpus(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Declare the Bandai-1 evaluators (:data:`BANDAI1_CROSS`, kind ``corpus``): scored once at the end
+    as ``evals.final`` scores the run's own splits; skipped with a line where Bandai-1 is not there."""
+    for name, sources in BANDAI1_CROSS.items():
+        c.evals[name] = dict(kind="corpus", sources=sources, name=name)
+    return c
+
+
 def use_bandai2(c: ml_collections.ConfigDict, window: int | None = None, unseen: bool = True
                 ) -> ml_collections.ConfigDict:
     """Point ``c.data`` at Bandai-2 with the protocol of docs/protocol.md: ``validation`` and ``test``
@@ -308,6 +322,7 @@ def use_bandai2(c: ml_collections.ConfigDict, window: int | None = None, unseen:
                                                "validation": BANDAI2_SPLITS["validation"],
                                                "test": BANDAI2_SPLITS["test"]})
     seen = ("validation", "test")
+    cross_corpus(c)
     if unseen:
         c.evals.heldout.splits = ("validation", "unseen_validation")
         c.evals.final.splits = ("validation", "unseen_validation", "test", "unseen_test")

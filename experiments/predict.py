@@ -90,6 +90,8 @@ def get_config(arg: str | None = None):
     c.evals.heldout = dict(kind="forecast", splits=heldout, horizons_ms=horizons, during=True)
     c.evals.final = dict(kind="forecast", splits=final, horizons_ms=horizons)
     c.evals.clip = dict(kind="clip", split="test", noise_level=0.0, video_s=0.0)
+    if corpus == "bandai2":
+        base.cross_corpus(c)  # Bandai-1's walk and run, and all of it: the cross-corpus test
     if "dynamics" in parts:
         c.loss.dynamics_weight = 0.005
         c.train.references = ("no_dynamics",)

@@ -13,7 +13,11 @@ the test split too where it is named (nothing is chosen there). The kinds (:data
 * ``forecast``: a forecaster beside the zero- and constant-velocity baselines, per horizon
   (:class:`Forecast`, :mod:`motionjax.evaluation.forecast`);
 * ``clip``: one held-out window of ``split`` at ``noise_level``, drawn as skeletons (input / output /
-  truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side.
+  truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side;
+* ``corpus``: another corpus's motion files scored as ``final`` scores the run's splits (:class:`Corpus`:
+  Bandai-1 for a Bandai-2 run, the cross-corpus test).
+
+Every MPJPE carries its 95% bootstrap interval over clips (:mod:`.intervals`, docs/protocol.md).
 
 Each evaluator is built once per run (its windows are cached) and called with ``predict``: ``x [B, N,
 C, F] -> [B, N, C, F]`` (numpy, standardized features). Every process calls it (prediction is one
@@ -158,6 +162,39 @@ class Forecast:
         return results
 
 
+class Corpus:
+    """The model on another corpus's motion files, every clip in one split ``name`` (Bandai-1 for a
+    Bandai-2 run: the cross-corpus test, docs/protocol.md): ``sources`` (directories or globs) prepared
+    once with the run's settings and joint order (:func:`.inference.prepare_corpus`, into ``cache``),
+    standardized with the run's statistics, and scored as ``evals.final`` scores the run's own splits
+    (its kind and settings; no reference rows fitted on the run's data, no per-label breakdown). Rows
+    ``{name: ...}`` as that evaluator's; none (a line says why) when none of the files is there (a
+    clone without that corpus)."""
+
+    def __init__(self, config, info, *, sources, name: str, cache: str = "data_cache/eval",
+                 during: bool = False):
+        import dataclasses
+
+        from motionjax.data import prepare
+        self.during, self.evaluator = during, None
+        paths = sorted({p for s in sources for p in prepare.resolve_sources(str(s))})
+        if not paths:
+            print(f"evaluation {name}: no motion files at {list(sources)}; not scored", flush=True)
+            return
+        other = inference.prepare_corpus(paths, inference.ModelSpec.from_run(config, info),
+                                         prepare.Settings.from_config(config.data), cache, name,
+                                         log=lambda line: print(f"evaluation {name}: {line}", flush=True))
+        scored = dataclasses.replace(other, mean=info.mean, std=info.std, window=config.data.window)
+        final = dict(config.evals.final)
+        kind = final.pop("kind")
+        for key in ("splits", "during", "references", "by_label"):
+            final.pop(key, None)
+        self.evaluator = KINDS[kind](config, scored, splits=(name,), **final)
+
+    def __call__(self, predict, workdir: Path | None = None) -> dict:
+        return {} if self.evaluator is None else self.evaluator(predict, workdir)
+
+
 def _add_intervals(row: dict, windows: dict) -> None:
     """95% intervals over clips (:mod:`.intervals`) of the model's :data:`metrics.INTERVAL_METRICS`
     (``row["model"]["intervals"]``) and, for a corrupted input, of the input's and of the model's
@@ -194,7 +231,7 @@ def _forecast_intervals(rows: dict) -> dict:
     return out
 
 
-KINDS = {"metrics": Metrics, "clip": Clip, "forecast": Forecast}
+KINDS = {"metrics": Metrics, "clip": Clip, "forecast": Forecast, "corpus": Corpus}
 
 
 def build(config, info, during: bool | None = None) -> dict:
@@ -214,7 +251,8 @@ def run(evaluators: dict, predict, workdir: Path | None = None) -> dict:
     """Every evaluator's results, merged per split, input and method (``summary.json``'s ``results``):
     two evaluators of one split and input add their rows (the model's row is the same model's)."""
     results = {}
-    for evaluator in evaluators.values():
+    # Another corpus's rows after the run's own splits (a config's evaluators come in name order).
+    for evaluator in sorted(evaluators.values(), key=lambda e: isinstance(e, Corpus)):
         for split, rows in evaluator(predict, workdir).items():
             for condition, row in rows.items():
                 results.setdefault(split, {}).setdefault(condition, {}).update(row)
@@ -239,7 +277,7 @@ def results_table(results: dict) -> list[str]:
     #1), with its 95% interval over clips where the evaluation kept one (:mod:`.intervals`); global
     MPJPE adds the root trajectory's error (see :mod:`motionjax.evaluation.metrics`). Then, for each
     corrupted input, the model's MPJPE as a share of its input's, paired per clip."""
-    lines = [f"{'split':17s} {'input':6s} {'method':12s} {'MPJPE cm [95% CI]':>19s} {'global cm':>9s} "
+    lines = [f"{'split':17s} {'input':6s} {'method':12s} {'MPJPE cm [95% CI]':>20s} {'global cm':>9s} "
              f"{'PA-MPJPE':>9s} {'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
     shares = []
     for split, rows in results.items():
@@ -254,7 +292,7 @@ def results_table(results: dict) -> list[str]:
                 if isinstance(m, dict) and "mpjpe" in m:
                     ci = m.get("intervals", {}).get("mpjpe")
                     mpjpe = intervals.fmt(ci) if ci else f"{m['mpjpe']:.2f}"
-                    lines.append(f"{split:17s} {condition:6s} {method:12s} {mpjpe:>19s} "
+                    lines.append(f"{split:17s} {condition:6s} {method:12s} {mpjpe:>20s} "
                                  f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
                                  f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
                                  f"{m.get('bone_error', float('nan')):8.3f}")
