@@ -180,7 +180,7 @@ def test_split_rules_partition_clips_and_stratify():
 
 
 def test_held_out_contents_never_reach_training():
-    """The OOD protocol (experiments/base.py BANDAI_OOD): whole contents held out before the stratified
+    """The OOD protocol (motionjax/configs/base.py BANDAI_OOD): whole contents held out before the stratified
     splits draw; a near-identical group that straddles contents goes whole to the held-out split."""
     contents = ("walk", "run", "bow", "guide", "kick", "slash")
     names = [f"{c}_{s}_{i}" for c in contents for s in ("happy", "sad", "old") for i in range(5)]

@@ -99,7 +99,7 @@ def test_evaluate_and_apply_scripts(run_dir, tmp_path, env):
                            f"--data={corpus.data_dir}", f"--out={out}"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "test           clean  model" in proc.stdout and "pca" in proc.stdout
+    assert "test              clean  model" in proc.stdout and "pca" in proc.stdout
     assert json.loads(out.read_text())["results"]["test"]["clean"]["model"]["mpjpe"] > 0
     # apply.py on a folder with a broken file: the others are written, the broken one named, exit 1.
     folder = tmp_path / "captures"

@@ -32,12 +32,13 @@ def test_a_bvh_folder_becomes_a_trained_evaluated_and_rendered_autoencoder(tmp_p
     assert "data: preparing my_bvh into data_cache/folder_w64_clean" in out
     prepared = "data: data_cache/folder_w64_clean: 12 clips, 0.01 h (test 1, train 10, validation 1); 0 not"
     assert prepared in out
-    assert "test           clean  model" in out and (tmp_path / "runs/autoencoder_folder_runlocal").is_dir()
+    assert "test              clean  model" in out
+    assert (tmp_path / "runs/autoencoder_folder_runlocal").is_dir()
 
     run = "runs/autoencoder_folder_runlocal"
     out = motionjax("evaluate", "--workdir", run, "--data", "my_bvh")  # every file, into one split
     assert "(test: 12 clips, 12 segments, 1200 frames; files left out: 0)" in out, out
-    assert "test           clean  model" in out
+    assert "test              clean  model" in out
 
     motionjax("apply", "--workdir", run, "my_bvh/00.bvh", "--out", "out")
     source, output = read_bvh(folder / "00.bvh"), read_bvh(tmp_path / "out/00.bvh")

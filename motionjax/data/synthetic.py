@@ -134,14 +134,16 @@ COPY_KINDS = ("exact", "noised", "mirrored", "resampled", "reexported")
 def info_like(config, num_clips: int = 4) -> tuple[DatasetInfo, bool]:
     """``(info, real_rig)``: metadata to compile ``config``'s train step without preparing its data (the
     step depends on the rig's feature size, not on the clips): synthetic clips on the rig of the
-    corpus's first BVH file where the config reads Bandai-1 and it is there, else the synthetic
-    skeleton."""
+    corpus's first BVH file where the config reads Bandai-1 or Bandai-2 (its archive, unpacked once)
+    and it is there, else the synthetic skeleton."""
     from pathlib import Path
 
+    from motionjax.data import archive
     from motionjax.formats import read_bvh_skeleton
-    skeleton = None
-    if str(config.data.source).endswith("bandai-namco-1/data"):
-        files = sorted(Path(config.data.source).glob("*.bvh"))
+    skeleton, source = None, str(config.data.source)
+    if source.endswith("bandai-namco-1/data") or (archive.is_archive(source) and "bandai-namco" in source):
+        files = (archive.motion_files(source) if archive.is_archive(source)
+                 else sorted(Path(source).glob("*.bvh")))
         skeleton = read_bvh_skeleton(files[0], scale=0.01) if files else None
     window = config.data.window
     info = synthetic_info(num_clips, window=window, frames=2 * window, skeleton=skeleton)

@@ -302,7 +302,7 @@ def _check_evals(config) -> list[str]:
     rules = config.data.get("splits") if config.data.get("source") != "synthetic" else None
     known = set(dict(rules)) if isinstance(rules, (dict, ml_collections.ConfigDict)) else None
     if "evals" not in config or not config.evals:
-        return ["evals: missing; expected at least one evaluator (experiments/base.py declares them)"]
+        return ["evals: missing; expected at least one evaluator (motionjax/configs/base.py declares them)"]
     for name, spec in config.evals.items():
         kind = spec.get("kind")
         if kind not in evaluators.KINDS:
