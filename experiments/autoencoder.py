@@ -6,8 +6,9 @@ reference gets too. The output is a motion (root trajectory + local joint rotati
 BVH), scored by FK joint positions.
 
 Variants (``--config experiments/autoencoder.py:VARIANT``), comma-separated:
-  ``bandai`` (default), ``deepmimic`` or ``folder``: the corpus (``folder``: your motion files,
-  ``--config.data.source=DIR``, trained as Bandai is: docs/your_data.md);
+  ``bandai2`` (default: Bandai-2 with the protocol of docs/protocol.md, seen-pair and unseen-pair
+  splits), ``bandai`` (Bandai-1, held-out contents), ``deepmimic`` or ``folder``: the corpus
+  (``folder``: your motion files, ``--config.data.source=DIR``, trained as Bandai is: docs/your_data.md);
   ``16``, ``8``, ``4``: numbers per frame (the rate of the rate-distortion table; default 16; the
   table compares them at ``--config.train.steps=3000``);
   ``dynamics``: the dynamics loss on (weight 0.005, blocked Jacobian) and, on Bandai, the 3,000-step
@@ -20,16 +21,18 @@ from experiments import base
 
 def get_config(arg: str | None = None):
     parts = [p for p in (arg or "").split(",") if p]
-    flags = ("bandai", "deepmimic", "folder", "dynamics", "runlocal")
+    flags = ("bandai2", "bandai", "deepmimic", "folder", "dynamics", "runlocal")
     unknown = [p for p in parts if p not in flags and not p.isdigit()]
     if unknown:
-        raise ValueError(f"unknown config variant {unknown}; expected bandai|deepmimic|folder, 16|8|4, "
-                         "dynamics, runlocal")
+        raise ValueError(f"unknown config variant {unknown}; expected bandai2|bandai|deepmimic|folder, "
+                         "16|8|4, dynamics, runlocal")
     c = base.get_config()
-    corpus = next((p for p in ("deepmimic", "folder") if p in parts), "bandai")
+    corpus = next((p for p in ("bandai", "deepmimic", "folder") if p in parts), "bandai2")
     rate = next((int(p) for p in parts if p.isdigit()), 16)  # latent numbers per frame
     if corpus == "folder":  # motion capture like Bandai's: its settings below
         base.use_folder(c, window=64)
+    elif corpus == "bandai2":
+        base.use_bandai2(c, window=64)
     elif corpus == "bandai":
         # Held-out contents beside the in-distribution splits (docs/models.md "Off the training
         # distribution"); the time-to-target task keeps the splits it was measured on.

@@ -219,6 +219,25 @@ BANDAI_OOD = {"ood_validation": "label:content=guide,punch,kick",
               "ood_test": "label:content=bow,slash,respond"}
 
 
+# The Bandai Namco Research Motion Dataset 2 (CC BY-NC 4.0; same publisher, paper and skeleton as Bandai-1):
+# 2,602 BVH clips, 10 contents x 7 styles, ~37 takes per (content, style) pair. The archive is read in place
+# (checked against SHA256SUMS and unpacked once into data_cache/sources/: motionjax.data.archive); not in
+# this repository. Elsewhere point data.source at a copy of the archive or of its unpacked data/ folder.
+BANDAI2_SOURCE = "../shared/data/bandai-namco-2/data.tar.xz"
+
+# The protocol (docs/protocol.md): whole (content, style) pairs never trained on, taken before the
+# seen-pair splits draw ~10% of the takes of every other pair for validation and ~10% for test. Each
+# unseen set mixes locomotion and gestures; the two are disjoint and neither removes a content or a
+# style from training (every content and style still trains in its other pairs).
+BANDAI2_UNSEEN = {
+    "unseen_validation": "label:content+style=walk-turn-right+normal,raise-up-right-hand+elderly,"
+                         "wave-left-hand+feminine",
+    "unseen_test": "label:content+style=walk+elderly,walk-turn-left+feminine,run+exhausted,"
+                   "wave-both-hands+youthful,raise-up-left-hand+masculine,wave-right-hand+active"}
+BANDAI2_SPLITS = {"train": "rest", "validation": "stratified:content+style:0.1",
+                  "test": "stratified:content+style:0.1"}
+
+
 def use_folder(c: ml_collections.ConfigDict, window: int | None = None) -> ml_collections.ConfigDict:
     """Point ``c.data`` at a folder of motion files (BVH, DeepMimic), given on the command line
     (``--config.data.source=DIR``; until then empty, which the trainer refuses with that hint): whole
@@ -261,4 +280,54 @@ def use_bandai(c: ml_collections.ConfigDict, window: int | None = None, ood: boo
         # In- and out-of-distribution validation weigh the same: a checkpoint that fits Bandai-1's own
         # contents better but new ones worse is not chosen for free.
         c.train.best_metric = "validation+ood_validation/mpjpe"
+    return c
+
+
+# The cross-corpus test of a Bandai-2 run (docs/protocol.md): Bandai-1's takes of the two contents both
+# corpora have (walk and run: 30 clips), and all of Bandai-1 (174 clips, 17 contents), every clip scored.
+BANDAI1_CROSS = {"bandai1_walk_run": tuple(f"{BANDAI_SOURCE}/dataset-1_{k}_*.bvh" for k in ("walk", "run")),
+                 "bandai1_all": (BANDAI_SOURCE,)}
+
+
+def cross_corpus(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Declare the Bandai-1 evaluators (:data:`BANDAI1_CROSS`, kind ``corpus``): scored once at the end
+    as ``evals.final`` scores the run's own splits; skipped with a line where Bandai-1 is not there."""
+    for name, sources in BANDAI1_CROSS.items():
+        c.evals[name] = dict(kind="corpus", sources=sources, name=name)
+    return c
+
+
+def use_bandai2(c: ml_collections.ConfigDict, window: int | None = None, unseen: bool = True
+                ) -> ml_collections.ConfigDict:
+    """Point ``c.data`` at Bandai-2 with the protocol of docs/protocol.md: ``validation`` and ``test``
+    hold ~10% of the takes of each (content, style) pair each (whole clips), ``train`` the rest.
+
+    ``unseen``: also hold out whole pairs (:data:`BANDAI2_UNSEEN`) as ``unseen_validation`` and
+    ``unseen_test``; the held-out evaluators score both validation splits and the best checkpoint is
+    chosen by their mean MPJPE. The final evaluation scores every held-out split once (not the
+    training split: at ~2,000 clips its windows would cost more than the rest together; its loss is in
+    the learning curves). The prepared directory is named by the window and the protocol."""
+    if window is not None:
+        c.data.window = window
+    c.data.source = BANDAI2_SOURCE
+    # Copies: only exact (re-encoded) ones. Repeated takes of one pair's slow gestures lie 0.61-1.17 cm
+    # apart (RMS over >= 80% of their moving windows): at Bandai-1's 1.2 cm (dedup.COPY_M) 202 takes were
+    # dropped as copies and 95 groups of up to 37 takes (a whole pair) had to share one split, so the
+    # pairs could not be split by take. The only copies found are 2 takes at 0.00 cm (docs/data.md).
+    c.data.copy_threshold = 0.004
+    c.data.dir = (f"data_cache/bandai2_w{c.data.window}" + ("_unseen" if unseen else "")
+                  + ("_clean" if c.data.clean == "repair" else ""))
+    held_out = BANDAI2_UNSEEN if unseen else {}
+    c.data.splits = ml_collections.ConfigDict({"train": "rest", **held_out,
+                                               "validation": BANDAI2_SPLITS["validation"],
+                                               "test": BANDAI2_SPLITS["test"]})
+    seen = ("validation", "test")
+    cross_corpus(c)
+    if unseen:
+        c.evals.heldout.splits = ("validation", "unseen_validation")
+        c.evals.final.splits = ("validation", "unseen_validation", "test", "unseen_test")
+        c.train.best_metric = "validation+unseen_validation/mpjpe"
+    else:
+        c.evals.heldout.splits = ("validation",)
+        c.evals.final.splits = seen
     return c

@@ -63,3 +63,32 @@ def test_one_clip_has_no_interval_and_mismatched_lengths_are_refused():
         assert "one entry per window" in str(e)
     else:
         raise AssertionError("mismatched lengths were accepted")
+
+
+def test_ratio_interval_equals_direct_paired_resampling():
+    values, ids = _windows(6)
+    other = values * np.random.default_rng(2).uniform(1.5, 2.5, values.size)  # a worse method, same windows
+    weights = np.random.default_rng(3).integers(1, 30, values.size).astype(float)
+    got = intervals.ratio_interval(values, other, ids, weights, replicates=300, seed=5)
+    draws = intervals.clip_draws(12, 300, seed=5)
+    reps = []
+    for row in draws:  # the same clips drawn for both methods
+        idx = np.concatenate([np.flatnonzero(ids == c) for c in range(12) for _ in range(row[c])])
+        w = weights[idx]
+        reps.append(np.average(values[idx], weights=w) / np.average(other[idx], weights=w))
+    assert np.isclose(got["value"], np.average(values, weights=weights) / np.average(other, weights=weights))
+    assert np.allclose([got["lo"], got["hi"]], np.percentile(reps, [2.5, 97.5]))
+    assert got["below_one"] and got["hi"] < 1
+
+
+def test_intervals_from_per_window_sums_ignore_fill_windows():
+    """The evaluators' form: per-window sums and counts, fill windows with clip -1 and count 0. A method
+    exactly half as wrong as another on every frame has the ratio 0.5 with no spread."""
+    sums, counts = np.array([3.0, 5.0, 4.0, 9.0, 0.0]), np.array([2.0, 2.0, 1.0, 3.0, 0.0])
+    clips = np.array([0, 0, 1, 2, -1])
+    got = intervals.from_sums(sums, counts, clips, seed=1)
+    assert got["mean"] == 21.0 / 8.0 and got["clips"] == 3 and got["n"] == 4
+    ref = intervals.mean_interval(sums[:4] / counts[:4], clips[:4], counts[:4], seed=1)
+    assert (got["lo"], got["hi"]) == (ref["lo"], ref["hi"])
+    half = intervals.ratio_from_sums(sums / 2, sums, counts, clips)
+    assert half["value"] == half["lo"] == half["hi"] == 0.5 and half["clips"] == 3

@@ -175,9 +175,24 @@ def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(forecaster, d
     assert run.step == summary["evaluated_step"]
     again = runs.evaluate(run, runs.corpus_for(run, deepmimic_dir), "test")["test"]["clean"]
     for method in ("model", "zero_velocity", "truth"):
-        for key, value in rows[method].items():
-            np.testing.assert_allclose(again[method][key], value, rtol=1e-4, atol=1e-6,
+        for key, value in _flat(rows[method]).items():  # the intervals and ratios too
+            np.testing.assert_allclose(_flat(again[method])[key], value, rtol=1e-4, atol=1e-6,
                                        err_msg=f"{method} {key}")
+    # Each number has its interval over the clips it averages, around it; the model's ratio to the held
+    # pose is the ratio of the two rows' numbers.
+    model, zero = rows["model"], rows["zero_velocity"]
+    ci, ratio = model["intervals"]["mpjpe_400ms"], model["ratio_to_zero_velocity"]["mpjpe_400ms"]
+    assert ci["lo"] <= model["mpjpe_400ms"] == pytest.approx(ci["mean"]) <= ci["hi"]
+    assert ci["clips"] == model["clips_400ms"]
+    assert ratio["value"] == pytest.approx(model["mpjpe_400ms"] / zero["mpjpe_400ms"])
+    assert "zero velocity's, paired per clip" in table
+
+
+def _flat(row: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in row.items():
+        out.update(_flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def test_someone_elses_bvh_folder_is_scored_whole_and_says_what_each_horizon_averages(forecaster, tmp_path):

@@ -296,10 +296,17 @@ def _label_names(path: str) -> list[str] | None:
 #   "pattern:*walk*"                clips whose name matches a glob, whole
 #   "label:style=happy"             clips with that label value, whole
 #   "label:content=bow,slash"       clips with any of those values, whole (held-out contents)
+#   "label:content+style=walk+elderly,run+exhausted"
+#                                   a composite key: the values of several labels joined by "+" (whole
+#                                   (content, style) pairs held out)
 #   "stratified:content:0.1"        per value of a label, round(fraction × group size) clips drawn
 #   "stratified:content:0.1:seed=3"   with a seeded shuffle (default seed 0), whole
+#   "stratified:content+style:0.1"  per (content, style) pair: ~10% of each pair's takes
 #   "tail:0.2"                      the last 20% of the frames of every "rest" clip
-# Whole-clip rules apply in the config's order, each to the clips still unassigned.
+# Whole-clip rules apply to the clips still unassigned: first those that name clips (clips, pattern,
+# label) in the config's order, then the stratified draws in the config's order, so held-out labels are
+# whole whatever the names of the splits (an ml_collections ConfigDict keeps its keys sorted: the order
+# of a config's splits is their alphabetical one).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +361,13 @@ def parse_rules(splits: dict) -> dict[str, Rule]:
     return rules
 
 
+def label_value(labels: dict, key: str) -> str | None:
+    """A clip's value of ``key`` in its ``labels``: one label (``"content"`` -> ``"walk"``) or several
+    joined by ``+`` (``"content+style"`` -> ``"walk+elderly"``); ``None`` when one of them is missing."""
+    values = [labels.get(k) for k in key.split("+")]
+    return None if any(v is None for v in values) else "+".join(str(v) for v in values)
+
+
 def rest_split(rules: dict[str, Rule]) -> str:
     return next(name for name, r in rules.items() if r.kind == "rest")
 
@@ -364,7 +378,8 @@ def tail_fraction(rules: dict[str, Rule]) -> float:
 
 def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
                  groups: list[list[int]] | None = None) -> list[str]:
-    """The split of every clip (whole-clip rules in order; the rest to the ``rest`` split).
+    """The split of every clip (the rules naming clips, then the stratified ones, each kind in the
+    order of ``rules``; the rest to the ``rest`` split).
 
     ``groups``: lists of clip indices that must share a split (near-identical clips,
     :mod:`motionjax.data.dedup`). A rule that takes one member takes its whole group; a stratified
@@ -383,7 +398,7 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
     def whole(i):
         return [k for k in members_of[unit[i]] if out[k] is None]
 
-    for split, rule in rules.items():
+    for split, rule in sorted(rules.items(), key=lambda item: item[1].kind == "stratified"):
         free = [i for i, s in enumerate(out) if s is None]
         if rule.kind == "clips":
             unknown = sorted(set(rule.args) - set(names))
@@ -395,7 +410,10 @@ def assign_clips(rules: dict[str, Rule], names: list[str], labels: list[dict],
             take = [i for i in free if fnmatch.fnmatchcase(names[i], rule.args[0])]
         elif rule.kind == "label":
             key, values = rule.args
-            take = [i for i in free if labels[i].get(key) in values]
+            take = [i for i in free if label_value(labels[i], key) in values]
+            missing = sorted(set(values) - {label_value(lab, key) for lab in labels})
+            if missing:  # a misspelt value would silently leave the split short
+                logging.warning("config.data.splits.%s: no clip has %s = %s", split, key, ", ".join(missing))
         elif rule.kind == "stratified":
             _stratified(split, rule.args, labels, out, whole, len(names))
             continue
@@ -416,7 +434,7 @@ def _stratified(split: str, args: tuple, labels: list[dict], out: list, whole, n
     key, fraction, seed = args
     by_value: dict[str, list[int]] = {}
     for i, lab in enumerate(labels):
-        by_value.setdefault(lab.get(key, ""), []).append(i)
+        by_value.setdefault(label_value(lab, key) or "", []).append(i)
     # A value that earlier rules took whole (a held-out content) has no quota here.
     wants = {v: int(round(fraction * len(m))) if any(out[i] is None for i in m) else 0
              for v, m in by_value.items()}
@@ -431,7 +449,7 @@ def _stratified(split: str, args: tuple, labels: list[dict], out: list, whole, n
             if out[i] is not None:
                 continue
             block = whole(int(i))
-            n = sum(labels[k].get(key, "") == value for k in block)
+            n = sum((label_value(labels[k], key) or "") == value for k in block)
             # Closer to this value's quota and to the split's.
             closer = have + n <= want or abs(have + n - want) < abs(have - want)
             if closer and abs(total + len(block) - total_want) <= abs(total - total_want):

@@ -54,8 +54,8 @@ import numpy as np
 from motionjax.core import features
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import Skeleton
+from motionjax.data import archive, corpus, records, transforms
 from motionjax.data import clean as clean_mod
-from motionjax.data import corpus, records, transforms
 from motionjax.data.info import (
     FORMAT_VERSION,
     INDEX,
@@ -135,9 +135,13 @@ class Settings:
 
 
 def resolve_sources(source=None) -> list[Path]:
-    """``None`` -> the DeepMimic clips of pybullet; a directory -> its motion files; else a glob."""
+    """``None`` -> the DeepMimic clips of pybullet; a directory -> its motion files; an archive
+    (``*.tar.xz`` with ``SHA256SUMS`` beside it) -> its motion files, checked and unpacked once
+    (:func:`motionjax.data.archive.motion_files`); else a glob."""
     if source is None or source == "deepmimic":
         return deepmimic_clip_paths()
+    if archive.is_archive(source):
+        return archive.motion_files(source)
     p = Path(source)
     if p.is_dir():
         # .json files in a directory are label sidecars; a JSON DeepMimic clip is read by naming it.

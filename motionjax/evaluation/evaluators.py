@@ -13,7 +13,11 @@ the test split too where it is named (nothing is chosen there). The kinds (:data
 * ``forecast``: a forecaster beside the zero- and constant-velocity baselines, per horizon
   (:class:`Forecast`, :mod:`motionjax.evaluation.forecast`);
 * ``clip``: one held-out window of ``split`` at ``noise_level``, drawn as skeletons (input / output /
-  truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side.
+  truth) and exported as BVH, and its clip (``video_s`` seconds) as a video of the three side by side;
+* ``corpus``: another corpus's motion files scored as ``final`` scores the run's splits (:class:`Corpus`:
+  Bandai-1 for a Bandai-2 run, the cross-corpus test).
+
+Every MPJPE carries its 95% bootstrap interval over clips (:mod:`.intervals`, docs/protocol.md).
 
 Each evaluator is built once per run (its windows are cached) and called with ``predict``: ``x [B, N,
 C, F] -> [B, N, C, F]`` (numpy, standardized features). Every process calls it (prediction is one
@@ -26,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from motionjax.data import pipeline, transforms
-from motionjax.evaluation import artifacts, forecast, inference, metrics
+from motionjax.evaluation import artifacts, forecast, inference, intervals, metrics
 
 
 class Metrics:
@@ -51,8 +55,11 @@ class Metrics:
         the per-label plots are written there."""
         results = {}
         for (split, condition), batches in self.sets.items():
-            model = metrics.evaluate(predict, batches, *self.args, labels=self.labels)
+            model = metrics.evaluate(predict, batches, *self.args, labels=self.labels, per_window=True)
+            windows = model.pop("windows", None)
             row = {"model": model, "input": {k: model.pop(f"input_{k}") for k in metrics.INPUT_METRICS}}
+            if windows is not None:
+                _add_intervals(row, windows)
             if "input" not in self.references:
                 row.pop("input")
             if self.pca is not None:
@@ -148,17 +155,88 @@ class Forecast:
         results = {}
         for split, batches in self.sets.items():
             score = lambda methods, truth, batches=batches: forecast.evaluate(
-                methods, batches, *self.args, observed=self.observed, horizons_ms=self.horizons, truth=truth)
+                methods, batches, *self.args, observed=self.observed, horizons_ms=self.horizons, truth=truth,
+                per_window=True)
             if split not in self._kept:
                 self._kept[split] = score(self.baselines, True)
-            results[split] = {"clean": {**score({"model": predict}, False), **self._kept[split]}}
+            results[split] = {"clean": _forecast_intervals({**score({"model": predict}, False),
+                                                            **self._kept[split]})}
             if workdir is not None:
                 artifacts.plot_forecast_horizons(results[split]["clean"], workdir / f"forecast_{split}.png",
                                                  title=f"{split}: {self.observed} frames observed")
         return results
 
 
-KINDS = {"metrics": Metrics, "clip": Clip, "forecast": Forecast}
+class Corpus:
+    """The model on another corpus's motion files, every clip in one split ``name`` (Bandai-1 for a
+    Bandai-2 run: the cross-corpus test, docs/protocol.md): ``sources`` (directories or globs) prepared
+    once with the run's settings and joint order (:func:`.inference.prepare_corpus`, into ``cache``),
+    standardized with the run's statistics, and scored as ``evals.final`` scores the run's own splits
+    (its kind and settings; no reference rows fitted on the run's data, no per-label breakdown). Rows
+    ``{name: ...}`` as that evaluator's; none (a line says why) when none of the files is there (a
+    clone without that corpus)."""
+
+    def __init__(self, config, info, *, sources, name: str, cache: str = "data_cache/eval",
+                 during: bool = False):
+        import dataclasses
+
+        from motionjax.data import prepare
+        self.during, self.evaluator = during, None
+        paths = sorted({p for s in sources for p in prepare.resolve_sources(str(s))})
+        if not paths:
+            print(f"evaluation {name}: no motion files at {list(sources)}; not scored", flush=True)
+            return
+        other = inference.prepare_corpus(paths, inference.ModelSpec.from_run(config, info),
+                                         prepare.Settings.from_config(config.data), cache, name,
+                                         log=lambda line: print(f"evaluation {name}: {line}", flush=True))
+        scored = dataclasses.replace(other, mean=info.mean, std=info.std, window=config.data.window)
+        final = dict(config.evals.final)
+        kind = final.pop("kind")
+        for key in ("splits", "during", "references", "by_label"):
+            final.pop(key, None)
+        self.evaluator = KINDS[kind](config, scored, splits=(name,), **final)
+
+    def __call__(self, predict, workdir: Path | None = None) -> dict:
+        return {} if self.evaluator is None else self.evaluator(predict, workdir)
+
+
+def _add_intervals(row: dict, windows: dict) -> None:
+    """95% intervals over clips (:mod:`.intervals`) of the model's :data:`metrics.INTERVAL_METRICS`
+    (``row["model"]["intervals"]``) and, for a corrupted input, of the input's and of the model's
+    error as a share of its input's, paired per clip (``row["model"]["ratio_to_input"]``), in place."""
+    clips = windows["clip"]
+    ci = lambda prefix: {k: intervals.from_sums(*windows[prefix + k], clips)
+                         for k in metrics.INTERVAL_METRICS}
+    row["model"]["intervals"] = ci("")
+    if row["input"]["mpjpe"] > 0:
+        row["input"]["intervals"] = ci("input_")
+        row["model"]["ratio_to_input"] = {
+            k: intervals.ratio_from_sums(windows[k][0], windows["input_" + k][0], windows[k][1], clips)
+            for k in metrics.INTERVAL_METRICS}
+
+
+def _forecast_intervals(rows: dict) -> dict:
+    """The forecast ``rows`` with each method's per-window values (``windows``) turned into 95%
+    intervals over clips of its MPJPE at each horizon and over the predicted frames (``intervals``),
+    and, beside the zero-velocity baseline, of its ratio to that baseline, paired per clip
+    (``ratio_to_zero_velocity``). The rows given are not changed (the baselines' are kept per split)."""
+    zero = rows.get("zero_velocity", {}).get("windows")
+    out = {}
+    for method, row in rows.items():
+        row = dict(row)
+        windows = row.pop("windows", None)
+        if windows is not None:
+            keys = [k for k in windows if k != "clip"]
+            row["intervals"] = {k: intervals.from_sums(*windows[k], windows["clip"]) for k in keys}
+            if zero is not None and method != "zero_velocity":
+                row["ratio_to_zero_velocity"] = {
+                    k: intervals.ratio_from_sums(windows[k][0], zero[k][0], windows[k][1], windows["clip"])
+                    for k in keys if k in zero}
+        out[method] = row
+    return out
+
+
+KINDS = {"metrics": Metrics, "clip": Clip, "forecast": Forecast, "corpus": Corpus}
 
 
 def build(config, info, during: bool | None = None) -> dict:
@@ -178,7 +256,8 @@ def run(evaluators: dict, predict, workdir: Path | None = None) -> dict:
     """Every evaluator's results, merged per split, input and method (``summary.json``'s ``results``):
     two evaluators of one split and input add their rows (the model's row is the same model's)."""
     results = {}
-    for evaluator in evaluators.values():
+    # Another corpus's rows after the run's own splits (a config's evaluators come in name order).
+    for evaluator in sorted(evaluators.values(), key=lambda e: isinstance(e, Corpus)):
         for split, rows in evaluator(predict, workdir).items():
             for condition, row in rows.items():
                 results.setdefault(split, {}).setdefault(condition, {}).update(row)
@@ -200,9 +279,12 @@ def _pca_reference(config, info) -> metrics.PCA:
 
 def results_table(results: dict) -> list[str]:
     """Text table: one line per split x input x method. MPJPE is root-relative (Human3.6M protocol
-    #1); global MPJPE adds the root trajectory's error (see :mod:`motionjax.evaluation.metrics`)."""
-    lines = [f"{'split':14s} {'input':6s} {'method':12s} {'MPJPE cm':>9s} {'global cm':>9s} {'PA-MPJPE':>9s} "
-             f"{'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
+    #1), with its 95% interval over clips where the evaluation kept one (:mod:`.intervals`); global
+    MPJPE adds the root trajectory's error (see :mod:`motionjax.evaluation.metrics`). Then, for each
+    corrupted input, the model's MPJPE as a share of its input's, paired per clip."""
+    lines = [f"{'split':17s} {'input':6s} {'method':12s} {'MPJPE cm [95% CI]':>20s} {'global cm':>9s} "
+             f"{'PA-MPJPE':>9s} {'accel m/s2':>10s} {'jitter m/s3':>11s} {'skate cm/s':>10s} {'bone cm':>8s}"]
+    shares = []
     for split, rows in results.items():
         if not isinstance(rows, dict):
             continue
@@ -213,10 +295,19 @@ def results_table(results: dict) -> list[str]:
             for method in order:
                 m = row.get(method)
                 if isinstance(m, dict) and "mpjpe" in m:
-                    lines.append(f"{split:14s} {condition:6s} {method:12s} {m['mpjpe']:9.2f} "
+                    ci = m.get("intervals", {}).get("mpjpe")
+                    mpjpe = intervals.fmt(ci) if ci else f"{m['mpjpe']:.2f}"
+                    lines.append(f"{split:17s} {condition:6s} {method:12s} {mpjpe:>20s} "
                                  f"{m['mpjpe_global']:9.2f} {m['pa_mpjpe']:9.2f} {m['accel']:10.2f} "
                                  f"{m.get('jitter', float('nan')):11.1f} {m['foot_skate']:10.2f} "
                                  f"{m.get('bone_error', float('nan')):8.3f}")
+                    share = m.get("ratio_to_input", {}).get("mpjpe")
+                    if share:
+                        shares.append(f"  {split} {condition} {method}: {intervals.fmt(share)} of the "
+                                      f"input's MPJPE ({share['clips']} clips)")
+    if shares:
+        lines.append("model / input MPJPE, paired per clip [95% CI]:")
+        lines += shares
     return lines
 
 
@@ -226,8 +317,11 @@ FORECAST_METHODS = ("model", "no_dynamics", "constant_velocity", "zero_velocity"
 def forecast_table(results: dict) -> list[str]:
     """Text table of the :class:`Forecast` rows: one line per split x method, MPJPE (cm, root-relative)
     at each horizon and over the predicted frames, then their plausibility; [] when there are none.
-    Reference models (``train.references``) appear under their names after the model."""
-    lines = []
+    Reference models (``train.references``) appear under their names after the model. Then, where the
+    evaluation kept per-window values, each method's MPJPE with its 95% interval over clips and its
+    ratio to the zero-velocity baseline, paired per clip (:mod:`.intervals`)."""
+    lines, spread, ratios = [], [], []
+    cell = lambda ci: intervals.fmt(ci) if ci else "—"
     for split, rows in results.items():
         if not isinstance(rows, dict):
             continue
@@ -236,7 +330,7 @@ def forecast_table(results: dict) -> list[str]:
             if not horizons:
                 continue
             if not lines:
-                lines.append(f"{'split':11s} {'method':18s} " + " ".join(f"{f'{h}ms':>6s}" for h in horizons)
+                lines.append(f"{'split':17s} {'method':18s} " + " ".join(f"{f'{h}ms':>6s}" for h in horizons)
                              + f" {'mean':>6s} {'skate cm/s':>10s} {'floor cm':>8s} {'jitter m/s3':>11s} "
                              f"{'bone cm':>7s} {'force N/kg':>10s} {'force err':>9s}")
             order = [m for m in FORECAST_METHODS[:2] if m in row]  # the model, then reference models
@@ -244,15 +338,29 @@ def forecast_table(results: dict) -> list[str]:
             order += [m for m in FORECAST_METHODS[2:] if m in row]
             counts = next((m for m in row.values() if "clips" in m), None)
             if counts is not None:  # how many clips each column averages (short clips reach fewer horizons)
-                lines.append(f"{split:11s} {'(clips averaged)':18s} "
+                lines.append(f"{split:17s} {'(clips averaged)':18s} "
                              + " ".join(f"{counts.get(f'clips_{h}ms', '—'):>6}" for h in horizons)
                              + f" {counts['clips']:>6}")
+            keys = [f"mpjpe_{h}ms" for h in horizons] + ["mpjpe"]
             for method in order:
                 m = row[method]
-                lines.append(f"{split:11s} {method:18s} "
+                lines.append(f"{split:17s} {method:18s} "
                              + " ".join(f"{m[f'mpjpe_{h}ms']:6.2f}" if f"mpjpe_{h}ms" in m else f"{'—':>6s}"
                                         for h in horizons)
                              + f" {m['mpjpe']:6.2f} {m['foot_skate']:10.2f} {m['penetration']:8.2f} "
                              f"{m['jitter']:11.1f} {m['bone_error']:7.3f} {m['force']:10.2f} "
                              f"{m['force_error']:9.2f}")
+                if "intervals" in m:
+                    spread.append(f"{split:17s} {method:18s} "
+                                  + " ".join(f"{cell(m['intervals'].get(k)):>20s}" for k in keys))
+                if "ratio_to_zero_velocity" in m:
+                    ratio = m["ratio_to_zero_velocity"]
+                    ratios.append(f"{split:17s} {method:18s} "
+                                  + " ".join(f"{cell(ratio.get(k)):>20s}" for k in keys))
+            header = f"{'split':17s} {'method':18s} " + " ".join(
+                f"{'mean' if k == 'mpjpe' else k.removeprefix('mpjpe_'):>20s}" for k in keys)
+    if spread:
+        lines += ["MPJPE cm [95% CI over clips]:", header, *spread]
+    if ratios:
+        lines += ["MPJPE / zero velocity's, paired per clip [95% CI]:", header, *ratios]
     return lines

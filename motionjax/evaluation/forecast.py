@@ -88,6 +88,7 @@ class _Sums:
 
     def __init__(self):
         self.sums, self.frame = {}, None
+        self.windows = {}  # per_window: {"mpjpe" | "mpjpe_<h>ms": ([sums [B]], [counts [B]])}
 
     def add(self, sums: dict, keys) -> None:
         for k in keys:
@@ -97,6 +98,16 @@ class _Sums:
     def add_frames(self, err, valid) -> None:
         s, c = np.sum(err * valid, 0), np.sum(valid, 0)
         self.frame = (s, c) if self.frame is None else (self.frame[0] + s, self.frame[1] + c)
+
+    def add_windows(self, err, valid, horizons: dict[int, int]) -> None:
+        """Per window ``err [B, T]`` (MPJPE per frame) over the scored ``valid [B, T]`` frames, and at
+        each horizon's frame."""
+        pieces = {"mpjpe": (np.sum(err * valid, 1), np.sum(valid, 1)),
+                  **{f"mpjpe_{h}ms": (err[:, t] * valid[:, t], valid[:, t]) for h, t in horizons.items()}}
+        for k, (s, c) in pieces.items():
+            self.windows.setdefault(k, ([], []))
+            self.windows[k][0].append(np.asarray(s, np.float64))
+            self.windows[k][1].append(np.asarray(c, np.float64))
 
     def result(self, horizons: dict[int, int]) -> dict:
         # nan where nothing was scored; a horizon past every segment's end of the split is left out (a
@@ -108,21 +119,29 @@ class _Sums:
 
 
 def evaluate(forecasters: dict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float,
-             observed: int, horizons_ms=HORIZONS_MS, truth: bool = True) -> dict:
+             observed: int, horizons_ms=HORIZONS_MS, truth: bool = True, per_window: bool = False) -> dict:
     """``{method: {metric: value}}`` of each forecaster (``{name: x [B, N, C, F] -> [B, N, C, F]}``) on
     eval ``batches`` (``noisy``, ``clean``, ``valid``, optional ``offsets``), plus (``truth``) the row
     ``"truth"``: the true motion's own plausibility (its errors are 0). Metrics: ``mpjpe_<h>ms`` at each
     horizon, the :data:`ERROR_METRICS` over the predicted frames, the :data:`MOTION_METRICS` and
     :data:`~motionjax.evaluation.metrics.PHYSICS_METRICS` over them and the seam; and how many clips
     (batches' ``clip`` ids) each averages: ``clips_<h>ms`` (a clip shorter than the window reaches
-    fewer horizons) and ``clips`` (those with a predicted frame), ints in every row."""
+    fewer horizons) and ``clips`` (those with a predicted frame), ints in every row.
+
+    ``per_window`` (and the batches carry ``clip``): each forecaster's row also holds ``windows =
+    {"clip": [N], "mpjpe": (sums [N], counts [N]), "mpjpe_<h>ms": (...)}``, one entry per window (fill
+    windows: clip -1, count 0), from which the intervals over clips are drawn."""
     totals = {name: _Sums() for name in (*forecasters, *(("truth",) if truth else ()))}
     window, reached = None, None  # reached[t]: the clips with a predicted frame t
+    clip_ids = []
     for batch in batches:
         clean = _frames(batch["clean"])
         window = clean.shape[1]
         valid = _frames(batch["valid"])[..., 0]
         future = valid * transforms.forecast_frames(window, observed)
+        keep = per_window and "clip" in batch
+        if keep:
+            clip_ids.append(np.asarray(batch["clip"]).reshape(-1))
         if "clip" in batch:
             ids = np.asarray(batch["clip"])
             reached = reached or [set() for _ in range(window)]
@@ -145,7 +164,10 @@ def evaluate(forecasters: dict, batches, skeleton: Skeleton, fps: float, mean, s
             physics = metrics.physics_sums(skeleton, float(fps), np.float32(root), np.float32(rotations),
                                            np.float32(true_root), np.float32(true_rot), valid, seam, offsets)
             totals[name].add(physics, metrics.PHYSICS_METRICS)
-            totals[name].add_frames(np.asarray(metrics.mpjpe_per_frame(pos, true_pos)), future)
+            err = np.asarray(metrics.mpjpe_per_frame(pos, true_pos))
+            totals[name].add_frames(err, future)
+            if keep and name != "truth":
+                totals[name].add_windows(err, future, horizon_frames(observed, window, fps, horizons_ms))
     if window is None:
         raise ValueError("forecast evaluate: no eval batches (is the held-out split empty?)")
     horizons = horizon_frames(observed, window, fps, horizons_ms)
@@ -153,4 +175,9 @@ def evaluate(forecasters: dict, batches, skeleton: Skeleton, fps: float, mean, s
     if reached is not None:
         clips = {f"clips_{h}ms": len(reached[t]) for h, t in horizons.items()}
         clips["clips"] = len(set().union(*reached))
-    return {name: {**t.result(horizons), **clips} for name, t in totals.items()}
+    out = {name: {**t.result(horizons), **clips} for name, t in totals.items()}
+    for name, t in totals.items():
+        if t.windows:
+            per_key = {k: (np.concatenate(s), np.concatenate(c)) for k, (s, c) in t.windows.items()}
+            out[name]["windows"] = {"clip": np.concatenate(clip_ids), **per_key}
+    return out

@@ -6,12 +6,14 @@ is the clip. Each bootstrap replicate draws ``C`` clips with replacement from th
 split and recomputes the statistic on every window of the drawn clips (a clip drawn twice counts
 twice). The interval is the percentile interval of the replicates (Efron & Tibshirani 1993, §13).
 
-Two entry points:
+Entry points:
 
 * :func:`mean_interval` for per-window (or per-frame) values whose statistic is their (weighted)
   mean — MPJPE, accuracy, skating ratio — fast, from per-clip sums;
 * :func:`statistic_interval` for a statistic of the whole set (FID, diversity), recomputed on the
-  window indices of each replicate.
+  window indices of each replicate;
+* :func:`ratio_interval` for the ratio of two methods' mean errors on the same windows (a forecaster
+  against the held pose, a denoiser against its input), fast, from per-clip sums.
 
 A difference between two methods scored on the same clips is judged by :func:`paired_difference`,
 which resamples the clips once for both, so their shared difficulty cancels.
@@ -103,6 +105,56 @@ def paired_difference(a, b, clips, weights=None, *, replicates: int = REPLICATES
     out = mean_interval(diff, clips, weights, replicates=replicates, level=level, seed=seed)
     out["gain"] = ("a lower" if out["hi"] < 0 else "b lower" if out["lo"] > 0 else "no difference shown")
     return out
+
+
+def ratio_interval(a, b, clips, weights=None, *, replicates: int = REPLICATES, level: float = LEVEL,
+                   seed: int = 0) -> dict:
+    """Ratio of the (weighted) means of ``a`` and ``b`` (two methods' per-window values on the same
+    windows, e.g. a forecaster's error and the held pose's) with its paired clip bootstrap: each
+    replicate draws clips once for both, so a clip that is hard for both moves both.
+
+    Returns ``{"value", "lo", "hi", "clips", "n"}`` (``value = mean(a) / mean(b)``); ``"below_one"``
+    is True only when the whole interval is below 1."""
+    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    weights = np.ones_like(a) if weights is None else np.asarray(weights, np.float64).reshape(-1)
+    if not a.shape == b.shape == weights.shape or a.shape[0] != np.asarray(clips).reshape(-1).shape[0]:
+        raise ValueError(f"a {a.shape}, b {b.shape}, weights {weights.shape} and clips "
+                         f"{np.asarray(clips).shape} must have one entry per window")
+    ids, num_clips = _clip_index(clips)
+    sum_a = np.bincount(ids, weights=a * weights, minlength=num_clips)
+    sum_b = np.bincount(ids, weights=b * weights, minlength=num_clips)
+    value = float(sum_a.sum() / sum_b.sum()) if sum_b.sum() > 0 else float("nan")
+    out = {"value": value, "lo": value, "hi": value, "clips": num_clips, "n": int(a.size)}
+    if num_clips >= 2 and sum_b.sum() > 0:
+        draws = clip_draws(num_clips, replicates, seed)
+        num, den = draws @ sum_a, draws @ sum_b
+        out["lo"], out["hi"] = _percentiles(num[den > 0] / den[den > 0], level)
+    out["below_one"] = bool(out["hi"] < 1)
+    return out
+
+
+def _scored(sums, counts, clips):
+    """Per-window ``sums, counts [N]`` (a metric's form: :func:`motionjax.evaluation.metrics.metric_sums`)
+    and ``clips [N]`` -> the windows that score something (fill windows have clip -1 and count 0)."""
+    sums, counts = np.asarray(sums, np.float64).reshape(-1), np.asarray(counts, np.float64).reshape(-1)
+    clips = np.asarray(clips).reshape(-1)
+    keep = (counts > 0) & (clips >= 0)
+    return sums[keep], counts[keep], clips[keep]
+
+
+def from_sums(sums, counts, clips, **kwargs) -> dict:
+    """:func:`mean_interval` of a metric given per window as ``sums, counts [N]`` (its value is
+    ``sum(sums) / sum(counts)``, the pooled mean the tables print) on ``clips [N]`` (-1: fill)."""
+    s, c, ids = _scored(sums, counts, clips)
+    return mean_interval(s / c, ids, c, **kwargs)
+
+
+def ratio_from_sums(sums_a, sums_b, counts, clips, **kwargs) -> dict:
+    """:func:`ratio_interval` of two methods' per-window ``sums`` over the same ``counts [N]``."""
+    keep = (np.asarray(counts).reshape(-1) > 0) & (np.asarray(clips).reshape(-1) >= 0)
+    a, c, ids = _scored(sums_a, counts, clips)
+    b = np.asarray(sums_b, np.float64).reshape(-1)[keep]
+    return ratio_interval(a / c, b / c, ids, c, **kwargs)
 
 
 def fmt(interval: dict, digits: int = 2) -> str:

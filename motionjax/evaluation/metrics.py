@@ -43,6 +43,8 @@ from motionjax.core.skeleton import Skeleton
 METRICS = ("mpjpe", "mpjpe_global", "root_error", "pa_mpjpe", "accel", "jitter", "foot_skate", "bone_error")
 INPUT_METRICS = METRICS  # also measured on the (noisy) input itself, ``input_`` prefix
 LABEL_METRICS = ("mpjpe", "pa_mpjpe", "accel")  # broken down per label value (``by_label``)
+# Kept per window (``per_window``) for the bootstrap intervals over clips (motionjax.evaluation.intervals).
+INTERVAL_METRICS = ("mpjpe", "mpjpe_global", "pa_mpjpe")
 
 
 def procrustes_align(pred, true):
@@ -152,7 +154,7 @@ def feature_positions(skeleton: Skeleton, features, mean, std, offsets=None):
 
 
 def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contact_speed: float,
-             labels=None):
+             labels=None, per_window: bool = False):
     """Metrics of ``predict`` (``[B, N, C, F] -> [B, N, C, F]``) over eval ``batches`` (dicts with
     ``noisy``, ``clean`` and ``valid`` ``[B, N, C, 1]``; optional ``offsets [B, J, 3]`` and ``clip
     [B]``), over all valid frames. ``input_<metric>`` are the (noisy) input's own errors.
@@ -160,8 +162,13 @@ def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contac
     ``labels``: per-clip dicts (``DatasetInfo.labels``); when given (and the batches carry ``clip``),
     the result also holds ``by_label = {key: {value: {metric: v, "frames": n}}}`` for the
     :data:`LABEL_METRICS` of the model and its input.
+
+    ``per_window`` (and the batches carry ``clip``): the result also holds ``windows = {"clip": [N],
+    METRIC: (sums [N], counts [N]), "input_" METRIC: ...}`` for the :data:`INTERVAL_METRICS`, one entry
+    per window (fill windows: clip -1, count 0), from which the intervals over clips are drawn.
     """
     sums, groups = {}, {}
+    windows = {"clip": []}
     for batch in batches:
         b = batch["clean"].shape[0]
         flat = lambda x, b=b: np.asarray(x).reshape(b, -1, x.shape[-1])  # [B, N, C, F] -> [B, T, F]
@@ -171,10 +178,17 @@ def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contac
         rows = []
         if labels is not None and "clip" in batch:
             rows = [labels[int(c)] for c in np.asarray(batch["clip"]).reshape(-1)]
+        keep = per_window and "clip" in batch
+        if keep:
+            windows["clip"].append(np.asarray(batch["clip"]).reshape(-1))
         for name, x in (("", predict(batch["noisy"])), ("input_", batch["noisy"])):
             pos = feature_positions(skeleton, flat(x), mean, std, offsets)
             m = {k: (np.asarray(s, np.float64), np.asarray(c, np.float64))
                  for k, (s, c) in metric_sums(skeleton, float(fps), pos, true, valid, contact_speed).items()}
+            for k in INTERVAL_METRICS if keep else ():
+                windows.setdefault(name + k, ([], []))
+                windows[name + k][0].append(m[k][0])
+                windows[name + k][1].append(m[k][1])
             for k in METRICS if not name else INPUT_METRICS:
                 s, c = sums.get(name + k, (0.0, 0.0))
                 sums[name + k] = (s + m[k][0].sum(), c + m[k][1].sum())
@@ -189,6 +203,9 @@ def evaluate(predict, batches, skeleton: Skeleton, fps: float, mean, std, contac
     if not sums or sums["mpjpe"][1] == 0:
         raise ValueError("evaluate: no valid frames in the eval batches (is the held-out split empty?)")
     out = {k: s / max(c, 1.0) for k, (s, c) in sums.items()}
+    if windows["clip"]:
+        join = lambda v: np.concatenate(v) if isinstance(v[0], np.ndarray) else tuple(map(np.concatenate, v))
+        out["windows"] = {k: join(v) for k, v in windows.items()}
     if labels is not None:
         mean_of = lambda v: v if isinstance(v, float) else v[0] / max(v[1], 1.0)
         out["by_label"] = {key: {value: {k: mean_of(v) for k, v in sorted(g.items())}
