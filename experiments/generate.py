@@ -81,33 +81,40 @@ DEEPMIMIC_LABELS = {
 
 def get_config(arg: str | None = None):
     parts = [p for p in (arg or "").split(",") if p]
-    flags = ("deepmimic", "dynamics", "runlocal")
+    flags = ("bandai1", "deepmimic", "dynamics", "runlocal")
     unknown = [p for p in parts if p not in flags]
     if unknown:
         raise ValueError(f"unknown config variant {unknown}; expected some of {flags}")
-    c = autoencoder.get_config("bandai,runlocal" if "runlocal" in parts else "bandai")
-    base.use_bandai(c, window=128)
-    c.data.dir = "data_cache/bandai1_w128_pairs" + ("_clean" if c.data.clean == "repair" else "")
-    # Held-out pairs first (whole clips), then ~10% of each content's remaining clips each for validation
-    # and test; the rest trains every stage.
-    c.data.splits = ml_collections.ConfigDict(
-        {
-            "train": "rest",
-            "unseen_pairs": "clips:" + ",".join(_UNSEEN_CLIPS),
-            "validation": "stratified:content:0.1",
-            "test": "stratified:content:0.1",
-        }
-    )
-    c.data.update(chunk=16, batch_size=16)  # 16 windows x 128 frames: the headline's frames per step
-    c.data.eval_stride = 8
-    # The autoencoder stage. The headline schedule is 9,000 steps (~24 min alone on 2 cores); here 2,500
-    # (Muon reaches 1.0 cm validation at 1,750 steps of the headline task) leave the evaluator, the
-    # generator and the evaluation room inside the 30 minutes.
+    bandai1 = "bandai1" in parts or "deepmimic" in parts  # DeepMimic below starts from Bandai-1's settings
+    c = autoencoder.get_config(("bandai" if bandai1 else "bandai2") + (",runlocal" if "runlocal" in parts else ""))
+    # The autoencoder stage when the run trains its own. The headline schedule is 9,000 steps (~24 min alone
+    # on 2 cores); here 2,500 (Muon reaches 1.0 cm validation at 1,750 steps of the headline task) leave
+    # the evaluator, the generator and the evaluation room; generation.autoencoder takes a headline run.
     c.train.update(steps=2500, eval_every=500, checkpoint_every=500, keep_checkpoints=1)
-    c.train.best_metric = "validation/mpjpe"
-    c.evals = ml_collections.ConfigDict()
-    c.evals.heldout = dict(kind="metrics", splits=("validation",), inputs=("clean",), during=True)
-    c.evals.final = dict(kind="metrics", splits=("validation", "test", "unseen_pairs"), inputs=("clean",))
+    if bandai1:
+        base.use_bandai(c, window=128)
+        c.data.dir = "data_cache/bandai1_w128_pairs" + ("_clean" if c.data.clean == "repair" else "")
+        # Held-out pairs first (whole clips), then ~10% of each content's remaining clips each for
+        # validation and test; the rest trains every stage.
+        c.data.splits = ml_collections.ConfigDict(
+            {
+                "train": "rest",
+                "unseen_pairs": "clips:" + ",".join(_UNSEEN_CLIPS),
+                "validation": "stratified:content:0.1",
+                "test": "stratified:content:0.1",
+            }
+        )
+        c.data.update(chunk=16, batch_size=16)  # 16 windows x 128 frames: the headline's frames per step
+        c.data.eval_stride = 8
+        c.train.best_metric = "validation/mpjpe"
+        c.evals = ml_collections.ConfigDict()
+        c.evals.heldout = dict(kind="metrics", splits=("validation",), inputs=("clean",), during=True)
+        c.evals.final = dict(kind="metrics", splits=("validation", "test", "unseen_pairs"), inputs=("clean",))
+    else:
+        # Bandai-2 under docs/protocol.md (experiments/autoencoder.py's default corpus and window): 64-frame
+        # windows (2.1 s; half the clips are shorter than 117 frames, so 128-frame windows would be mostly
+        # padding); every 8 frames in the held-out splits: 2,128 test windows, 2,525 unseen-test ones.
+        c.data.eval_stride = 8
 
     g = c.generation = ml_collections.ConfigDict()
     g.autoencoder = ""  # a run directory of experiments/autoencoder.py; "" = train it first
@@ -115,11 +122,19 @@ def get_config(arg: str | None = None):
     g.labels = ("content", "style")  # the conditioning labels (DatasetInfo.labels keys)
     # Labels of clips without label files, "CLIP_NAME": "VALUE/VALUE" (one value per key of g.labels).
     g.clip_labels = ml_collections.ConfigDict()
-    g.unseen_pairs = tuple(f"{a}/{b}" for a, b in UNSEEN_PAIRS)  # checked against the unseen_pairs split
+    # The pairs no stage trains on, checked against the splits named unseen* (a mirrored training window
+    # whose mirrored labels are one of them is left out too).
+    g.unseen_pairs = tuple(
+        f"{a}/{b}" for a, b in (UNSEEN_PAIRS if bandai1 else (
+            tuple(p.split("+")) for rule in base.BANDAI2_UNSEEN.values() for p in rule.split("=")[1].split(",")))
+    )
     # The latent dataset: sliding windows over every training clip, encoded once by the frozen encoder.
-    g.window_stride = 4  # frames between training windows
+    g.window_stride = 4 if bandai1 else 8  # frames between training windows (Bandai-2: ~33,000 with mirrors)
     g.mirror = True  # also each window mirrored (the rig's mirror frames), labels swapped:
-    g.mirror_labels = {"walk-left": "walk-right", "walk-right": "walk-left"}  # mirrored walk-left walks right
+    g.mirror_labels = (  # a mirrored walk-left walks right
+        {"walk-left": "walk-right", "walk-right": "walk-left"} if bandai1 else {
+            f"{a}-{x}{b}": f"{a}-{y}{b}" for a, b in (("walk-turn", ""), ("wave", "-hand"), ("raise-up", "-hand"))
+            for x, y in (("left", "right"), ("right", "left"))})
     # The generator: a transformer over the latent frames (rectified flow).
     g.dim = 128
     g.depth = 3
