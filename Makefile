@@ -7,10 +7,10 @@ PYTHON ?= $(firstword $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versi
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= experiments/deepmimic_denoise.py
-# Empty: scripts/train.py runs in runs/<config name>[_<variant>] (CONFIG=experiments/autoencoder.py:bandai,8
+# Empty: motionjax train runs in runs/<config name>[_<variant>] (CONFIG=experiments/autoencoder.py:bandai,8
 # -> runs/autoencoder_bandai_8), so each experiment has its own run directory.
 WORKDIR ?=
-# More flags for scripts/train.py, e.g. ARGS=--config.data.source=DIR
+# More flags for motionjax train, e.g. ARGS=--config.data.source=DIR
 ARGS ?=
 
 .PHONY: train test bench lint clean
@@ -23,16 +23,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 train: $(VENV)/.installed
-	$(PY) scripts/train.py --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR)) $(ARGS)
+	$(PY) -m motionjax train --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR)) $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadfile  # whole test files per worker: module fixtures built once
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench.py
+	$(PY) -m benchmarks.bench  # benchmarks/ is not installed: run from the checkout's root
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check motionjax scripts tests experiments benchmarks notebooks
+	$(PY) -m ruff check motionjax scripts tests experiments benchmarks notebooks setup.py
 
 clean:
 	rm -rf $(VENV) runs results .pytest_cache

@@ -53,11 +53,11 @@ def main():
 
 def train_step(spec: str, weight: float, out: Path) -> None:
     """``--train-step``: the table of :func:`benchmarks.suite.train_step_cost` for one experiment."""
-    import experiments
     from benchmarks.suite import train_step_cost
+    from motionjax import configs
     from motionjax.data import pipeline
 
-    config = experiments.load(spec)
+    config = configs.load(spec)
     result = train_step_cost(config, pipeline.dataset_info(config.data), weight=weight)
     print(f"{spec}: train step, batch {config.data.batch_size} x {config.data.window} frames, "
           f"dynamics weight {weight}")

@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 
 from benchmarks import measure
-from experiments.base import get_config
+from motionjax.configs.base import get_config
 from motionjax.core.features import feature_dim
 from motionjax.core.skeleton import deepmimic_humanoid
 from motionjax.models import make_model

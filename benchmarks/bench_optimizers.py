@@ -34,8 +34,11 @@ malloc.configure()  # the trainer's host allocator (scripts/train.py): a step co
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import experiments  # noqa: E402
-from motionjax import parallel, train  # noqa: E402
+from motionjax import (  # noqa: E402
+    configs,  # noqa: E402
+    parallel,
+    train,
+)
 from motionjax.data import synthetic  # noqa: E402
 
 
@@ -86,7 +89,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=20, help="steps per optimizer per round")
     parser.add_argument("--out", default="results/optimizer_step")
     args = parser.parse_args(argv)
-    config = experiments.load(args.config)
+    config = configs.load(args.config)
     info, _ = synthetic.info_like(config)  # the rig decides the feature size
     mesh = parallel.make_mesh(config.mesh)
     abstract = train.abstract_batch(config, info, mesh)

@@ -125,7 +125,8 @@ def loader_vs_step(batches: int = 30) -> dict:
     default model's train-step frames/s."""
     import jax
 
-    from experiments import base, deepmimic_denoise
+    from experiments import deepmimic_denoise
+    from motionjax.configs import base
     from motionjax.data import feed, pipeline
     from motionjax.train import batch_finder
 

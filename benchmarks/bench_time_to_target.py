@@ -25,7 +25,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import experiments  # noqa: E402
+from motionjax import configs as experiment_configs  # noqa: E402
 
 
 def _recorded_runs(out: Path, args) -> dict:
@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     from motionjax.data import pipeline
 
     try:
-        config = experiments.load(args.config)
+        config = experiment_configs.load(args.config)
     except FileNotFoundError as e:
         raise SystemExit(f"error: --config: {e}") from None
     if args.max_steps:

@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     from motionjax import malloc
 
     malloc.configure()
-    import experiments
+    from motionjax import configs
     from motionjax.generation import run
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
         out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
         plot_tradeoff([json.loads(Path(f).read_text()) for f in args.tradeoff], out.with_suffix(".png"))
         return {}
-    config = experiments.load(args.config)
+    config = configs.load(args.config)
     sampling = bool(args.physics_guidance)
     weights = [float(w) for w in (args.physics_guidance if sampling else args.weights).split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]

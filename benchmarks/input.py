@@ -26,8 +26,9 @@ import jax
 import numpy as np
 
 from benchmarks import measure
-from experiments import autoencoder, base
+from experiments import autoencoder
 from motionjax import parallel, train
+from motionjax.configs import base
 from motionjax.data import feed, pipeline
 
 TIERS = ("device", "stream", "host")

@@ -15,8 +15,7 @@ import time
 
 import jax
 
-import experiments
-from motionjax import parallel
+from motionjax import configs, parallel
 from motionjax.data import pipeline
 from motionjax.train import loop
 
@@ -26,7 +25,7 @@ def main():
     p.add_argument("--config", default="experiments/autoencoder.py:bandai", help="experiment[:variant]")
     p.add_argument("--batches", type=int, default=100)
     args = p.parse_args()
-    c = experiments.load(args.config)
+    c = configs.load(args.config)
     info = pipeline.dataset_info(c.data)
     it = loop.make_iterator(c, info, parallel.make_mesh(c.mesh))
     live = [jax.block_until_ready(next(it)) for _ in range(5)]

@@ -16,7 +16,7 @@ Variants (``--config experiments/autoencoder.py:VARIANT``), comma-separated:
   where the plain way's dense Jacobian costs;
   ``runlocal``: a tiny model and a few steps (seconds; the tests).
 """
-from experiments import base
+from motionjax.configs import base
 
 
 def get_config(arg: str | None = None):

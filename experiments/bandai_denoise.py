@@ -9,7 +9,7 @@ Variants (``--config experiments/bandai_denoise.py:VARIANT``), comma-separated: 
 Bandai-2 with the protocol of docs/protocol.md, seen-pair and unseen-pair splits) or ``bandai``
 (Bandai-1, held-out contents); ``runlocal``: a tiny model and a few steps.
 """
-from experiments import base
+from motionjax.configs import base
 
 
 def get_config(arg: str | None = None):

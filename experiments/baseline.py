@@ -9,9 +9,9 @@ turns it on in both configs it compares.
 ``get_config("NAME:VARIANT")`` is the plain ``experiments/NAME.py`` (e.g. ``"autoencoder:bandai"``,
 ``"deepmimic_denoise:runlocal"``; plain ``"runlocal"`` is the latter); :func:`plain` makes any config plain.
 """
-import importlib
-
 import ml_collections
+
+from motionjax import configs
 
 
 def plain(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -30,5 +30,5 @@ def get_config(arg: str | None = None):
         name, variant = "deepmimic_denoise", "runlocal"
     if not name.isidentifier() or name == "baseline":
         raise ValueError(f"baseline: {arg!r} is not an experiment name (experiments/NAME.py[:VARIANT])")
-    module = importlib.import_module(f"experiments.{name}")
+    module = configs.experiment(name)
     return plain(module.get_config(variant or None))

@@ -5,7 +5,7 @@
 The dynamics loss is off (docs/models.md), so there is no separate no-dynamics reference run.
 ``get_config("runlocal")`` is the tiny variant the tests use (seconds per step, few steps).
 """
-from experiments import base
+from motionjax.configs import base
 
 
 def get_config(arg: str | None = None):

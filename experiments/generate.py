@@ -33,7 +33,10 @@ Variants (``--config experiments/generate.py:VARIANT``), comma-separated:
 
 import ml_collections
 
-from experiments import autoencoder, base
+from motionjax import configs
+from motionjax.configs import base
+
+autoencoder = configs.experiment("autoencoder")  # loaded by path: works from a wheel too
 
 # (content, style) combinations held out of every stage: one per content family (locomotion at three
 # speeds, two gestures, a bow), each style used once; the 10 x 15 grid of Bandai-1 has exactly one clip

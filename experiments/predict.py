@@ -30,7 +30,7 @@ Variants (``--config experiments/predict.py:VARIANT``), comma-separated:
 """
 import ml_collections
 
-from experiments import base
+from motionjax.configs import base
 
 FLAGS = ("bandai2", "bandai", "deepmimic", "folder", "long", "simlpe", "dynamics", "alone", "runlocal")
 

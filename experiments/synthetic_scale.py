@@ -1,7 +1,7 @@
 """Scaling run on the procedural corpus (any size, generated on the fly): a wider, deeper model,
 longer windows split over a ``(data, time)`` mesh. Sized for accelerators; on CPU use overrides
 such as ``--config.train.steps=20``."""
-from experiments import base
+from motionjax.configs import base
 
 
 def get_config(arg: str | None = None):

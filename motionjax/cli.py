@@ -1,42 +1,35 @@
-"""The ``motionjax`` command (``python -m motionjax`` too): one subcommand per task.
+"""The ``motionjax`` command (``python -m motionjax`` too): one subcommand per task, each a module of
+:mod:`motionjax.commands` with ``main(argv)``.
 
-Each subcommand runs its script of the source checkout (``scripts/``, ``benchmarks/``) as if it were
-started itself: the same flags, ``--help``, messages and exit codes (but 0 after a ``--help``, where
-absl's scripts exit 1). This module imports nothing
-else, so a training process still sets its allocator up first (:mod:`motionjax.malloc`, the first
-thing ``scripts/train.py`` does; its re-execution repeats this same command line).
+Only the chosen command's module is imported, and nothing before it, so a training process still sets
+its allocator up first (:mod:`motionjax.malloc`, the first thing :mod:`motionjax.commands.train`
+does; its re-execution repeats this same command line). ``--help`` exits 0 (absl's exits 1).
 """
 from __future__ import annotations
 
-import runpy
+import importlib
 import sys
-from pathlib import Path
 from typing import NamedTuple
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Command(NamedTuple):
-    script: str      # relative to the checkout
     does: str
     example: str
 
 
 COMMANDS = {
-    "train": Command("scripts/train.py", "train an experiment; the same command resumes it",
-                     "motionjax train --config experiments/autoencoder.py:deepmimic"),
-    "prepare": Command("scripts/prepare_data.py", "motion files (BVH, DeepMimic) -> a prepared dataset",
+    "train": Command("train an experiment; the same command resumes it",
+                     "motionjax train --config autoencoder:deepmimic"),
+    "prepare": Command("motion files (BVH, DeepMimic) -> a prepared dataset",
                        "motionjax prepare --source 'my_bvh/*.bvh' --out data_cache/mine"),
-    "evaluate": Command("scripts/evaluate.py", "score a run on any corpus: its metrics table",
+    "evaluate": Command("score a run on any corpus: its metrics table",
                         "motionjax evaluate --workdir runs/autoencoder_deepmimic --data my_bvh/"),
-    "apply": Command("scripts/apply.py", "a run's model over motion files, written as BVH",
+    "apply": Command("a run's model over motion files, written as BVH",
                      "motionjax apply --workdir runs/autoencoder_deepmimic my_bvh/ --out out/"),
-    "render": Command("scripts/render.py", "skeletons side by side as a video (files or a run)",
+    "render": Command("skeletons side by side as a video (files or a run)",
                       "motionjax render my_bvh/walk.bvh out/walk.bvh --out walk.mp4"),
-    "export": Command("scripts/export.py", "a run as StableHLO and ONNX (fp32, int8), checked",
+    "export": Command("a run as StableHLO and ONNX (fp32, int8), checked",
                       "motionjax export --workdir runs/autoencoder_deepmimic"),
-    "bench": Command("benchmarks/bench.py", "the benchmark table (motionjax vs baseline vs PyTorch)",
-                     "motionjax bench --quick"),
 }
 
 
@@ -46,13 +39,17 @@ def usage() -> str:
              "commands (motionjax COMMAND --help: its flags):"]
     for name, c in COMMANDS.items():
         lines += [f"  {name:9s}{c.does}", f"  {'':9s}  {c.example}"]
-    lines += ["", "More: scripts/launch_local.sh (several processes), scripts/slurm/ (a cluster),",
-              "scripts/find_batch.py (the largest batch that fits); benchmarks/ (measurements, reports)."]
+    from motionjax import configs  # light: no jax
+
+    shipped = ", ".join(configs.names())
+    lines += ["", "--config: an experiment file (path.py[:VARIANT]) or the name of one that ships:",
+              f"  {shipped}",
+              "In a checkout: scripts/launch_local.sh (several processes), scripts/slurm/ (a cluster)."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``argv[0]``'s script with the rest of ``argv`` (default ``sys.argv[1:]``)."""
+    """Run the command ``argv[0]`` with the rest of ``argv`` (default ``sys.argv[1:]``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
@@ -62,20 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; expected one of {', '.join(COMMANDS)} (motionjax --help)",
               file=sys.stderr)
         return 2
-    script = ROOT / COMMANDS[name].script
-    if not script.is_file():
-        print(f"error: motionjax {name} runs {COMMANDS[name].script} of the source checkout motionjax is "
-              f"installed from, and {script} is not there: install the checkout with pip install -e .",
-              file=sys.stderr)
-        return 2
     sys.argv = [f"motionjax {name}", *rest]  # the script's usage lines and absl's --help name the command
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        status = importlib.import_module(f"motionjax.commands.{name}").main(rest)
     except SystemExit as e:
         if e.code == 1 and {"-h", "--help", "--helpshort", "--helpfull"} & set(rest):
             return 0  # absl exits 1 after printing the help asked for
         return e.code if isinstance(e.code, int) or e.code is None else _message(e.code)
-    return 0
+    return status or 0
 
 
 def _message(text) -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# N processes of scripts/train.py on this machine, joined by jax.distributed: to test multi-host code
+# N processes of `motionjax train` on this machine, joined by jax.distributed: to test multi-host code
 # on one box, and to train on a multi-GPU box with one process per GPU.
 #
-#   scripts/launch_local.sh N [train.py flags...]
+#   scripts/launch_local.sh N [motionjax train flags...]
 #   scripts/launch_local.sh 2 --config experiments/deepmimic_denoise.py --workdir runs/mp
 #
 # GPUs present: process i sees GPU i. Else CPU: each process gets CPU_DEVICES_PER_PROCESS (default 2)
@@ -10,7 +10,7 @@
 # $LOG_DIR/process_i.log. If one process fails the others are stopped (they would wait on it forever);
 # Ctrl-C / SIGTERM is forwarded, so every process checkpoints and exits.
 set -euo pipefail
-N=${1:?usage: launch_local.sh N [train.py flags...]}
+N=${1:?usage: launch_local.sh N [motionjax train flags...]}
 shift
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -35,7 +35,7 @@ for ((i = 0; i < N; i++)); do
   out=/dev/stdout
   if ((i > 0)); then out=$LOG_DIR/process_$i.log; fi
   env "${dev[@]}" JAX_COORDINATOR_ADDRESS=127.0.0.1:$PORT JAX_NUM_PROCESSES=$N JAX_PROCESS_ID=$i \
-    "$PY" scripts/train.py "$@" >"$out" 2>&1 &
+    "$PY" -m motionjax train "$@" >"$out" 2>&1 &
   pids+=($!)
 done
 

@@ -39,7 +39,7 @@ def deepmimic_dir(tmp_path_factory) -> Path:
     runlocal config shares them). Read-only: a test that damages or adds files works on a copy.
     Skips the tests that use it where pybullet (which ships the clips) is missing."""
     pytest.importorskip("pybullet")
-    from experiments import base
+    from motionjax.configs import base
     from motionjax.data import pipeline
 
     cfg = base.get_config().data

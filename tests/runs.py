@@ -1,4 +1,4 @@
-"""Helpers of the tests that train: the tiny ``runlocal`` config and ``scripts/train.py`` subprocesses."""
+"""Helpers of the tests that train: the tiny ``runlocal`` config and ``motionjax train`` subprocesses."""
 import sys
 import time
 from pathlib import Path
@@ -16,11 +16,15 @@ def runlocal_config(data_dir, mesh_shape=(("data", -1), ("time", 1))):
     return config
 
 
+def train_flags(workdir, data_dir, *overrides) -> list[str]:
+    """The flags of ``motionjax train`` on the runlocal config with ``--config.KEY=VALUE`` ``overrides``."""
+    return ["--workdir", str(workdir), "--config", "experiments/deepmimic_denoise.py:runlocal",
+            f"--config.data.dir={data_dir}", *overrides]
+
+
 def train_cmd(workdir, data_dir, *overrides) -> list[str]:
-    """``scripts/train.py`` on the runlocal config with ``--config.KEY=VALUE`` ``overrides``."""
-    return [sys.executable, str(REPO / "scripts/train.py"), "--workdir", str(workdir),
-            "--config", "experiments/deepmimic_denoise.py:runlocal", f"--config.data.dir={data_dir}",
-            *overrides]
+    """``motionjax train`` (:func:`train_flags`) in a fresh interpreter."""
+    return [sys.executable, "-m", "motionjax", "train", *train_flags(workdir, data_dir, *overrides)]
 
 
 def committed(workdir) -> list[int]:

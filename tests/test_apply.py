@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments import base
+from motionjax.configs import base
 from motionjax.core import features, windows
 from motionjax.core import rotations as rot
 from motionjax.core.skeleton import Skeleton
@@ -107,7 +107,7 @@ def test_a_bandai_capture_comes_back_through_an_identity_model(tmp_path):
 
 
 def test_a_foreign_corpus_is_prepared_once_in_the_runs_joint_order(spec, tmp_path):
-    from experiments import base
+    from motionjax.configs import base
     from motionjax.data import prepare
 
     good, broken = tmp_path / "good.bvh", tmp_path / "broken.bvh"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks import measure, report
-from experiments import base
 from motionjax import losses, models
+from motionjax.configs import base
 from motionjax.core import features
 from motionjax.core import rotations as rot
 from motionjax.core.skeleton import deepmimic_humanoid, random_tree

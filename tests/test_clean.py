@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments import base
+from motionjax.configs import base
 from motionjax.core import rotations as rot
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.core.skeleton import deepmimic_humanoid

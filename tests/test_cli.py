@@ -1,5 +1,7 @@
-"""The ``motionjax`` command (motionjax/cli.py): one screen of help, each subcommand its script."""
+"""The ``motionjax`` command (motionjax/cli.py): one screen of help, each subcommand a module of
+motionjax.commands; ``--config`` takes a path or the name of a shipped experiment."""
 import configparser
+import importlib.util
 import os
 import subprocess
 import sys
@@ -7,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from motionjax import cli
+from motionjax import cli, configs
 from runs import REPO
 
 
@@ -19,10 +21,33 @@ def test_the_help_fits_a_screen_with_an_example_for_each_command(capsys):
     for name, command in cli.COMMANDS.items():
         assert f"  {name} " in text and command.example in text
         assert command.example.startswith(f"motionjax {name} ")
-        assert (REPO / command.script).is_file(), command.script
-    assert set(cli.COMMANDS) == {"train", "prepare", "evaluate", "apply", "render", "export", "bench"}
+        # Found, not imported: a command defines absl flags at import (one command per process), and
+        # train sets the allocator up (it may re-execute the process).
+        assert importlib.util.find_spec(f"motionjax.commands.{name}") is not None, name
+    assert set(cli.COMMANDS) == {"train", "prepare", "evaluate", "apply", "render", "export"}
     assert cli.main([]) == 2 and "usage: motionjax COMMAND" in capsys.readouterr().out
     assert cli.main(["trian"]) == 2 and "error: unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_config_takes_a_path_or_the_name_of_a_shipped_experiment(tmp_path, monkeypatch):
+    shipped = REPO / "experiments"
+    assert configs.EXPERIMENTS == shipped and "deepmimic_denoise" in configs.names()
+    assert "__init__" not in configs.names()
+    assert configs.resolve("deepmimic_denoise:runlocal") == f"{shipped / 'deepmimic_denoise.py'}:runlocal"
+    assert configs.resolve("autoencoder") == str(shipped / "autoencoder.py")
+    # A file of that name in the working directory is the user's: it wins over the shipped one.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "autoencoder.py").write_text("def get_config(arg=None):\n    return {'mine': arg}\n")
+    assert configs.resolve("autoencoder.py:x") == "autoencoder.py:x"
+    assert configs.load("autoencoder.py:x") == {"mine": "x"}
+    assert configs.load("deepmimic_denoise:runlocal").train.steps == 6  # the shipped one, by name
+    assert configs.resolve("nothing_here:x") == "nothing_here:x"  # left for the loader to name
+    with pytest.raises(FileNotFoundError, match="experiment config nothing_here: no such file"):
+        configs.load("nothing_here")
+    with pytest.raises(ValueError, match="'nope' is not a shipped experiment; expected one of autoencoder"):
+        configs.experiment("nope")
+    # Experiments build on each other by name (generate on autoencoder), as they would from a wheel.
+    assert "generation" in configs.load("generate:deepmimic,runlocal")
 
 
 def test_setup_cfg_installs_the_command():
@@ -35,7 +60,7 @@ _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @pytest.mark.slow  # Python subprocesses
-def test_python_m_motionjax_runs_the_scripts_and_train_sets_the_allocator_first(tmp_path):
+def test_python_m_motionjax_runs_the_commands_and_train_sets_the_allocator_first(tmp_path):
     run = lambda *args, **kw: subprocess.run([sys.executable, "-m", "motionjax", *args], cwd=tmp_path,
                                              capture_output=True, text=True, timeout=300, **kw)
     shown = run("render", "--help")

@@ -10,7 +10,7 @@ import pytest
 from batches import assert_resumes_exactly, equal, take
 from jax.sharding import NamedSharding, PartitionSpec
 
-from experiments.base import get_config
+from motionjax.configs.base import get_config
 from motionjax.data import feed, pipeline, prepare, records, transforms
 from motionjax.formats import Motion, deepmimic_clip_paths, read_deepmimic
 

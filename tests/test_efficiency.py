@@ -9,8 +9,9 @@ import optax
 import pytest
 from flax import nnx
 
-from experiments import base, deepmimic_denoise
+from experiments import deepmimic_denoise
 from motionjax import models, parallel
+from motionjax.configs import base
 from motionjax.efficiency import export, finetune, prune, quantize, scorecard
 from motionjax.train import batch_finder
 

@@ -1,4 +1,4 @@
-"""After training (issue #33): a run evaluated on other corpora (scripts/evaluate.py), its held-out
+"""After training (issue #33): a run evaluated on other corpora (motionjax evaluate), its held-out
 video, apply.py on a folder, one run directory per config and the refusal to resume another's."""
 import dataclasses
 import json
@@ -9,8 +9,7 @@ import av
 import numpy as np
 import pytest
 
-import experiments
-from motionjax import train
+from motionjax import configs, train
 from motionjax.core.skeleton import smpl_like
 from motionjax.data import prepare, synthetic
 from motionjax.efficiency import trained
@@ -96,7 +95,7 @@ def test_evaluate_and_apply_scripts(run_dir, tmp_path, env):
     workdir, _ = run_dir
     corpus = _synthetic_corpus(tmp_path / "synthetic")
     out = tmp_path / "eval.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/evaluate.py"), f"--workdir={workdir}",
+    proc = subprocess.run([sys.executable, "-m", "motionjax", "evaluate", f"--workdir={workdir}",
                            f"--data={corpus.data_dir}", f"--out={out}"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -108,7 +107,7 @@ def test_evaluate_and_apply_scripts(run_dir, tmp_path, env):
     clip = next(p for p in deepmimic_clip_paths() if "walk" in p.name)
     (folder / clip.name).write_bytes(clip.read_bytes())
     (folder / "broken.bvh").write_text("HIERARCHY\n")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/apply.py"), f"--workdir={workdir}",
+    proc = subprocess.run([sys.executable, "-m", "motionjax", "apply", f"--workdir={workdir}",
                            str(folder), f"--out={tmp_path / 'out'}"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and f"{folder / 'broken.bvh'}:" in proc.stderr, proc.stderr
@@ -116,9 +115,9 @@ def test_evaluate_and_apply_scripts(run_dir, tmp_path, env):
 
 
 def test_the_run_directory_is_named_after_the_config():
-    assert experiments.run_name("experiments/autoencoder.py:bandai,8") == "autoencoder_bandai_8"
-    assert experiments.run_name("experiments/deepmimic_denoise.py") == "deepmimic_denoise"
-    assert experiments.run_name("/abs/path/to/x.py:runlocal") == "x_runlocal"
+    assert configs.run_name("experiments/autoencoder.py:bandai,8") == "autoencoder_bandai_8"
+    assert configs.run_name("experiments/deepmimic_denoise.py") == "deepmimic_denoise"
+    assert configs.run_name("/abs/path/to/x.py:runlocal") == "x_runlocal"
 
 
 def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir, deepmimic_dir):
@@ -127,7 +126,7 @@ def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir
     own.evals.clip.video_s = 2.0
     own.train.steps = 50                                          # run longer: the same experiment
     train.check_resume(own, workdir)
-    other = experiments.load("experiments/autoencoder.py:deepmimic,runlocal")
+    other = configs.load("experiments/autoencoder.py:deepmimic,runlocal")
     other.data.dir = str(deepmimic_dir)
     with pytest.raises(train.ResumeError, match=f"^{workdir} holds a run of another config "
                        r"\(data\.chunk: 8 there, 16 here; .*; and \d+ more\): resume it with its own config"):
@@ -136,7 +135,7 @@ def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir
 
 @pytest.mark.slow  # a trainer subprocess
 def test_train_without_workdir_runs_in_runs_config_name(deepmimic_dir, tmp_path, env):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/train.py"), "--config",
+    proc = subprocess.run([sys.executable, "-m", "motionjax", "train", "--config",
                            str(REPO / "experiments/deepmimic_denoise.py") + ":runlocal",
                            f"--config.data.dir={deepmimic_dir}", "--config.train.steps=2"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -23,7 +23,7 @@ import pytest
 from motionjax import parallel, train
 from motionjax.data import pipeline, records
 from motionjax.train import checkpoints, checks, loop
-from runs import REPO, committed, runlocal_config, train_cmd, wait_for_checkpoint
+from runs import REPO, committed, runlocal_config, train_cmd, train_flags, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +38,15 @@ FAST = ("--config.train.steps=6", "--config.train.checkpoint_every=2", "--config
 
 
 def _patched_train(patch: str, workdir, data, *overrides) -> list[str]:
-    """scripts/train.py in a fresh interpreter after running ``patch`` (a fault injector)."""
-    return _patched(patch, train_cmd(workdir, data, *overrides)[1:])
+    """``motionjax train`` in a fresh interpreter after running ``patch`` (a fault injector)."""
+    return _patched(patch, ["train", *train_flags(workdir, data, *overrides)])
 
 
 def _patched(patch: str, argv: list[str]) -> list[str]:
-    """The script ``argv[0]`` with arguments ``argv[1:]`` in a fresh interpreter after ``patch``."""
-    # The allocator first, as the scripts do: its re-execution then comes before the patch's imports.
-    code = (f"from motionjax import malloc\nmalloc.configure()\nimport sys, runpy\nsys.argv = {argv!r}\n"
-            f"{patch}\nrunpy.run_path({argv[0]!r}, run_name='__main__')\n")
+    """``motionjax COMMAND`` (``argv[0]``) with flags ``argv[1:]`` in a fresh interpreter after ``patch``."""
+    # The allocator first, as the trainer does: its re-execution then comes before the patch's imports.
+    code = (f"from motionjax import malloc\nmalloc.configure()\nimport sys\n"
+            f"{patch}\nfrom motionjax import cli\nsys.exit(cli.main({argv!r}))\n")
     return [sys.executable, "-c", code]
 
 
@@ -318,7 +318,7 @@ def test_damaged_shard_names_the_file(tmp_path, data_dir, damage):
         for split in info.splits:
             pipeline.make_eval_batches(config.data, info, split)
     assert str(shard) in str(e.value)
-    assert f"scripts/prepare_data.py --out {copy} --force" in str(e.value)
+    assert f"motionjax prepare --out {copy} --force" in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ CLI_BAD = [  # (override, expected stderr line); the old trainer printed library
 ]
 
 
-@pytest.mark.slow  # scripts/train.py subprocesses
+@pytest.mark.slow  # trainer subprocesses
 @pytest.mark.parametrize("override,expected", CLI_BAD, ids=[o for o, _ in CLI_BAD])
 def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expected):
     result = subprocess.run(train_cmd(tmp_path / "run", data_dir, override), env=env, cwd=REPO,
@@ -620,7 +620,7 @@ arm.ArrayRecordWriter = Full
 def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, script):
     out = tmp_path / "data"
     if script == "prepare_data":
-        argv = [str(REPO / "scripts/prepare_data.py"), "--out", str(out), "--workers", "0"]
+        argv = ["prepare", "--out", str(out), "--workers", "0"]
         cmd = _patched(_WRITE_FULL, argv)
     else:
         cmd = _patched_train(_WRITE_FULL, tmp_path / "run", out, "--config.data.prepare_workers=0")
@@ -730,7 +730,7 @@ def test_two_preparations_of_one_directory_take_turns(tmp_path, monkeypatch):
 
 
 def test_prepared_data_trains_when_its_sources_are_gone(tmp_path, data_dir, caplog):
-    from experiments import base
+    from motionjax.configs import base
     from motionjax.data import info as info_mod
     from motionjax.data import prepare
 
@@ -823,8 +823,6 @@ def test_a_malformed_label_sidecar_keeps_the_motion_unless_a_rule_needs_labels(t
 
 
 def test_an_absurd_rotation_is_a_value_error_and_counts_agree(tmp_path, capsys):
-    import importlib.util
-
     from motionjax.formats import MotionFormatError, read_bvh
 
     src = _bvh_dir(tmp_path)
@@ -841,9 +839,7 @@ def test_an_absurd_rotation_is_a_value_error_and_counts_agree(tmp_path, capsys):
     assert str(bvh) in str(e.value)
     # 14. Counts: the first line of the summary and the table agree when a duplicate is dropped.
     shutil.copy(src / "humanoid3d_punch.bvh", src / "punch_copy.bvh")
-    spec = importlib.util.spec_from_file_location("prepare_data", REPO / "scripts/prepare_data.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from motionjax.commands import prepare as script
     script.main(["--source", str(src), "--out", str(tmp_path / "out"), "--workers", "0",
                  "--split", "train=rest", "--split", "validation=tail:0.2"])
     out = capsys.readouterr().out.splitlines()

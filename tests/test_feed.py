@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from batches import assert_resumes_exactly, equal, take
 
-from experiments.base import get_config
+from motionjax.configs.base import get_config
 from motionjax.data import augment, feed, pipeline, resident, transforms
 
 

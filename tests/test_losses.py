@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.base import get_config
 from motionjax import losses
+from motionjax.configs.base import get_config
 from motionjax.core import features as feat
 from motionjax.core import rotations as rot
 from motionjax.core.skeleton import deepmimic_humanoid

@@ -8,8 +8,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments.base import get_config
 from motionjax import models
+from motionjax.configs.base import get_config
 from motionjax.models import AttentionBlock, chunk_windows, make_model, rope
 
 F, C = 15, 8  # 3 root + 2 rotating joints; chunk length

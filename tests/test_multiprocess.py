@@ -25,8 +25,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from experiments import base
 from motionjax import parallel, train
+from motionjax.configs import base
 from motionjax.data import feed, pipeline
 
 STEPS = 10
@@ -199,11 +199,11 @@ def test_sigterm_to_one_of_four_processes_stops_all_and_the_command_resumes(tmp_
     """``scripts/launch_local.sh 4`` on the runlocal trainer (80 steps): SIGTERM to process 2 alone
     makes every process stop at one step, save that checkpoint together and exit 0; the same command
     resumes it to the end."""
-    from runs import REPO, committed, train_cmd, wait_for_checkpoint
+    from runs import REPO, committed, train_flags, wait_for_checkpoint
 
     workdir = tmp_path / "run"
-    flags = train_cmd(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
-                      "--config.train.checkpoint_every=20", "--config.train.log_every=10")[2:]
+    flags = train_flags(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
+                        "--config.train.checkpoint_every=20", "--config.train.log_every=10")
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "4", *flags]
     launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),
                       XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))

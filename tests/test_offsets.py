@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from experiments.base import get_config
 from motionjax import losses, parallel, train
+from motionjax.configs.base import get_config
 from motionjax.core import rotations as rot
 from motionjax.core.kinematics import forward_kinematics
 from motionjax.data import feed, pipeline, prepare, records, transforms

@@ -131,7 +131,7 @@ def test_iota_replica_groups():
 
 
 def _tiny_config(mesh_shape):
-    from experiments import base
+    from motionjax.configs import base
 
     config = base.get_config()
     config.mesh.shape = mesh_shape

@@ -9,8 +9,7 @@ import pytest
 import scipy.fft
 from flax import nnx
 
-import experiments
-from motionjax import models
+from motionjax import configs, models
 from motionjax.core import features
 from motionjax.core import rotations as rot
 from motionjax.core.kinematics import forward_kinematics
@@ -94,7 +93,7 @@ def test_foot_skate_and_floor_penetration_equal_a_hand_computed_case():
 
 
 def test_the_forecaster_reads_only_the_observed_frames():
-    cfg = experiments.load("experiments/predict.py:deepmimic,runlocal").model
+    cfg = configs.load("experiments/predict.py:deepmimic,runlocal").model
     info = types.SimpleNamespace(skeleton=SKELETON, mean=MEAN, std=STD)  # for its FK position inputs
     model = models.make_model(cfg, F, 8, nnx.Rngs(0), info=info, observed=20)
     for block in model.blocks:  # nonzero weights everywhere (the head starts at zero)
@@ -110,7 +109,7 @@ def test_the_forecaster_reads_only_the_observed_frames():
 
 
 def test_a_forecast_with_few_dct_coefficients_lies_in_their_span():
-    cfg = experiments.load("experiments/predict.py:deepmimic,runlocal").model
+    cfg = configs.load("experiments/predict.py:deepmimic,runlocal").model
     cfg.update(input_positions=False, dct_keep=3)
     model = models.make_model(cfg, F, 8, nnx.Rngs(0), observed=20)
     model.head.kernel.value = jnp.asarray(np.random.default_rng(1).normal(size=model.head.kernel.value.shape))
@@ -146,7 +145,7 @@ def forecaster(deepmimic_dir, tmp_path_factory):
     """A runlocal forecaster trained beside its siMLPe-style reference (``RUN/simlpe``)."""
     from motionjax import train
 
-    config = experiments.load("experiments/predict.py:deepmimic,runlocal")
+    config = configs.load("experiments/predict.py:deepmimic,runlocal")
     config.data.dir = str(deepmimic_dir)
     workdir = tmp_path_factory.mktemp("forecaster") / "run"
     return workdir, train.run_experiment(config, workdir)

@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from experiments.base import get_config
+from motionjax.configs.base import get_config
 from motionjax.data import pipeline, priority
 from tests.runs import runlocal_config
 

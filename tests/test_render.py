@@ -50,7 +50,7 @@ def test_gif_and_render_video_write_the_frame_count(clips, tmp_path):
 def test_an_input_and_its_output_of_the_same_name_get_a_panel_each(deepmimic_dir, tmp_path):
     """``render.py clip.bvh out/clip.bvh`` (an input and ``apply.py``'s output of it): two panels,
     titled by path where the stems collide."""
-    from experiments import base
+    from motionjax.configs import base
     from motionjax.data.info import load_info
     from motionjax.evaluation import inference
     from motionjax.formats import write_bvh

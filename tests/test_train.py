@@ -338,7 +338,7 @@ def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(tmp_path, data_dir
 def test_grad_accum_steps_average_micro_batches_into_one_update():
     """``train.grad_accum_steps = k``: parameters move every k-th micro-batch, by the update plain
     adamw makes from the micro-batches' mean gradient (with the schedule counted in updates)."""
-    from experiments.base import get_config
+    from motionjax.configs.base import get_config
 
     cfg = get_config().train
     cfg.update(steps=8, warmup_steps=0, learning_rate=0.1, grad_clip=1e9)
@@ -369,7 +369,7 @@ def test_other_optimizers_take_the_update_optax_makes_and_unknown_ones_are_refus
     first update after no warmup equals the bare optax one), its state (Muon's holds optax's masked
     placeholders) round-trips through the trainer's orbax checkpoint, and a misspelt name is a config
     error."""
-    from experiments.base import get_config
+    from motionjax.configs.base import get_config
 
     config = get_config()
     config.train.update(optimizer=name, steps=10, warmup_steps=0, learning_rate=0.01, grad_clip=1e9)
@@ -411,7 +411,7 @@ def test_schedule_free_takes_optax_updates_and_evaluation_reads_its_average():
     """``train.optimizer = "schedule_free"``: clipping then ``optax.contrib.schedule_free_adamw`` (the
     same updates as the bare optax one over a few steps), and :func:`evaluated_params` is its averaged
     iterate ``x = (y - (1 - b1)·z) / b1``, computed here by hand from the state; with an EMA it is refused."""
-    from experiments.base import get_config
+    from motionjax.configs.base import get_config
 
     config = get_config()
     config.train.update(optimizer="schedule_free", steps=10, warmup_steps=2, learning_rate=0.01,

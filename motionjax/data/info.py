@@ -43,7 +43,7 @@ def read_index(data_dir) -> dict:
     doc = json.loads(path.read_text())
     if "digest" in doc and doc["digest"] != index_digest(doc):
         raise DamagedIndexError(f"{path}: its contents differ from the digest written with it (edited or "
-                                f"damaged); rebuild it: python scripts/prepare_data.py --out {data_dir} "
+                                f"damaged); rebuild it: motionjax prepare --out {data_dir} "
                                 "--force, with the settings it was prepared with")
     return doc
 
@@ -118,7 +118,7 @@ def load_info(data_dir) -> DatasetInfo:
     path = Path(data_dir) / INDEX
     if not path.exists():
         raise FileNotFoundError(f"{path}: no prepared dataset here; run "
-                                f"scripts/prepare_data.py --out {data_dir}")
+                                f"motionjax prepare --out {data_dir}")
     doc = read_index(data_dir)
     if doc.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format version {doc.get('version')}, expected {FORMAT_VERSION}; "

@@ -86,7 +86,7 @@ def _check(cfg, info: DatasetInfo) -> None:
     if abs(cfg.fps - info.fps) > 1e-6 or cfg.window != info.window:
         raise ValueError(f"{info.data_dir or 'synthetic corpus'} was prepared at fps={info.fps}, "
                          f"window={info.window}; config asks fps={cfg.fps}, window={cfg.window}: re-run "
-                         "scripts/prepare_data.py with matching --fps/--window")
+                         "motionjax prepare with matching --fps/--window")
     if cfg.window % cfg.chunk:
         raise ValueError(f"config.data.window={cfg.window} is not a multiple of chunk={cfg.chunk}")
 

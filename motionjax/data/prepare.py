@@ -706,7 +706,7 @@ def _intact(out_dir, settings: Settings, digest: str | None) -> tuple[dict | Non
             f"{out_dir} was prepared with other settings ("
             + ", ".join(f"{k}: {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
             + "); it is left untouched. Point config.data.dir (--out) at a new directory, or rebuild "
-            "it with scripts/prepare_data.py --force")
+            "it with motionjax prepare --force")
     if digest is not None and doc.get("sources") != digest:
         return doc, ["sources changed"]
     return doc, verify_shards(out_dir)

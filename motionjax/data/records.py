@@ -27,7 +27,7 @@ class DamagedShardError(RuntimeError):
     def __init__(self, path, reason):
         data_dir = os.path.dirname(os.fspath(path)) or "."
         super().__init__(f"damaged shard {os.fspath(path)}: {reason}. Rebuild the prepared data: "
-                         f"python scripts/prepare_data.py --out {data_dir} --force, with the settings it was "
+                         f"motionjax prepare --out {data_dir} --force, with the settings it was "
                          "prepared with (--config experiments/X.py, or the same --source/--fps/--window/...)")
         self.path = os.fspath(path)
 

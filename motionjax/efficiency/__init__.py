@@ -8,7 +8,7 @@
 - :mod:`.prune`: magnitude and channel pruning with masked fine-tuning (optax).
 - :mod:`.finetune`: the trainer's step run on a pruned model (masked) or a student (distilled).
 
-The trainer imports none of these; thin scripts (``scripts/export.py``, ``scripts/find_batch.py``,
+The trainer imports none of these; commands and scripts (``motionjax export``, ``scripts/find_batch.py``,
 ``benchmarks/efficiency_report.py``) call them. (The batch finder, which sizes the trainer's own step,
 is :mod:`motionjax.train.batch_finder`.)
 """

@@ -69,7 +69,7 @@ def load_config(workdir) -> ml_collections.ConfigDict:
     path = Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no config.json; expected a run directory written by "
-                                "scripts/train.py")
+                                "motionjax train")
     config = ml_collections.ConfigDict(json.loads(path.read_text()))
     for section, keys in _keys_added_since().items():
         for key, value in keys.items():

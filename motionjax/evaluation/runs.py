@@ -1,4 +1,4 @@
-"""A trained run on another corpus (``scripts/evaluate.py``): the trainer's final metrics table on
+"""A trained run on another corpus (``motionjax evaluate``): the trainer's final metrics table on
 any prepared directory or motion files, with the run's own normalization and PCA reference.
 
 :func:`corpus_for` finds or prepares the corpus (a prepared directory as it is, when its skeleton and

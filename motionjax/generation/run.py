@@ -1,4 +1,4 @@
-"""The generation experiment end to end (``scripts/train.py`` with a config that has a ``generation``
+"""The generation experiment end to end (``motionjax train`` with a config that has a ``generation``
 section, e.g. ``experiments/generate.py``), readable top to bottom:
 
 1. the frozen autoencoder (:mod:`.stages`: trained first in ``WORKDIR/autoencoder``, or a given run);
@@ -612,7 +612,7 @@ def load(workdir, name: str = "generator"):
     config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
     if not (workdir / f"{name}.npz").exists():
         raise FileNotFoundError(
-            f"{workdir / name}.npz: no trained generator; run scripts/train.py --config "
+            f"{workdir / name}.npz: no trained generator; run motionjax train --config "
             f"experiments/generate.py --workdir {workdir} first"
         )
     s = setup(config, workdir)

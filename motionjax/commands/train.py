@@ -1,7 +1,7 @@
 """Train an experiment: ``motionjax train --config experiments/X.py[:VARIANT] [--workdir runs/x]``
-(``motionjax train`` runs this script, ``scripts/train.py``: the same flags).
+(``--config X[:VARIANT]``: the experiment of that name that ships with the package).
 
-The run directory defaults to ``runs/X[_VARIANT]`` (:func:`experiments.run_name`).
+The run directory defaults to ``runs/X[_VARIANT]`` (:func:`motionjax.configs.run_name`).
 
 Any config field can be overridden on the command line (``--config.train.steps=100``); a key the
 config does not have is an error. The dataset is prepared first when ``config.data.dir`` lacks it.
@@ -27,8 +27,8 @@ import sys  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-import experiments  # noqa: E402
-from motionjax import parallel  # noqa: E402
+from motionjax import configs, parallel  # noqa: E402
+from motionjax.commands import run_absl  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (get_config)",
                                           lock_config=True)
@@ -37,7 +37,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, plo
 flags.mark_flags_as_required(["config"])
 
 
-def main(argv):
+def _run(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; the progress bar says enough
@@ -50,7 +50,7 @@ def main(argv):
     from motionjax.data import pipeline, prepare, records
 
     config = _CONFIG.value
-    workdir = _WORKDIR.value or f"runs/{experiments.run_name(flags.FLAGS['config'].config_filename)}"
+    workdir = _WORKDIR.value or f"runs/{configs.run_name(flags.FLAGS['config'].config_filename)}"
     if parallel.is_main_process():
         print(f"run directory: {workdir}", flush=True)
     generation = "generation" in config  # a generator experiment (experiments/generate.py): its own stages
@@ -152,5 +152,12 @@ def _config_file(argv) -> str | None:
     return found
 
 
-if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+def main(argv: list[str] | None = None) -> int:
+    """``motionjax train [flags]``; ``--config NAME[:VARIANT]`` is the shipped experiment NAME."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            argv[i] = "--config=" + configs.resolve(a.split("=", 1)[1])
+        elif i and argv[i - 1] == "--config":
+            argv[i] = configs.resolve(a)
+    return run_absl(_run, argv, flags_parser=parse_flags)

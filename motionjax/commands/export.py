@@ -1,5 +1,5 @@
 """Export a trained run for inference: ``motionjax export --workdir runs/x [--out DIR] [--batch 1]``
-(or ``scripts/export.py``, the same).
+(or ``python -m motionjax export``, the same).
 
 Writes ``model.stablehlo`` (``jax.export``, any batch), ``model.onnx`` (jax2onnx, ``--batch``
 windows per call) and ``model_int8.onnx`` (onnxruntime dynamic int8) into ``--out`` (default
@@ -9,7 +9,9 @@ difference and the CPU latency per call; ``export.json`` holds the same.
 import json
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
+
+from motionjax.commands import run_absl
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory with checkpoints and config.json")
 _STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
@@ -18,7 +20,7 @@ _BATCH = flags.DEFINE_integer("batch", 1, "windows per call of the ONNX files")
 flags.mark_flag_as_required("workdir")
 
 
-def main(argv):
+def _run(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     import numpy as np
@@ -54,5 +56,6 @@ def main(argv):
                                                  "batch": batch, "rows": rows}, indent=2))
 
 
-if __name__ == "__main__":
-    app.run(main)
+def main(argv: list[str] | None = None) -> int:
+    """``motionjax export [flags]``."""
+    return run_absl(_run, argv)

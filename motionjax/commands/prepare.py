@@ -7,8 +7,6 @@
     motionjax prepare --config experiments/autoencoder.py  # a config's data settings
     motionjax prepare --synthetic 128000 --out data_cache/synthetic   # I/O benchmarks
 
-(``motionjax prepare`` runs this script, ``scripts/prepare_data.py``: the same flags.)
-
 Units are detected from the bone lengths (``--units`` overrides), a placeholder root joint is
 folded, label sidecars (``clip.json``) are read, duplicates are dropped. Re-running with the same
 inputs does nothing (the index records the settings and the sources); changed sources rebuild, and
@@ -21,7 +19,7 @@ import argparse
 import logging
 import sys
 
-import experiments
+from motionjax import configs
 from motionjax.data import corpus, prepare, synthetic
 
 
@@ -59,7 +57,7 @@ def main(argv=None):
     settings, source, out = prepare.Settings(), None, "data_cache/deepmimic_clean"
     if args.config:
         try:
-            data = experiments.load(args.config).data
+            data = configs.load(args.config).data
         except FileNotFoundError as e:
             raise SystemExit(f"error: --config: {e}") from None
         settings, source, out = prepare.Settings.from_config(data), data.source, data.dir

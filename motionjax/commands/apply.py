@@ -1,7 +1,7 @@
 """Apply a trained run to motion files of any length: denoise a capture, or encode and decode it.
 
     motionjax apply --workdir RUN INPUT.bvh|DIR [...] --out DIR [--step best] [--overlap FRAMES]
-    (or scripts/apply.py, the same)
+    (or python -m motionjax apply, the same)
 
 Each file is read in the run's units, frame rate and joint order (the same tree in any order), cut
 into the run's windows overlapping by ``--overlap`` frames (default a quarter window), run through the
@@ -14,6 +14,8 @@ import sys
 
 from absl import app, flags, logging
 
+from motionjax.commands import run_absl
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (config.json, checkpoints)")
 _OUT = flags.DEFINE_string("out", None, "output directory for the BVH files")
 _STEP = flags.DEFINE_string("step", "best", "checkpoint step: an integer, 'best' or 'latest'")
@@ -22,7 +24,7 @@ _BATCH = flags.DEFINE_integer("batch", 32, "windows per model call")
 flags.mark_flags_as_required(["workdir", "out"])
 
 
-def main(argv):
+def _run(argv):
     if len(argv) < 2:
         raise app.UsageError("give motion files or directories to apply the run to")
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
@@ -48,5 +50,6 @@ def main(argv):
     sys.exit(1 if errors else 0)
 
 
-if __name__ == "__main__":
-    app.run(main)
+def main(argv: list[str] | None = None) -> int:
+    """``motionjax apply [flags]``."""
+    return run_absl(_run, argv)

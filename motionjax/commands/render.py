@@ -2,12 +2,12 @@
 
     motionjax render A.bvh [B.bvh ...] --out clip.mp4          motion files, one panel each
     motionjax render --workdir RUN [--split test] [--clip NAME] [--seconds 10] --out clip.mp4
-    (or scripts/render.py, the same)
+    (or python -m motionjax render, the same)
                                                                 a run's held-out clip: input / output / truth
 
 Files are read in their own units (detected from the bone lengths) and drawn at the first file's
 frame rate, cut to the shortest, one panel each, titled by file stem (by path where stems collide:
-``clip.bvh out/clip.bvh`` draws ``clip`` and ``out/clip``); e.g. an input and ``scripts/apply.py``'s
+``clip.bvh out/clip.bvh`` draws ``clip`` and ``out/clip``); e.g. an input and ``motionjax apply``'s
 output of it. With
 ``--workdir``, the run's model (its best checkpoint) is applied to a whole clip of ``--split``
 (default: the one that moves most), the input noised as the run's clip evaluator does, and drawn next
@@ -17,6 +17,8 @@ to the truth. The frames come from :func:`motionjax.evaluation.artifacts.render_
 import sys
 
 from absl import app, flags, logging
+
+from motionjax.commands import run_absl
 
 _OUT = flags.DEFINE_string("out", None, "video file to write (.mp4 or .gif)")
 _NAMES = flags.DEFINE_list("names", None, "panel titles (default: the file stems; paths where they collide)")
@@ -28,7 +30,7 @@ _SECONDS = flags.DEFINE_float("seconds", 10.0, "with --workdir: at most this muc
 flags.mark_flag_as_required("out")
 
 
-def main(argv):
+def _run(argv):
     logging.set_verbosity(logging.WARNING)
     paths = argv[1:]
     if bool(paths) == bool(_WORKDIR.value):
@@ -55,5 +57,6 @@ def main(argv):
     print(f"{_OUT.value}: {n} frames")
 
 
-if __name__ == "__main__":
-    app.run(main)
+def main(argv: list[str] | None = None) -> int:
+    """``motionjax render [flags]``."""
+    return run_absl(_run, argv)

@@ -1,7 +1,7 @@
 """Evaluate a trained run on another corpus: the trainer's metrics table, and its JSON.
 
     motionjax evaluate --workdir RUN --data PREPARED_DIR|MOTION_FILES [--split test] [--step best]
-    (or scripts/evaluate.py, the same)
+    (or python -m motionjax evaluate, the same)
 
 ``--data``: a prepared directory (``index.json``; its skeleton must be the run's, its split
 ``--split``), or motion files (a file, a directory or a quoted glob such as ``'capture/*.bvh'``),
@@ -23,6 +23,8 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
+from motionjax.commands import run_absl
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (config.json, checkpoints)")
 _DATA = flags.DEFINE_string("data", None, "prepared directory, or motion files (file, directory, glob)")
 _SPLIT = flags.DEFINE_string("split", "test", "split to evaluate (motion files all go into it)")
@@ -33,7 +35,7 @@ _DEDUP = flags.DEFINE_bool("dedup", False, "drop copies among the motion files, 
 flags.mark_flags_as_required(["workdir", "data"])
 
 
-def main(argv):
+def _run(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
@@ -64,5 +66,6 @@ def main(argv):
     print(f"written: {out}")
 
 
-if __name__ == "__main__":
-    app.run(main)
+def main(argv: list[str] | None = None) -> int:
+    """``motionjax evaluate [flags]``."""
+    return run_absl(_run, argv)
