@@ -215,6 +215,10 @@ def setup(config, workdir) -> Setup:
     z = codec.encode(train.features)
     stats = flow.LatentStats.fit(z)
     timing["encode_s"] = time.perf_counter() - clock
+    # What sampling from the run needs beyond the stages' files (load_sampler: no windows recomputed).
+    (workdir / "sampler.json").write_text(json.dumps({
+        "vocab": vocab, "latent_shape": list(z.shape[1:]), "latent_mean": stats.mean.tolist(),
+        "latent_std": stats.std.tolist(), "feet": dataclasses.asdict(feet)}))
     s = Setup(
         config,
         workdir,
@@ -350,7 +354,8 @@ def _row(s: Setup, split: str, scored: dict, labels: np.ndarray, mm: float, seed
         statistic, ids = _fid_statistic(f[a], real[a], real[b], clips[a], clips[b], ratio)
         put(key, intervals.statistic_interval(statistic, ids, seed=seed))
     for i, key in enumerate(s.vocab):
-        put(f"accuracy_{key}", intervals.mean_interval(scored["predicted"][key] == labels[:, i], clips, seed=seed))
+        correct = scored["predicted"][key] == labels[:, i]
+        put(f"accuracy_{key}", intervals.mean_interval(correct, clips, seed=seed))
     size = s.config.generation.diversity_size
     put("diversity", intervals.statistic_interval(
         lambda idx: generative.diversity(f[idx], size, np.random.default_rng(seed)), clips, seed=seed))
@@ -390,7 +395,8 @@ def evaluate_split(
     physics guidance scale)}``) and (``references``) ``real`` (the split's own windows: FID the real
     reference at the same sample sizes, accuracy the evaluator's ceiling), ``retrieval`` and
     ``autoencoder``. A generator samples one window per real window of the split, with its labels,
-    scored over that window's valid frames (the same frames as the real one); multimodality from ``multimodality_samples`` samples of each condition.
+    scored over that window's valid frames (the same frames as the real one); multimodality from
+    ``multimodality_samples`` samples of each condition.
     ``physics``: the guidance scale of a bare model (None: the config's). ``scored_out``: filled with each
     method's per-window scores (:meth:`Setup.score`) for :func:`per_content`."""
     g, w = s.config.generation, s.splits[split]
@@ -421,8 +427,8 @@ def evaluate_split(
     mm_pick = _retrieve(s, per_condition, rng)
     mm = s.score(s.train.features[mm_pick], s.train.offsets[mm_pick])["features"]
     scored_all["retrieval"] = copies
-    rows["retrieval"] = _row(s, split, copies, labels, generative.multimodality(mm, mm_ids, g.multimodality_size,
-                                                                                   rng), seed, cut)
+    mm = generative.multimodality(mm, mm_ids, g.multimodality_size, rng)
+    rows["retrieval"] = _row(s, split, copies, labels, mm, seed, cut)
     # The real windows: FID the reference (half a against half b), accuracy the evaluator's ceiling.
     scored_all["real"] = s.real[split]
     rows["real"] = _row(s, split, s.real[split], labels, float("nan"), seed, cut)
@@ -517,7 +523,8 @@ def table(results: dict) -> list[str]:
     for split, rows in results.items():
         for method, row in rows.items():
             head = f"{split} ({row.get('windows', '?')} windows, {row.get('clips', '?')} clips)"
-            lines.append(f"| {head} | {method} | " + " | ".join(cell(row, k, d) for k, _, d in COLUMNS) + " |")
+            cells = [cell(row, k, d) for k, _, d in COLUMNS]
+            lines.append(f"| {head} | {method} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -620,6 +627,38 @@ def load(workdir, name: str = "generator"):
     summary = (
         json.loads((workdir / "summary.json").read_text()) if (workdir / "summary.json").exists() else {}
     )
+    return s, model, summary
+
+
+def load_sampler(workdir, name: str = "generator"):
+    """:func:`load` without the windows: ``(setup, generator, summary)`` with what sampling and editing
+    need (the autoencoder, the evaluator, the labels, the latent statistics, the feet, from
+    ``WORKDIR/sampler.json``); ``setup.train``, ``splits``, ``real`` are empty. Falls back to :func:`load`
+    for a run without ``sampler.json``."""
+    import ml_collections
+
+    from motionjax.efficiency import trained
+
+    workdir = Path(workdir)
+    if not (workdir / "sampler.json").exists():
+        return load(workdir, name)
+    config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    if not (workdir / f"{name}.npz").exists():
+        raise FileNotFoundError(f"{workdir / name}.npz: no trained generator; run motionjax train --config "
+                                f"experiments/generate.py --workdir {workdir} first")
+    g, meta = config.generation, json.loads((workdir / "sampler.json").read_text())
+    step = g.autoencoder_step if g.autoencoder_step in ("best", "latest") else int(g.autoencoder_step)
+    ae = trained.load(stages.autoencoder_dir(config, workdir), step)
+    info = dataset(config, ae)
+    feet = meta["feet"]
+    s = Setup(config, workdir, info, latents.Codec(ae.model, config.data.chunk), meta["vocab"], None, {},
+              plausibility.Feet(**{k: tuple(v) if isinstance(v, list) else v for k, v in feet.items()}),
+              generative.load(workdir / "evaluator"),
+              flow.LatentStats(meta["latent_mean"], meta["latent_std"]),
+              np.zeros((0, *meta["latent_shape"]), np.float32), None, {}, {})
+    model, _ = fit_generator(s, g, config.seed, workdir / name)
+    done = workdir / "summary.json"
+    summary = json.loads(done.read_text()) if done.exists() else {}
     return s, model, summary
 
 
