@@ -367,6 +367,10 @@ def test_sample_and_stylize_commands(run, tmp_path):
     assert [p.name for p in files] == ["loco_a_0.bvh", "loco_a_1.bvh"]
     assert load(files[0]).num_frames == 20
     assert cli.main([*argv[:6], "nosuch", *argv[7:]]) == 2
+    longer = tmp_path / "longer"  # past the run's 32-frame window: continued by in-betweening
+    assert cli.main([*argv[:8], "1", "--length", "50", "--no-video", "--out", str(longer)]) == 0
+    motion = load(longer / "loco_a_0.bvh")
+    assert motion.num_frames == 50 and np.isfinite(motion.root_position).all()
     styled = tmp_path / "styled"
     assert cli.main(["stylize", "--workdir", str(workdir), "--style", "b", "--strength", "0.5",
                      str(files[0]), "--out", str(styled)]) == 0

@@ -19,7 +19,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--style", required=True, help="the style label, e.g. elderly")
     p.add_argument("--count", type=int, default=4, help="samples to write")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--length", type=int, default=None, help="frames (at most the run's window; default it)")
+    p.add_argument("--length", type=int, default=None,
+                   help="frames (default the run's window; longer: continued window after window)")
     p.add_argument("--guidance", default=None,
                    help="label guidance scales 'CONTENT,STYLE' (default: the run's choice on validation)")
     p.add_argument("--physics", type=float, default=None,

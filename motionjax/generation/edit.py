@@ -7,6 +7,8 @@ replacement, Lugmayr et al. 2022):
 * :func:`stylize`: the source noised to flow time ``1 − strength`` and integrated to 1 with the source's
   content and the target style: the larger ``strength``, the more of the motion is made anew in the new
   style, the less of the source is kept;
+* :func:`extend`: a window continued past its end, window after window, each new one in-betweened from
+  the last ``overlap`` frames before it (a motion longer than the generator's window);
 * :func:`inbetween`: frames ``known [B, T]`` of a window given (the others missing: a gap to fill, or
   every frame but the root path to follow); the latent frames whose frames are all given are held on the
   source's path while the others are generated around them, from noise (``strength`` 1). The source's
@@ -18,6 +20,7 @@ All features are standardized ``[B, N, C, F]`` windows of the experiment (:class
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from motionjax.core import features as feat
@@ -78,3 +81,38 @@ def gap(length: int, missing: int, count: int, rng, margin: int = 4) -> np.ndarr
     start = rng.integers(margin, length - margin - missing + 1, count)
     frames = np.arange(length)
     return ~((frames >= start[:, None]) & (frames < start[:, None] + missing))
+
+
+def extend(s, model, x, labels, length: int, scales, key, overlap: int | None = None):
+    """Windows ``x [B, N, C, F]`` (standardized, the window frame) continued to ``length`` frames:
+    ``(root [B, length, 3], rotations [B, length, J, 4])`` in the first window's frame. Each continuation
+    is a window whose first ``overlap`` frames (default a quarter window) are the motion's last ones,
+    canonicalized as the data pipeline does a window and held (:func:`inbetween`), the rest generated
+    with ``labels``; its new frames are put back in the motion's frame and appended."""
+    info, sk, data = s.info, s.info.skeleton, s.config.data
+    b, n, c, f = np.shape(x)
+    t = n * c
+    overlap = t // 4 if overlap is None else int(overlap)
+    if not 0 < overlap < t:
+        raise ValueError(f"overlap {overlap}: 1 to {t - 1} frames of a {t}-frame window")
+    scale = data.canonical_height / transforms.rest_height(sk) if data.canonical_height else 1.0
+    root, rotations = (np.asarray(a, np.float64) for a in transforms.denormalize(
+        sk, transforms.unchunk(np.asarray(x, np.float32)), info.mean, info.std))
+    known = np.zeros((b, t), bool)
+    known[:, :overlap] = True
+    hold = np.minimum(np.arange(t), overlap - 1)  # the tail, its last frame held to a whole window
+    step = 0
+    while root.shape[1] < length:
+        r, q, yaw, origin = transforms.canonicalize(sk, root[:, -overlap:][:, hold],
+                                                    rotations[:, -overlap:][:, hold],
+                                                    floor=bool(data.floor_align), scale=scale)
+        window = feat.standardize(feat.pack(sk, r, q), info.mean, info.std).astype(np.float32)
+        y = inbetween(s, model, transforms.chunk(window, c), known, labels, scales,
+                      jax.random.fold_in(key, step))
+        r, q = (np.asarray(a, np.float64) for a in transforms.denormalize(
+            sk, transforms.unchunk(y), info.mean, info.std))
+        r, q = transforms.uncanonicalize(r, q, yaw, origin, scale=scale)
+        root = np.concatenate([root, r[:, overlap:]], axis=1)
+        rotations = np.concatenate([rotations, q[:, overlap:]], axis=1)
+        step += 1
+    return root[:, :length], rotations[:, :length]

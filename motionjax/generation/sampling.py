@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from motionjax.core import features as feat
 from motionjax.evaluation import artifacts, generative, inference
 from motionjax.generation import edit, latents
 
@@ -48,8 +49,9 @@ def _source_for(s, ids: np.ndarray):
 
 def sample_files(workdir, labels: dict, out_dir, *, count: int = 4, seed: int = 0, length: int | None = None,
                  guidance=None, physics: float | None = None, video: bool = True, loaded=None, log=print):
-    """``count`` samples of ``labels`` (``{key: value}``) written as ``out_dir/<values>_<i>.bvh`` (cut to
-    ``length`` frames, at most the run's window), and side by side as ``out_dir/samples.mp4`` (``video``).
+    """``count`` samples of ``labels`` (``{key: value}``) written as ``out_dir/<values>_<i>.bvh`` of
+    ``length`` frames (default the run's window; cut from one window, or longer: continued window after
+    window, :func:`.edit.extend`), and side by side as ``out_dir/samples.mp4`` (``video``).
     ``guidance``: the label guidance scales (None: the run's choice on validation); ``physics``: the physics
     guidance scale (None: the run's). ``loaded``: :func:`.run.load`'s result, to reuse. Returns the paths."""
     from motionjax.generation import run
@@ -57,14 +59,19 @@ def sample_files(workdir, labels: dict, out_dir, *, count: int = 4, seed: int = 
     s, model, summary = loaded or run.load_sampler(workdir)
     window = int(s.config.data.window)
     length = window if length is None else int(length)
-    if not 1 <= length <= window:
-        raise ValueError(f"length {length} frames: this generator makes windows of 1 to {window} frames")
+    if length < 1:
+        raise ValueError(f"length {length} frames: at least 1")
     if count < 1:
         raise ValueError(f"count {count}: at least one sample")
     scales = tuple(guidance or summary.get("guidance") or (s.config.generation.content_scale,
                                                            s.config.generation.style_scale))
     ids = label_ids(s, labels)
-    x = run.generate(s, model, np.repeat(ids[None], count, 0), scales, jax.random.key(seed), physics)
+    labels_ = np.repeat(ids[None], count, 0)
+    x = run.generate(s, model, labels_, scales, jax.random.key(seed), physics)
+    if length > window:  # continued window after window (edit.extend), back to standardized features
+        root, rotations = edit.extend(s, model, x, labels_, length, scales, jax.random.key(seed + 1))
+        x = feat.standardize(feat.pack(s.info.skeleton, root, rotations), s.info.mean, s.info.std)
+        x = x.astype(np.float32)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     source, info, f = _source_for(s, ids), s.info, s.info.feature_dim
@@ -77,7 +84,7 @@ def sample_files(workdir, labels: dict, out_dir, *, count: int = 4, seed: int = 
         paths.append(path)
         log(f"wrote {path}")
     if video:
-        pos = latents.motion(info, x[: min(count, 4)])[2][:, :length]
+        pos = latents.motion(info, x[: min(count, 4)])[2][:, :length]  # [K, T, J, 3]
         path = out_dir / "samples.mp4"
         artifacts.render_video(info.skeleton, {f"{stem} {i}": p for i, p in enumerate(pos)}, path,
                                float(info.fps), title=f"{stem}, guidance {scales}")
