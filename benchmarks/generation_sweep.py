@@ -36,6 +36,9 @@ METRICS = (
     "fid",
     "accuracy_content",
     "accuracy_style",
+    "skate_ratio",
+    "skate_ratio_avg5",
+    "contact",
     "foot_skate",
     "root_force",
     "root_torque",
@@ -43,7 +46,7 @@ METRICS = (
     "penetration",
     "floating",
 )
-TARGET = {"foot_skate": -0.30, "root_force": -0.30, "fid": 0.05}
+TARGET = {"skate_ratio": -0.30, "foot_skate": -0.30, "root_force": -0.30, "fid": 0.05}
 
 
 def main(argv=None) -> dict:
@@ -68,7 +71,6 @@ def main(argv=None) -> dict:
     p.add_argument("--depth", type=int, default=2, help="generator blocks")
     p.add_argument("--dynamics-batch", type=int, default=8, help="windows of each batch the dynamics loss "
                    "decodes (generation.dynamics_batch)")
-    p.add_argument("--repeats", type=int, default=1, help="samplings per evaluation (mean; FID's spread)")
     p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
     p.add_argument("--physics-guidance", default="", help="physics guidance scales to sweep at sampling "
                    "time with the run's generator (then --weights, --steps, --dim, --depth do not apply)")
@@ -121,7 +123,6 @@ def main(argv=None) -> dict:
                     {"generator": model},
                     scales,
                     seed=100 + seed,
-                    repeats=args.repeats,
                     multimodality=False,
                     references=False,
                 )

@@ -30,6 +30,10 @@ COMMANDS = {
                       "motionjax render my_bvh/walk.bvh out/walk.bvh --out walk.mp4"),
     "export": Command("a run as StableHLO and ONNX (fp32, int8), checked",
                       "motionjax export --workdir runs/autoencoder_deepmimic"),
+    "sample": Command("motion of given labels from a trained generator: BVH files and a video",
+                      "motionjax sample --workdir runs/generate --content walk --style elderly"),
+    "stylize": Command("a motion file rendered in another style by a trained generator",
+                       "motionjax stylize --workdir runs/generate --style elderly walk.bvh --out stylized/"),
 }
 
 

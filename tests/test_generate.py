@@ -3,6 +3,7 @@
 the config (experiments/generate.py:deepmimic,runlocal)."""
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -40,7 +41,19 @@ def test_end_to_end_writes_the_table_and_samples(run):
             assert 0 <= row["accuracy_content"] <= 1
     # Retrieval copies real motion: its bones are the clips' own.
     assert summary["results"]["test"]["retrieval"]["bone_error"] < 1e-3
-    assert any(line.startswith("test") and "generator" in line for line in summary["table"])
+    assert any(line.startswith("| test (") and "| generator |" in line for line in summary["table"])
+    for split, rows in summary["results"].items():
+        for method, row in rows.items():  # every measure carries its interval over clips
+            for key in ("accuracy_content", "skate_ratio", "contact", "diversity"):
+                lo, hi = row[key + "_ci"]
+                assert lo <= hi, (split, method, key)
+            # FID's interval: none where a replicate can leave one half of a 3-clip split empty
+            assert row["fid_ci"] is None or row["fid_ci"][0] <= row["fid_ci"][1]
+            lo, hi = row["accuracy_content_ci"]
+            assert lo - 1e-9 <= row["accuracy_content"] <= hi + 1e-9
+            assert 0 <= row["skate_ratio_avg5"] <= row["skate_ratio"] <= 1
+        assert "fid_ratio" in rows["generator"] and "fid_ratio" not in rows["real"]
+    assert set(summary["per_content"]["test"]) and summary["skating"]["joints"]
     assert (workdir / "summary.json").exists() and (workdir / "samples.png").exists()
     bvh = sorted((workdir / "samples").glob("*.bvh"))
     assert bvh and any("dance_a" in p.name for p in bvh)  # the unseen pair was sampled
@@ -54,18 +67,49 @@ def setup(run, config):
     return run_module.setup(config, run[0])
 
 
-def test_fid_of_real_halves_is_near_zero_and_of_noise_large(setup):
-    """The evaluator's FID of the real windows against themselves (two halves) is far below that of decoded
-    noise latents against them: the evaluator tells motion from noise."""
+def _with_moments(rng, mean, cov, n):
+    """``n`` samples whose sample mean and covariance (``np.cov``) are exactly ``mean`` and ``cov``."""
+    z = rng.normal(size=(n, len(mean)))
+    z -= z.mean(0)
+    z = z @ np.linalg.inv(np.linalg.cholesky(np.cov(z, rowvar=False))).T  # whitened: cov exactly I
+    return z @ np.linalg.cholesky(cov).T + mean
+
+
+def test_fid_against_closed_forms():
+    """FID against independent references: for diagonal covariances the closed form |mu1 - mu2|^2 +
+    sum (sqrt(a) - sqrt(b))^2; for general ones tr((S1 S2)^1/2) as the sum of the square roots of the
+    eigenvalues of S1 S2 (no matrix square root), on samples built to have exactly those moments."""
     from motionjax.evaluation import generative
 
-    real = np.concatenate([setup.real[s]["features"] for s in ("test", "validation", "unseen_pairs")])
-    order = np.random.default_rng(0).permutation(len(real))
-    halves = generative.fid(real[order[::2]], real[order[1::2]])
-    noise = np.random.default_rng(1).normal(size=(len(real), *setup.latents.shape[1:])).astype(np.float32) * 3
-    noisy = setup.score(setup.codec.decode(setup.stats.raw(noise)))["features"]
-    assert generative.fid(noisy, real) > 10 * halves
-    assert generative.fid(real, real) < 1e-6
+    rng = np.random.default_rng(0)
+    d = 6
+    mu1, mu2 = rng.normal(size=d), rng.normal(size=d)
+    a, b = rng.uniform(0.2, 3.0, d), rng.uniform(0.2, 3.0, d)
+    x, y = _with_moments(rng, mu1, np.diag(a), 400), _with_moments(rng, mu2, np.diag(b), 300)
+    expected = np.sum((mu1 - mu2) ** 2) + np.sum((np.sqrt(a) - np.sqrt(b)) ** 2)
+    assert generative.fid(x, y) == pytest.approx(expected, rel=1e-6)
+    m1, m2 = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    s1, s2 = m1 @ m1.T + 0.1 * np.eye(d), m2 @ m2.T + 0.1 * np.eye(d)
+    x, y = _with_moments(rng, mu1, s1, 500), _with_moments(rng, mu2, s2, 500)
+    trace_root = np.sum(np.sqrt(np.linalg.eigvals(s1 @ s2).real))
+    expected = np.sum((mu1 - mu2) ** 2) + np.trace(s1) + np.trace(s2) - 2 * trace_root
+    assert generative.fid(x, y) == pytest.approx(expected, rel=1e-6)
+    assert generative.fid(x, x + 1.0) == pytest.approx(d, rel=1e-9)  # a shift by 1 in every dimension
+
+
+def test_evaluator_tells_motion_from_noise_at_the_same_n(setup):
+    """FID of decoded noise latents against real windows is far above the real reference at the same
+    sample sizes (two halves of the clips, :func:`run.halves`), whose halves share no clip."""
+    from motionjax.evaluation import generative
+    from motionjax.generation import run as run_module
+
+    w = setup.splits["test"]
+    a, b, how = run_module.halves(w, 0)
+    assert how == "clips" and not set(w.clip[a]) & set(w.clip[b])
+    real = setup.real["test"]["features"]
+    noise = np.random.default_rng(1).normal(size=(len(a), *setup.latents.shape[1:])).astype(np.float32) * 3
+    noisy = setup.score(setup.codec.decode(setup.stats.raw(noise)), None, w.valid[a])["features"]
+    assert generative.fid(noisy, real[b]) > 3 * generative.fid(real[a], real[b])
 
 
 def test_guidance_scale_zero_ignores_labels(setup, config):
@@ -164,8 +208,9 @@ def test_dynamics_term_gradient_matches_finite_differences(setup):
 
 def test_physics_guidance_lowers_the_physics_cost_of_the_same_noise(setup, run, config):
     """Sampling-time physics guidance (generation.physics_guidance): from the same noise and labels, the
-    guided samples' :func:`flow.physics_cost` is lower than the unguided ones'; and the cost equals its
-    definition computed in numpy from the decoded motion (the positions by the metrics' own FK path)."""
+    guided samples' :func:`flow.physics_cost` is lower than the unguided ones'; and the cost equals an
+    independent numpy reference from the decoded joint positions (the centre of mass's acceleration by
+    finite differences for the root force, the soft-contact foot speed)."""
     from motionjax.core import dynamics
     from motionjax.generation import flow, latents
     from motionjax.generation import run as run_module
@@ -180,14 +225,153 @@ def test_physics_guidance_lowers_the_physics_cost_of_the_same_noise(setup, run, 
     before, after = np.asarray(cost(s.guide.params, plain)), np.asarray(cost(s.guide.params, guided))
     assert np.all(np.isfinite(after)) and after.mean() < 0.9 * before.mean(), (before, after)
 
+    # The root residual beyond standing is the centre of mass's acceleration (sum_j m_j a_j / M): here
+    # from finite differences of the FK positions, not through the dynamics module's Jacobian products.
     sk, fps, feet = s.info.skeleton, float(s.info.fps), s.feet
-    root, rotations, positions = latents.motion(s.info, s.codec.decode(s.stats.raw(plain)))
-    tau = np.asarray(dynamics.generalized_forces(sk, root, rotations, fps), np.float64)[:, 1:-1, 0]
-    tau[..., sk.up_axis] -= dynamics.GRAVITY
-    force = (tau**2).sum(-1).mean(-1) / dynamics.GRAVITY**2
+    _, _, positions = latents.motion(s.info, s.codec.decode(s.stats.raw(plain)))
+    p64 = positions.astype(np.float64)
+    accel = (p64[:, 2:] - 2 * p64[:, 1:-1] + p64[:, :-2]) * fps**2  # [B, T-2, J, 3]
+    mass = np.asarray(sk.masses, np.float64) / np.sum(sk.masses)
+    com = np.einsum("j,btjc->btc", mass, accel)
+    force = (com**2).sum(-1).mean(-1) / dynamics.GRAVITY**2
     foot = positions[:, :, list(feet.joints)].astype(np.float64)
     speed = np.delete((foot[:, 2:] - foot[:, :-2]) * fps / 2, sk.up_axis, axis=-1)
     lift = foot[:, 1:-1, :, sk.up_axis] - np.asarray(feet.floor)
     contact = 1 / (1 + np.exp(-(feet.contact_m - lift) / (feet.contact_m / 4)))
     skate = (contact * (speed**2).sum(-1)).mean((1, 2))
     np.testing.assert_allclose(before, force + skate, rtol=2e-3, atol=1e-5)
+
+
+def _gmd_skating_ratio(feet_xyz, fps, band, up=1):
+    """A transcription of GMD's / OmniControl's ``calculate_skating_ratio`` (their eval code): ``feet_xyz
+    [B, 2, 3, T]`` -> per-sequence ratio with their 5-frame mean speed, and without it."""
+    from scipy.ndimage import uniform_filter1d
+
+    plane = [a for a in range(3) if a != up]
+    vel = np.linalg.norm(feet_xyz[:, :, plane, 1:] - feet_xyz[:, :, plane, :-1], axis=2) * fps
+    avg = uniform_filter1d(vel, axis=-1, size=5, mode="constant", origin=0)
+    height = feet_xyz[:, :, up, :]
+    contact = (height[:, :, :-1] < band) & (height[:, :, 1:] < band)
+    skating = contact & (vel > 0.5)
+    both = np.logical_or(*np.moveaxis(skating & (avg > 0.5), 1, 0))
+    plain = np.logical_or(*np.moveaxis(skating, 1, 0))
+    return both.sum(1) / both.shape[1], plain.sum(1) / plain.shape[1]
+
+
+def test_skating_ratio_matches_the_papers_code():
+    """:func:`plausibility.skating_pairs` against the transcription of GMD's code (scipy's filter) on
+    random walks of two feet near the floor; padding frames leave the ratio of the valid ones."""
+    import jax.numpy as jnp
+
+    from motionjax.evaluation import plausibility
+
+    rng = np.random.default_rng(0)
+    b, t, fps, band = 16, 60, 30.0, 0.05
+    xz = np.cumsum(rng.normal(0, 0.03, size=(b, t, 2, 2)), axis=1)  # ~0.9 m/s steps: some above 0.5
+    h = np.abs(rng.normal(0.04, 0.03, size=(b, t, 2)))
+    pos = np.stack([xz[..., 0], h, xz[..., 1]], -1)  # [B, T, 2, 3], y up
+    step = np.linalg.norm(np.delete(pos[:, 1:] - pos[:, :-1], 1, axis=-1), axis=-1)
+    valid = np.ones((b, t), bool)
+    skate, skate5, pair = (np.asarray(x) for x in plausibility.skating_pairs(
+        jnp.asarray(h), jnp.asarray(step), jnp.asarray(valid), fps, band))
+    ref5, ref = _gmd_skating_ratio(np.moveaxis(pos, 1, -1), fps, band)
+    np.testing.assert_allclose(skate.sum(1) / pair.sum(1), ref, atol=1e-12)
+    np.testing.assert_allclose(skate5.sum(1) / pair.sum(1), ref5, atol=1e-12)
+    assert 0.05 < ref.mean() < 0.95  # the random walk exercises both outcomes
+    # Padding: the last 20 frames masked count as the ratio of the first 40 (the filter zero-padded there).
+    valid[:, 40:] = False
+    skate, skate5, pair = (np.asarray(x) for x in plausibility.skating_pairs(
+        jnp.asarray(h), jnp.asarray(step), jnp.asarray(valid), fps, band))
+    ref5, ref = _gmd_skating_ratio(np.moveaxis(pos[:, :40], 1, -1), fps, band)
+    np.testing.assert_allclose(skate.sum(1) / pair.sum(1), ref, atol=1e-12)
+    np.testing.assert_allclose(skate5.sum(1) / pair.sum(1), ref5, atol=1e-12)
+
+
+BANDAI1 = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bandai-namco-1" / "data"
+
+
+@pytest.mark.skipif(not BANDAI1.is_dir(), reason="Bandai-1 is not on this machine")
+def test_sample_bvh_has_the_source_clips_units_and_hierarchy(tmp_path):
+    """A window written as a generated sample is (artifacts.export_bvh with a source clip): the header of
+    the corpus clip it came from verbatim (joint_Root, 6 channels a joint, centimetre offsets), and read
+    back in centimetres its joints are where the window's are (x100 the metres it was given)."""
+    from motionjax.core import features
+    from motionjax.data import corpus
+    from motionjax.evaluation import artifacts
+    from motionjax.formats import load
+
+    source = sorted(BANDAI1.glob("*.bvh"))[0]
+    original = load(source)
+    clip, decided = corpus.conform(original)
+    assert decided["units"] == "cm"
+    t = 40
+    sk = clip.skeleton
+    x = features.pack(sk, clip.root_position[:t], clip.rotations[:t])
+    out = tmp_path / "sample.bvh"
+    f = x.shape[-1]
+    artifacts.export_bvh(out, sk, clip.fps, x, np.zeros(f), np.ones(f), source=source)
+    head = lambda path: path.read_text().split("MOTION")[0]  # noqa: E731
+    assert head(out) == head(source) and "ROOT joint_Root" in head(out)
+    back = load(out)  # in the file's units (cm), as any BVH viewer reads it
+    assert back.num_frames == t and back.skeleton.names == original.skeleton.names
+    np.testing.assert_allclose(back.positions(), original.positions()[:t], atol=1e-3)
+    bare = tmp_path / "bare.bvh"  # without a source: metres on the run's skeleton (100x smaller)
+    artifacts.export_bvh(bare, sk, clip.fps, x, np.zeros(f), np.ones(f))
+    assert "joint_Root" not in head(bare)
+
+
+def test_editing_keeps_what_it_is_given(setup, run, config):
+    """The sampler's editing mode (flow.sample with a source): held latent frames come back exactly; at
+    strength 0 nothing is generated (the source's own reconstruction); interpolation keeps the given frames
+    and puts a lone missing root position halfway between its neighbours."""
+    from motionjax.generation import edit, flow
+    from motionjax.generation import run as run_module
+
+    s = setup
+    model, _ = run_module.fit_generator(s, config.generation, config.seed, run[0] / "generator")
+    w = s.splits["test"].take(np.arange(4))
+    labels = s.encode_labels(w)
+    source = s.stats.standardize(s.codec.encode(w.features))
+    known = np.zeros(source.shape[:2], bool)
+    known[:, : source.shape[1] // 2] = True
+    z = flow.sample(model, labels, (1.0, 1.0), 4, jax.random.key(0), source=source, strength=1.0, known=known)
+    np.testing.assert_allclose(z[known], source[known], atol=1e-5)
+    assert np.abs(z[~known] - source[~known]).max() > 1e-3  # the rest is generated
+    kept = edit.stylize(s, model, w.features, labels, (1.0, 1.0), jax.random.key(0), strength=0.0)
+    np.testing.assert_allclose(kept, s.codec.decode(source * s.stats.std + s.stats.mean), atol=1e-5)
+    t = w.valid.shape[1]
+    given = np.ones((4, t), bool)
+    given[:, t // 2] = False
+    x = edit.interpolate(s.info, w.features, given)
+    flat, orig = x.reshape(4, t, -1), w.features.reshape(4, t, -1)
+    np.testing.assert_allclose(flat[given], orig[given], atol=1e-4)
+    from motionjax.generation import latents
+
+    root = latents.motion(s.info, w.features)[0]
+    mid = latents.motion(s.info, x)[0][:, t // 2]
+    np.testing.assert_allclose(mid, (root[:, t // 2 - 1] + root[:, t // 2 + 1]) / 2, atol=1e-4)
+
+
+def test_sample_and_stylize_commands(run, tmp_path):
+    """motionjax sample writes --count BVH files of the run's window (unknown labels: exit 2 naming the
+    known ones); motionjax stylize renders one of them in another style, the same length."""
+    from motionjax import cli
+    from motionjax.formats import load
+
+    workdir, _ = run
+    out = tmp_path / "samples"
+    argv = ["sample", "--workdir", str(workdir), "--content", "loco", "--style", "a", "--count", "2",
+            "--seed", "1", "--length", "20", "--no-video", "--out", str(out)]
+    assert cli.main(argv) == 0
+    files = sorted(out.glob("*.bvh"))
+    assert [p.name for p in files] == ["loco_a_0.bvh", "loco_a_1.bvh"]
+    assert load(files[0]).num_frames == 20
+    assert cli.main([*argv[:6], "nosuch", *argv[7:]]) == 2
+    longer = tmp_path / "longer"  # past the run's 32-frame window: continued by in-betweening
+    assert cli.main([*argv[:8], "1", "--length", "50", "--no-video", "--out", str(longer)]) == 0
+    motion = load(longer / "loco_a_0.bvh")
+    assert motion.num_frames == 50 and np.isfinite(motion.root_position).all()
+    styled = tmp_path / "styled"
+    assert cli.main(["stylize", "--workdir", str(workdir), "--style", "b", "--strength", "0.5",
+                     str(files[0]), "--out", str(styled)]) == 0
+    assert load(styled / files[0].name).num_frames == 20

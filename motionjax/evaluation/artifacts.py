@@ -121,14 +121,22 @@ def plot_skeletons(skeleton: Skeleton, clips: dict, path, num_poses: int = 8, ti
     plt.close(fig)
 
 
-def export_bvh(path, skeleton: Skeleton, fps: float, features, mean, std, name: str = ""):
-    """Write standardized features ``[T, F]`` as a BVH clip (via :func:`write_bvh`)."""
+def export_bvh(path, skeleton: Skeleton, fps: float, features, mean, std, name: str = "", source=None,
+               units: str = "auto"):
+    """Write standardized features ``[T, F]`` as a BVH clip: in the units and hierarchy of the corpus clip
+    ``source`` (a motion file; :func:`motionjax.evaluation.inference.write_like_source`), or without one
+    in metres on ``skeleton`` (:func:`write_bvh`)."""
     from motionjax.formats import Motion
     from motionjax.formats.bvh import write_bvh
 
     root, rotations = unpack(skeleton, destandardize(np.asarray(features, np.float32), mean, std))
-    write_bvh(Path(path), Motion(skeleton, fps, np.asarray(root, np.float64),
-                                 np.asarray(rotations, np.float64), name=name))
+    motion = Motion(skeleton, fps, np.asarray(root, np.float64), np.asarray(rotations, np.float64), name=name)
+    if source is not None:
+        from motionjax.evaluation.inference import write_like_source
+
+        write_like_source(Path(path), motion, source, units)
+    else:
+        write_bvh(Path(path), motion)
 
 
 # ---------------------------------------------------------------------------------------------

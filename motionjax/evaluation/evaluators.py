@@ -91,6 +91,11 @@ class Clip:
         batches = pipeline.make_eval_batches(config.data, info, split, noise_level, seed=config.seed)
         self.batch = batches[0]
         self.video = None
+        # The BVH files are written in the units and hierarchy of the window's own source file.
+        first = info.names[info.splits[split][0][0]] if info.names else None
+        self.source = inference.source_files(config.data, info).get(first) if config.data.get("source") \
+            is not None and first is not None and info.data_dir else None
+        self.units = config.data.get("units", "auto")
         if video_s > 0:
             clip_id, begin, end = info.splits[split][0]  # the first window's segment (make_eval_batches)
             end = min(end, begin + round(video_s * info.fps))
@@ -119,7 +124,7 @@ class Clip:
             workdir / "heldout_clip.png", title=f"{self.split}, noise level {self.noise_level}")
         for name, features in clip.items():
             artifacts.export_bvh(workdir / f"heldout_{name}.bvh", info.skeleton, float(info.fps), features,
-                                 info.mean, info.std, name=name)
+                                 info.mean, info.std, name=name, source=self.source, units=self.units)
         return {}
 
 

@@ -70,14 +70,19 @@ class Evaluator(nnx.Module):
         self.mean = nnx.Variable(jnp.zeros(inputs) if mean is None else jnp.asarray(mean, jnp.float32))
         self.std = nnx.Variable(jnp.ones(inputs) if std is None else jnp.asarray(std, jnp.float32))
 
-    def features(self, x):
+    def features(self, x, valid=None):
+        """``x [B, T, I]``, ``valid [B, T]`` (None: every frame) -> ``[B, d]``: the mean over time is over the
+        valid frames only (a short clip's edge padding, frozen frames, does not count)."""
         h = (x - self.mean[...]) / self.std[...]
         for conv, norm in zip(self.convs, self.norms, strict=True):
             h = jax.nn.gelu(norm(conv(h)))
-        return self.project(h.mean(axis=1))
+        if valid is None:
+            return self.project(h.mean(axis=1))
+        m = jnp.asarray(valid, h.dtype)[:, ::2][:, ::2][..., None]  # the frames of the two stride-2 convs
+        return self.project(jnp.sum(h * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0))
 
-    def __call__(self, x):
-        f = self.features(x)
+    def __call__(self, x, valid=None):
+        f = self.features(x, valid)
         return f, {k: head(f) for k, head in self.heads.items()}
 
 
@@ -93,11 +98,14 @@ def train_evaluator(
     learning_rate: float,
     seed: int = 0,
     log=None,
+    valid=None,
 ) -> Evaluator:
     """Fit an :class:`Evaluator` to ``inputs [N, T, I]`` (:func:`motion_inputs`) with integer ``labels {key:
-    [N]}`` (cross-entropy summed over keys; AdamW, cosine decay); ``log(step, loss)`` every 10% of it."""
+    [N]}`` (cross-entropy summed over keys; AdamW, cosine decay); ``valid [N, T]``: the frames each window
+    has (None: all); ``log(step, loss)`` every 10% of it."""
     inputs = np.asarray(inputs, np.float32)
-    flat = inputs.reshape(-1, inputs.shape[-1])
+    valid = np.ones(inputs.shape[:2], np.float32) if valid is None else np.asarray(valid, np.float32)
+    flat = inputs[valid > 0]
     model = Evaluator(
         inputs.shape[-1],
         classes,
@@ -111,9 +119,9 @@ def train_evaluator(
     optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=1e-4), wrt=nnx.Param)
 
     @nnx.jit
-    def step(model, optimizer, x, y):
+    def step(model, optimizer, x, m, y):
         def loss_fn(model):
-            _, logits = model(x)
+            _, logits = model(x, m)
             return sum(optax.softmax_cross_entropy_with_integer_labels(logits[k], y[k]).mean() for k in y)
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
@@ -124,7 +132,11 @@ def train_evaluator(
     for i in range(steps):
         pick = rng.integers(0, len(inputs), batch_size)
         loss = step(
-            model, optimizer, jnp.asarray(inputs[pick]), {k: jnp.asarray(v[pick]) for k, v in labels.items()}
+            model,
+            optimizer,
+            jnp.asarray(inputs[pick]),
+            jnp.asarray(valid[pick]),
+            {k: jnp.asarray(v[pick]) for k, v in labels.items()},
         )
         if log is not None and (i + 1) % max(steps // 10, 1) == 0:
             log(i + 1, float(loss))
@@ -150,15 +162,18 @@ def in_batches(fn, batch: int, *arrays):
 
 
 @nnx.jit
-def _apply(model, x):
-    f, logits = model(x)
+def _apply(model, x, m):
+    f, logits = model(x, m)
     return f, {k: jnp.argmax(v, -1) for k, v in logits.items()}
 
 
-def evaluate_features(model: Evaluator, inputs, batch_size: int = 256):
-    """``(features [N, d], {key: predicted class [N]})`` of ``inputs [N, T, I]``, numpy."""
+def evaluate_features(model: Evaluator, inputs, batch_size: int = 256, valid=None):
+    """``(features [N, d], {key: predicted class [N]})`` of ``inputs [N, T, I]`` over the frames ``valid
+    [N, T]`` (None: all), numpy."""
+    inputs = np.asarray(inputs)
+    valid = np.ones(inputs.shape[:2], np.float32) if valid is None else np.asarray(valid, np.float32)
     f, predicted = in_batches(
-        lambda x: _apply(model, jnp.asarray(x, jnp.float32)), batch_size, np.asarray(inputs)
+        lambda x, m: _apply(model, jnp.asarray(x, jnp.float32), jnp.asarray(m)), batch_size, inputs, valid
     )
     return np.asarray(f, np.float64), predicted
 

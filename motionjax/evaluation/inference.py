@@ -124,6 +124,38 @@ def back_to_file(output: Motion, original: Motion, units: str) -> Motion:
     return corpus.unconform(at_rate, original, units)
 
 
+def write_like_source(path, motion: Motion, source, units: str = "auto") -> Path:
+    """Write ``motion`` (the model's conventions: metres, the run's skeleton, e.g. a generated window) as
+    BVH in the corpus's own units and hierarchy: those of motion file ``source`` (a clip of the corpus;
+    its root placeholder, channels, rotation orders and frame time kept, :func:`back_to_file`'s path for
+    a clip of another length). A source that is not BVH (DeepMimic) gives :func:`write_bvh`'s layout in
+    metres. ``units``: the run's ``data.units``. Returns ``path``."""
+    path, source = Path(path), Path(source)
+    original = load(source)
+    if source.suffix.lower() != ".bvh":
+        write_bvh(path, motion)
+        return path
+    conformed, decided = corpus.conform(original, units=units)
+    if abs(original.fps - motion.fps) > 1e-3 * original.fps:
+        raise ValueError(f"{source}: {original.fps:g} fps, the motion {motion.fps:g} fps: "
+                         "a window is written at its source's frame rate")
+    # The source's frames cut or held to the motion's length: what a folded root placeholder takes
+    # per frame (joint_Root is static in Bandai), nothing else of it is kept.
+    idx = np.minimum(np.arange(motion.num_frames), original.num_frames - 1)
+    held = dataclasses.replace(original, root_position=original.root_position[idx],
+                               rotations=original.rotations[idx],
+                               offsets=None if original.offsets is None else original.offsets[idx])
+    write_bvh_like(path, source, corpus.unconform(motion, held, decided["units"]))
+    return path
+
+
+def source_files(data_cfg, info) -> dict:
+    """``{clip name: motion file}`` of a prepared dataset's clips, from its ``data.source`` (the clips
+    are named by file stem); clips whose file is gone are left out."""
+    stems = {p.stem: p for p in prepare.resolve_sources(data_cfg.get("source"))}
+    return {n: stems[n] for n in info.names if n in stems}
+
+
 def _readable(paths, spec: ModelSpec, errors: list, log):
     """``(path, motion as read, model_view clip, units)`` of each file of ``paths`` the run can take; a
     file that does not read or has another skeleton is appended to ``errors`` (``"PATH: why"``) and

@@ -209,10 +209,14 @@ def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log
     return model, {"steps_per_s": rate, "history": history}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from", "start"))
 def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, guide_params=None,
-            guide_scale=0.0, guide_from=0.5):
+            guide_scale=0.0, guide_from=0.5, start: int = 0, source=None, known=None):
     model = nnx.merge(graphdef, params)
+    # Editing (:func:`sample`'s ``source``): the flow's state at t = start / steps on the straight path
+    # from this noise to the source, and the ``known`` latent frames [B, L] held on that path every step.
+    on_path = lambda x, t: x if source is None else jnp.where(  # noqa: E731
+        known[..., None], (1 - t) * noise + t * source, x)
     b, n_keys = labels.shape
     none = jnp.asarray(model.classes, labels.dtype)
     # Row k of the guidance chain has the first k label keys set, the others "none".
@@ -222,6 +226,7 @@ def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, gui
     chain = chain.reshape(-1, n_keys)
 
     def body(i, x):
+        x = on_path(x, i / steps)
         t = jnp.full(((n_keys + 1) * b,), i / steps, jnp.float32)
         v = model(jnp.tile(x, (n_keys + 1, 1, 1)), t, chain).reshape(n_keys + 1, b, *x.shape[1:])
         guided = v[0] + sum(scales[k] * (v[k + 1] - v[k]) for k in range(n_keys))
@@ -236,21 +241,39 @@ def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, gui
             guided = guided - guide_scale * jax.lax.cond(on, push, jnp.zeros_like, x1_hat)
         return x + guided / steps
 
-    return jax.lax.fori_loop(0, steps, body, noise)
+    if source is None:
+        return jax.lax.fori_loop(start, steps, body, noise)
+    x = jax.lax.fori_loop(start, steps, body, (1 - start / steps) * noise + start / steps * source)
+    return on_path(x, 1.0)
 
 
 def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128, guide=None,
-           guide_scale: float = 0.0, guide_from: float = 0.5) -> np.ndarray:
+           guide_scale: float = 0.0, guide_from: float = 0.5, source=None, strength: float = 1.0,
+           known=None) -> np.ndarray:
     """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: Euler steps of the guided flow
     from Gaussian noise (``key``); ``scales`` one guidance scale per label key; ``guide``
     (:func:`physics_cost`, the same object each call: it is part of the compiled program's key) with
-    ``guide_scale > 0``: physics guidance from ``t = guide_from`` on."""
+    ``guide_scale > 0``: physics guidance from ``t = guide_from`` on.
+
+    Editing a motion (SDEdit, Meng et al. 2022, on the flow's straight paths): ``source [B, L, D]``
+    (standardized latents) is noised to flow time ``1 − strength`` (``x_t = (1 − t) ε + t·source``) and the
+    flow integrated from there to 1 with the labels asked for (style transfer: the source's content, another
+    style); ``known [B, L]`` (bool): latent frames held on the source's path at every step and equal to it at
+    the end (inpainting, as RePaint's replacement, Lugmayr et al. 2022: in-betweening, a given root path),
+    the others generated to fit them."""
     labels = np.asarray(labels, np.int32)
     graphdef, params = nnx.split(model)
     length, d = model.position.shape[0], model.head.out_features
     noise = np.asarray(jax.random.normal(key, (len(labels), length, d)))
     scales = jnp.asarray(scales, jnp.float32)
     fn, guide_params = (guide.fn, guide.params) if guide is not None and guide_scale > 0 else (None, None)
-    run = lambda x, y: _sample(graphdef, params, x, y, scales, steps, fn, guide_params,  # noqa: E731
-                               jnp.float32(guide_scale), float(guide_from))
-    return generative.in_batches(run, batch, noise, labels)
+    start = int(round((1.0 - strength) * steps)) if source is not None else 0
+    if source is not None and known is None:
+        known = np.zeros((len(labels), length), bool)
+    run = lambda x, y, src=None, kn=None: _sample(  # noqa: E731
+        graphdef, params, x, y, scales, steps, fn, guide_params, jnp.float32(guide_scale), float(guide_from),
+        start, None if src is None else jnp.asarray(src, jnp.float32),
+        None if kn is None else jnp.asarray(kn))
+    return generative.in_batches(run, batch, noise, labels,
+                                 None if source is None else np.asarray(source, np.float32),
+                                 None if known is None else np.asarray(known, bool))

@@ -32,10 +32,11 @@ import numpy as np
 from flax import nnx
 
 from motionjax.data import pipeline
-from motionjax.evaluation import artifacts, generative, plausibility
+from motionjax.evaluation import artifacts, generative, inference, intervals, plausibility
 from motionjax.generation import flow, latents, stages
 
-SPLITS = ("validation", "test", "unseen_pairs")
+SPLITS = ("validation", "test", "unseen_pairs", "unseen_validation", "unseen_test")
+REPORTED = ("test", "unseen_pairs", "unseen_test")  # the splits the table scores, once each
 
 
 @dataclasses.dataclass
@@ -83,10 +84,11 @@ class Setup:
 
     def score(self, x, offsets=None, valid=None) -> dict:
         """Evaluator features, predicted classes and plausibility window sums of standardized features
-        ``[K, N, C, F]`` (on ``offsets``; None: the skeleton's bones)."""
+        ``[K, N, C, F]`` (on ``offsets``; None: the skeleton's bones) over the frames ``valid [K, T]`` (None:
+        all; a short clip's edge padding is left out of every measure)."""
         root, rotations, positions = latents.motion(self.info, x, offsets)
         inputs = generative.motion_inputs(positions, self.info.skeleton.up_axis, float(self.info.fps))
-        features, predicted = generative.evaluate_features(self.evaluator, np.asarray(inputs))
+        features, predicted = generative.evaluate_features(self.evaluator, np.asarray(inputs), valid=valid)
         sums = plausibility.window_sums(
             self.info.skeleton, float(self.info.fps), self.feet, root, rotations, offsets, valid
         )
@@ -122,14 +124,16 @@ def dataset(config, ae):
             f"{ae.config.model.stride}"
         )
     pairs = {tuple(p.split("/")) for p in config.generation.unseen_pairs}
-    if "unseen_pairs" in info.splits:
+    unseen = [s for s in info.splits if s.startswith("unseen")]
+    if unseen:
         found = {
             tuple(info.labels[c].get(k, "none") for k in config.generation.labels)
-            for c, _, _ in info.splits["unseen_pairs"]
+            for s in unseen
+            for c, _, _ in info.splits[s]
         }
         if found != pairs:
             raise ValueError(
-                f"{config.data.dir}: the unseen_pairs split holds {sorted(found)}, the config states "
+                f"{config.data.dir}: the splits {unseen} hold the pairs {sorted(found)}, the config states "
                 f"generation.unseen_pairs={sorted(pairs)}"
             )
     return dataclasses.replace(info, mean=ae.info.mean, std=ae.info.std)
@@ -155,6 +159,13 @@ def setup(config, workdir) -> Setup:
     train = latents.split_windows(
         config.data, info, info.train_split, g.window_stride, keys, g.mirror, dict(g.mirror_labels)
     )
+    # A mirrored window can carry a held-out pair (walk-turn-left/normal mirrored walks turning right,
+    # normally: an unseen pair of Bandai-2): left out, so no stage sees those pairs.
+    held = {tuple(p.split("/")) for p in g.unseen_pairs}
+    keep = np.array([pair not in held for pair in zip(*(train.labels[k] for k in keys), strict=True)], bool)
+    if not keep.all():
+        log(f"{int((~keep).sum())} mirrored training windows of held-out pairs left out")
+        train = train.take(np.flatnonzero(keep))
     splits = {
         s: latents.split_windows(config.data, info, s, config.data.eval_stride, keys)
         for s in SPLITS
@@ -162,12 +173,14 @@ def setup(config, workdir) -> Setup:
     }
     vocab = {k: sorted(set(train.labels[k])) for k in keys}
     _, _, positions = latents.motion(info, train.features, train.offsets)
-    feet = plausibility.Feet.fit(info.skeleton, positions)
+    feet = plausibility.Feet.fit(info.skeleton, positions, standard=tuple(g.get("skating_joints", ())),
+                                 band_m=float(g.get("skating_band_m", 0.05)), valid=train.valid)
     log(
         f"windows of {config.data.window} frames: {len(train)} training "
         f"({int(train.mirrored.sum())} mirrored), "
         + ", ".join(f"{len(w)} {s}" for s, w in splits.items())
-        + f"; feet: {[info.skeleton.names[j] for j in feet.joints]}"
+        + f"; feet: {[info.skeleton.names[j] for j in feet.joints]}; skating ratio on "
+        f"{[info.skeleton.names[j] for j in feet.standard]} within {100 * feet.band_m:g} cm of the floor"
     )
     timing["windows_s"] = time.perf_counter() - clock
 
@@ -193,6 +206,7 @@ def setup(config, workdir) -> Setup:
             learning_rate=e.learning_rate,
             seed=config.seed,
             log=lambda i, loss: log(f"  evaluator step {i}: loss {loss:.3f}"),
+            valid=train.valid[take],
         )
         generative.save(evaluator, path, {k: len(v) for k, v in vocab.items()}, e.dim, e.features)
     timing["evaluator_s"] = time.perf_counter() - clock
@@ -201,6 +215,10 @@ def setup(config, workdir) -> Setup:
     z = codec.encode(train.features)
     stats = flow.LatentStats.fit(z)
     timing["encode_s"] = time.perf_counter() - clock
+    # What sampling from the run needs beyond the stages' files (load_sampler: no windows recomputed).
+    (workdir / "sampler.json").write_text(json.dumps({
+        "vocab": vocab, "latent_shape": list(z.shape[1:]), "latent_mean": stats.mean.tolist(),
+        "latent_std": stats.std.tolist(), "feet": dataclasses.asdict(feet)}))
     s = Setup(
         config,
         workdir,
@@ -220,7 +238,7 @@ def setup(config, workdir) -> Setup:
     s.labels = s.encode_labels(train)
     s.real = {}
     for split, w in splits.items():
-        s.real[split] = s.score(w.features, w.offsets)
+        s.real[split] = s.score(w.features, w.offsets, w.valid)
     for split, w in splits.items():
         acc = generative.accuracy(
             s.real[split]["predicted"], dict(zip(keys, s.encode_labels(w).T, strict=True))
@@ -286,24 +304,65 @@ def generate(s: Setup, model, labels, scales, key, physics: float | None = None)
 # Evaluation
 
 
-def _row(s: Setup, split: str, scored: list[dict], labels: np.ndarray, mm: float, rng) -> dict:
-    """Mean (and spread over repeats) of FID, accuracy, diversity and plausibility of ``scored`` repeats."""
-    real = s.real[split]["features"]
-    keys = list(s.vocab)
-    per = []
-    for r in scored:
-        acc = generative.accuracy(r["predicted"], dict(zip(keys, labels.T, strict=True)))
-        per.append(
-            {
-                "fid": generative.fid(r["features"], real),
-                **{f"accuracy_{k}": v for k, v in acc.items()},
-                "diversity": generative.diversity(r["features"], s.config.generation.diversity_size, rng),
-                **plausibility.mean(r["plausibility"]),
-            }
-        )
-    row = {k: float(np.mean([p[k] for p in per])) for k in per[0]}
-    row.update({f"{k}_std": float(np.std([p[k] for p in per])) for k in ("fid", "diversity")})
+def halves(w: latents.Windows, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """Window indices ``(a, b)`` of two halves of a split's clips (whole clips, at random): FID compares a
+    method's windows of ``a`` with the real windows of ``b``, the real reference the real windows of
+    ``a`` with those of ``b``, so every FID of a split has the same sample sizes and the same reference
+    set, and overlapping windows of one clip never land on both sides. A split of one clip is cut in
+    time instead (first and second half of its windows; ``"windows"``)."""
+    clips = np.unique(w.clip)
+    if len(clips) < 2:
+        n = len(w) // 2
+        return np.arange(n), np.arange(n, len(w)), "windows"
+    pick = np.random.default_rng(seed).permutation(clips)[: len(clips) // 2]
+    inside = np.isin(w.clip, pick)
+    return np.flatnonzero(inside), np.flatnonzero(~inside), "clips"
+
+
+def _fid_statistic(fa, ra, rb, a_clips, b_clips, ratio: bool):
+    """``(statistic(indices), clips)`` for :func:`intervals.statistic_interval`: FID of ``fa`` (a method's
+    windows of half a) against ``rb`` (the real windows of half b), or its ratio to the real reference
+    FID(``ra``, ``rb``) on the same resampled clips."""
+    n = len(fa)
+
+    def statistic(idx):
+        ia, ib = idx[idx < n], idx[idx >= n] - n
+        value = generative.fid(fa[ia], rb[ib])
+        return value / generative.fid(ra[ia], rb[ib]) if ratio else value
+
+    return statistic, np.concatenate([a_clips, b_clips])
+
+
+def _row(s: Setup, split: str, scored: dict, labels: np.ndarray, mm: float, seed: int, cut) -> dict:
+    """FID (this method's windows of half a against the real ones of half b, :func:`halves`), its ratio
+    to the real reference, label accuracy, diversity and the plausibility metrics of ``scored`` (one
+    window per real window of ``split``), each with a 95% bootstrap interval over the split's clips
+    (:mod:`motionjax.evaluation.intervals`): ``row[k]`` the value, ``row[k + "_ci"]`` ``[lo, hi]``."""
+    w, real = s.splits[split], s.real[split]["features"]
+    a, b, _ = cut
+    clips = w.clip
+    row = {}
+
+    def put(key, interval):
+        row[key] = interval.get("mean", interval.get("value"))
+        # None where a replicate left a half without windows (a split of a few clips: the tests' only)
+        ends = [interval["lo"], interval["hi"]]
+        row[key + "_ci"] = ends if np.isfinite(ends).all() else None
+
+    f = scored["features"]
+    for key, ratio in (("fid", False), ("fid_ratio", True)):
+        statistic, ids = _fid_statistic(f[a], real[a], real[b], clips[a], clips[b], ratio)
+        put(key, intervals.statistic_interval(statistic, ids, seed=seed))
+    for i, key in enumerate(s.vocab):
+        correct = scored["predicted"][key] == labels[:, i]
+        put(f"accuracy_{key}", intervals.mean_interval(correct, clips, seed=seed))
+    size = s.config.generation.diversity_size
+    put("diversity", intervals.statistic_interval(
+        lambda idx: generative.diversity(f[idx], size, np.random.default_rng(seed)), clips, seed=seed))
+    for key, (sums, counts) in scored["plausibility"].items():
+        put(key, intervals.mean_interval(sums / np.maximum(counts, 1.0), clips, counts, seed=seed))
     row["multimodality"] = mm
+    row["windows"], row["fid_windows"] = len(w), [len(a), len(b)]
     return row
 
 
@@ -327,74 +386,99 @@ def evaluate_split(
     generators: dict,
     scales,
     seed: int,
-    repeats: int,
     multimodality: bool = True,
     references: bool = True,
     physics: float | None = None,
+    scored_out: dict | None = None,
 ) -> dict:
-    """``{method: row}`` on ``split``: each generator (``{name: model}``, or ``{name: (model, physics
-    guidance scale)}``) and (``references``) ``real``, ``retrieval`` and ``autoencoder``. A generator
-    samples one window per real window of the split, with its labels, ``repeats`` times; multimodality
-    from ``multimodality_samples`` samples of each condition. ``physics``: the guidance scale of a bare
-    model (None: the config's)."""
+    """``{method: row}`` on ``split`` (:func:`_row`): each generator (``{name: model}``, or ``{name: (model,
+    physics guidance scale)}``) and (``references``) ``real`` (the split's own windows: FID the real
+    reference at the same sample sizes, accuracy the evaluator's ceiling), ``retrieval`` and
+    ``autoencoder``. A generator samples one window per real window of the split, with its labels,
+    scored over that window's valid frames (the same frames as the real one); multimodality from
+    ``multimodality_samples`` samples of each condition.
+    ``physics``: the guidance scale of a bare model (None: the config's). ``scored_out``: filled with each
+    method's per-window scores (:meth:`Setup.score`) for :func:`per_content`."""
     g, w = s.config.generation, s.splits[split]
     labels = s.encode_labels(w)
     rng = np.random.default_rng(seed)
+    cut = halves(w, seed)
     conditions = np.unique(labels, axis=0)
     per_condition = np.repeat(conditions, g.multimodality_samples, axis=0)
     mm_ids = np.repeat(np.arange(len(conditions)), g.multimodality_samples)
-    rows = {}
+    rows, scored_all = {}, {} if scored_out is None else scored_out
     key = jax.random.key(seed)
     for name, model in generators.items():
         model, guidance = model if isinstance(model, tuple) else (model, physics)
-        scored = [
-            s.score(generate(s, model, labels, scales, jax.random.fold_in(key, r), guidance))
-            for r in range(repeats)
-        ]
+        scored = s.score(generate(s, model, labels, scales, key, guidance), None, w.valid)
         mm = float("nan")
         if multimodality:
             f = s.score(generate(s, model, per_condition, scales, jax.random.fold_in(key, 10_000), guidance))[
                 "features"
             ]
             mm = generative.multimodality(f, mm_ids, g.multimodality_size, rng)
-        rows[name] = _row(s, split, scored, labels, mm, rng)
+        scored_all[name] = scored
+        rows[name] = _row(s, split, scored, labels, mm, seed, cut)
     if not references:
         return rows
-    # Retrieval: copies of training windows (real motion on their own bones), scored like samples.
-    copies = []
-    for _ in range(repeats):
-        pick = _retrieve(s, labels, rng)
-        copies.append(s.score(s.train.features[pick], s.train.offsets[pick]))
+    # Retrieval: copies of training windows (real motion on their own bones and frames), scored like samples.
+    pick = _retrieve(s, labels, rng)
+    copies = s.score(s.train.features[pick], s.train.offsets[pick], s.train.valid[pick])
     mm_pick = _retrieve(s, per_condition, rng)
     mm = s.score(s.train.features[mm_pick], s.train.offsets[mm_pick])["features"]
-    rows["retrieval"] = _row(
-        s, split, copies, labels, generative.multimodality(mm, mm_ids, g.multimodality_size, rng), rng
-    )
-    # The real windows: FID of one half against the other (the floor FID can reach at this sample size).
-    real = s.real[split]
-    half = rng.permutation(len(w))
-    a, b = half[: len(w) // 2], half[len(w) // 2 :]
-    rows["real"] = _row(s, split, [real], labels, float("nan"), rng)
-    rows["real"]["fid"] = generative.fid(real["features"][a], real["features"][b])
-    rows["real"].pop("fid_std"), rows["real"].pop("diversity_std")
+    scored_all["retrieval"] = copies
+    mm = generative.multimodality(mm, mm_ids, g.multimodality_size, rng)
+    rows["retrieval"] = _row(s, split, copies, labels, mm, seed, cut)
+    # The real windows: FID the reference (half a against half b), accuracy the evaluator's ceiling.
+    scored_all["real"] = s.real[split]
+    rows["real"] = _row(s, split, s.real[split], labels, float("nan"), seed, cut)
+    rows["real"].pop("fid_ratio"), rows["real"].pop("fid_ratio_ci")
     # The autoencoder's reconstruction of the real windows (what its decoder alone does to them).
-    recon = s.score(s.codec.decode(s.codec.encode(w.features)))
-    rows["autoencoder"] = _row(s, split, [recon], labels, float("nan"), rng)
+    scored_all["autoencoder"] = recon = s.score(s.codec.decode(s.codec.encode(w.features)), None, w.valid)
+    rows["autoencoder"] = _row(s, split, recon, labels, float("nan"), seed, cut)
     for row in rows.values():
-        row["windows"] = len(w)
         row["conditions"] = int(len(conditions))
+        row["clips"] = int(len(np.unique(w.clip)))
+        row["fid_halves"] = cut[2]
     return rows
+
+
+def per_content(s: Setup, split: str, scored: dict, seed: int) -> dict:
+    """``{content: {method: {...}}}``: per content value of ``split``, each method's FID against the real
+    windows of that content (halves by clip as :func:`halves`; the real reference beside it), accuracy
+    and the skating ratio; ``scored``: :func:`evaluate_split`'s ``scored_out``."""
+    w = s.splits[split]
+    labels = s.encode_labels(w)
+    a, b, _ = halves(w, seed)
+    key = next(iter(s.vocab))
+    out = {}
+    for c, value in enumerate(s.vocab[key]):
+        mine = labels[:, 0] == c
+        if not mine.any():
+            continue
+        ia, ib = a[mine[a]], b[mine[b]]
+        real = s.real[split]["features"]
+        rows = {}
+        for method, sc in scored.items():
+            row = {"windows": int(mine.sum()), "fid": generative.fid(sc["features"][ia], real[ib])}
+            for i, k in enumerate(s.vocab):
+                row[f"accuracy_{k}"] = float(np.mean(sc["predicted"][k][mine] == labels[mine, i]))
+            sums, counts = sc["plausibility"]["skate_ratio"]
+            row["skate_ratio"] = float(sums[mine].sum() / max(counts[mine].sum(), 1.0))
+            rows[method] = row
+        out[value] = rows
+    return out
 
 
 def choose_guidance(s: Setup, model, seed: int) -> tuple[tuple[float, ...], list]:
     """The guidance scales of ``generation.guidance_grid`` with the lowest FID on validation (one sample per
-    validation window each, physics guidance off)."""
+    validation window each, over its valid frames, physics guidance off)."""
     w = s.splits["validation"]
     labels = s.encode_labels(w)
     tried = []
     for scales in s.config.generation.guidance_grid:
         # Without physics guidance: the label scales are its own choice, and guided sampling costs ~8x.
-        scored = s.score(generate(s, model, labels, scales, jax.random.key(seed), physics=0.0))
+        scored = s.score(generate(s, model, labels, scales, jax.random.key(seed), physics=0.0), None, w.valid)
         tried.append(
             (
                 tuple(float(x) for x in scales),
@@ -405,34 +489,55 @@ def choose_guidance(s: Setup, model, seed: int) -> tuple[tuple[float, ...], list
     return min(tried, key=lambda x: x[1])[0], tried
 
 
-COLUMNS = (
-    ("fid", "FID", "{:7.2f}"),
-    ("accuracy_content", "acc c", "{:6.2f}"),
-    ("accuracy_style", "acc s", "{:6.2f}"),
-    ("diversity", "div", "{:6.2f}"),
-    ("multimodality", "MM", "{:6.2f}"),
-    ("foot_skate", "skate", "{:6.1f}"),
-    ("penetration", "pen", "{:5.2f}"),
-    ("floating", "float", "{:5.2f}"),
-    ("jitter", "jitter", "{:7.0f}"),
-    ("bone_error", "bone", "{:5.2f}"),
-    ("root_force", "F root", "{:6.2f}"),
-    ("root_torque", "T root", "{:6.2f}"),
+COLUMNS = (  # (key, heading, digits): the printed table; summary.json has every metric
+    ("fid", "FID", 1),
+    ("fid_ratio", "FID/ref", 2),
+    ("accuracy_content", "acc content", 2),
+    ("accuracy_style", "acc style", 2),
+    ("diversity", "diversity", 1),
+    ("multimodality", "MM", 1),
+    ("skate_ratio", "skate ratio", 3),
+    ("skate_ratio_avg5", "skate ratio 5f", 3),
+    ("contact", "contact", 2),
+    ("foot_skate", "skate cm/s (ours)", 1),
+    ("penetration", "penetr. cm", 2),
+    ("floating", "float cm", 2),
+    ("jitter", "jitter", 0),
+    ("root_force", "F root N/kg", 1),
 )
 
 
+def cell(row: dict, key: str, digits: int) -> str:
+    """``"v [lo, hi]"`` (``"v"`` without an interval, ``"-"`` when absent)."""
+    v = row.get(key, float("nan"))
+    if v is None or not np.isfinite(v):
+        return "-"
+    ci = row.get(key + "_ci")
+    return f"{v:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
 def table(results: dict) -> list[str]:
-    """One line per split x method."""
-    lines = [
-        f"{'split':13s} {'method':12s} " + " ".join(f"{h:>{len(fmt.format(0.0))}s}" for _, h, fmt in COLUMNS)
-    ]
+    """A markdown table, one line per split x method, values with their 95% intervals over clips."""
+    lines = ["| split | method | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(COLUMNS)]
     for split, rows in results.items():
         for method, row in rows.items():
-            cells = []
-            for key, _, fmt in COLUMNS:
-                v = row.get(key, float("nan"))
-                cells.append(fmt.format(v) if np.isfinite(v) else f"{'-':>{len(fmt.format(0.0))}s}")
-            lines.append(f"{split:13s} {method:12s} " + " ".join(cells))
+            head = f"{split} ({row.get('windows', '?')} windows, {row.get('clips', '?')} clips)"
+            cells = [cell(row, k, d) for k, _, d in COLUMNS]
+            lines.append(f"| {head} | {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def content_table(per: dict) -> list[str]:
+    """:func:`per_content`'s ``{split: {content: {method: row}}}`` as a markdown table."""
+    lines = ["| split | content | windows | method | FID | acc content | acc style | skate ratio |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
+    for split, contents in per.items():
+        for content, rows in contents.items():
+            for method, r in rows.items():
+                lines.append(f"| {split} | {content} | {r['windows']} | {method} | {r['fid']:.1f} | "
+                             f"{r['accuracy_content']:.2f} | {r.get('accuracy_style', float('nan')):.2f} | "
+                             f"{r['skate_ratio']:.3f} |")
     return lines
 
 
@@ -462,21 +567,30 @@ def run_experiment(config, workdir) -> dict:
     log(f"guidance chosen on validation: content {scales[0]:g}, style {scales[-1]:g}")
     if g.get("physics_guidance", 0.0) > 0:  # the same samples' generator without it: the verdict's reference
         generators["no_physics"] = (generators["generator"], 0.0)
-    results = {}
-    for split in ("test", "unseen_pairs"):
+    results, contents = {}, {}
+    for split in REPORTED:
         if split in s.splits:
-            results[split] = evaluate_split(s, split, generators, scales, config.seed + 1, g.repeats)
+            scored = {}
+            results[split] = evaluate_split(s, split, generators, scales, config.seed + 1, scored_out=scored)
+            contents[split] = per_content(s, split, scored, config.seed + 1)
     timing["evaluation_s"] = time.perf_counter() - clock
     export_samples(s, generators["generator"], scales, workdir, config.seed)
     lines = table(results)
     lines.append(
         f"guidance (content, style) = {scales}, chosen on validation FID among {[t[0] for t in tried]}"
     )
+    names = s.info.skeleton.names
     lines.append(
-        "real: the split's own windows (FID: one half against the other); retrieval: a training window "
-        "of the same labels (same content for an unseen pair); autoencoder: the real windows through the "
-        "frozen autoencoder"
+        "FID: a method's windows of one half of the split's clips against the real windows of the other "
+        "half; real: the real windows of the first half (the reference at the same sample sizes), its "
+        "accuracy the evaluator's ceiling; FID/ref: the ratio to it on the same resampled clips; "
+        "retrieval: a training window of the same labels (same content for an unseen pair); autoencoder: "
+        "the real windows through the frozen autoencoder; [lo, hi]: 95% bootstrap over clips; skate "
+        f"ratio: {[names[j] for j in s.feet.standard]} within {100 * s.feet.band_m:g} cm of the floor "
+        "moving > 0.5 m/s (5f: also its 5-frame mean speed); padding frames are left out everywhere"
     )
+    lines += ["", "per content (FID against the real windows of that content, halves by clip):"]
+    lines += content_table(contents)
     summary = {
         "workdir": str(workdir),
         "guidance": list(scales),
@@ -486,7 +600,9 @@ def run_experiment(config, workdir) -> dict:
         "generators": {
             k: {"steps_per_s": v.get("steps_per_s"), "history": v.get("history")} for k, v in reports.items()
         },
+        "per_content": contents,
         "feet": [s.info.skeleton.names[j] for j in s.feet.joints],
+        "skating": {"joints": [s.info.skeleton.names[j] for j in s.feet.standard], "band_m": s.feet.band_m},
         "table": lines,
     }
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -514,6 +630,38 @@ def load(workdir, name: str = "generator"):
     return s, model, summary
 
 
+def load_sampler(workdir, name: str = "generator"):
+    """:func:`load` without the windows: ``(setup, generator, summary)`` with what sampling and editing
+    need (the autoencoder, the evaluator, the labels, the latent statistics, the feet, from
+    ``WORKDIR/sampler.json``); ``setup.train``, ``splits``, ``real`` are empty. Falls back to :func:`load`
+    for a run without ``sampler.json``."""
+    import ml_collections
+
+    from motionjax.efficiency import trained
+
+    workdir = Path(workdir)
+    if not (workdir / "sampler.json").exists():
+        return load(workdir, name)
+    config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    if not (workdir / f"{name}.npz").exists():
+        raise FileNotFoundError(f"{workdir / name}.npz: no trained generator; run motionjax train --config "
+                                f"experiments/generate.py --workdir {workdir} first")
+    g, meta = config.generation, json.loads((workdir / "sampler.json").read_text())
+    step = g.autoencoder_step if g.autoencoder_step in ("best", "latest") else int(g.autoencoder_step)
+    ae = trained.load(stages.autoencoder_dir(config, workdir), step)
+    info = dataset(config, ae)
+    feet = meta["feet"]
+    s = Setup(config, workdir, info, latents.Codec(ae.model, config.data.chunk), meta["vocab"], None, {},
+              plausibility.Feet(**{k: tuple(v) if isinstance(v, list) else v for k, v in feet.items()}),
+              generative.load(workdir / "evaluator"),
+              flow.LatentStats(meta["latent_mean"], meta["latent_std"]),
+              np.zeros((0, *meta["latent_shape"]), np.float32), None, {}, {})
+    model, _ = fit_generator(s, g, config.seed, workdir / name)
+    done = workdir / "summary.json"
+    summary = json.loads(done.read_text()) if done.exists() else {}
+    return s, model, summary
+
+
 def export_samples(s: Setup, model, scales, workdir: Path, seed: int) -> None:
     """``export_samples`` samples of test conditions and of each unseen pair as BVH
     (``WORKDIR/samples/<content>_<style>_<i>.bvh``, on the dataset skeleton), their skeletons beside a real
@@ -522,20 +670,22 @@ def export_samples(s: Setup, model, scales, workdir: Path, seed: int) -> None:
     out = workdir / "samples"
     out.mkdir(exist_ok=True)
     picks = []
-    for split in ("test", "unseen_pairs"):
+    for split in REPORTED:
         if split not in s.splits:
             continue
         w = s.splits[split]
         labels = s.encode_labels(w)
         _, first = np.unique(labels, axis=0, return_index=True)
         take = np.sort(first)[: g.export_samples]
-        picks += [(split, labels[i], w.features[i]) for i in take]
+        picks += [(split, labels[i], w.features[i], info.names[w.clip[i]]) for i in take]
     if not picks:
         return
     x = generate(s, model, np.stack([p[1] for p in picks]), scales, jax.random.key(seed + 7))
     clips, f = {}, info.feature_dim
-    for i, (split, y, real) in enumerate(picks):
+    sources = inference.source_files(s.config.data, info)
+    for i, (split, y, real, clip) in enumerate(picks):
         name = "_".join(s.vocab[k][c] for k, c in zip(s.vocab, y, strict=True))
+        # In the units and hierarchy of the real clip of the same labels (the corpus's own files).
         artifacts.export_bvh(
             out / f"{name}_{i}.bvh",
             info.skeleton,
@@ -544,6 +694,8 @@ def export_samples(s: Setup, model, scales, workdir: Path, seed: int) -> None:
             info.mean,
             info.std,
             name=name,
+            source=sources.get(clip),
+            units=s.config.data.units,
         )
         if len(clips) < 8:
             _, _, pos = latents.motion(info, np.stack([x[i], real]))

@@ -1,0 +1,219 @@
+"""Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
+
+``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.6]
+[--missing 5,15,30] [--limit 0] [--out docs/results/generation_tasks]`` reads a finished run of
+``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
+
+**Style transfer** (:func:`motionjax.generation.edit.stylize`): each window rendered in another style, one
+drawn at random among those its content has in training (so the baseline has a take to copy), with the
+run's guidance scales; against **retrieval**, the training window of the same content and the target
+style nearest to the source in the evaluator's features. Scored by the evaluator's target-style and
+content accuracy, content preservation (evaluator feature distance to the source; root trajectory
+distance, cm, mean over frames of the root's horizontal offset from the source's, both in the window's
+canonical frame), FID against the split's real windows (halves by clip, :func:`run.halves`), and the
+skating ratio; 95% intervals over clips.
+
+**In-betweening** (:func:`motionjax.generation.edit.inbetween`): ``--missing`` consecutive frames of each
+whole window (no padding) removed at a random place and generated with the window's labels; against
+linear root / slerp rotation interpolation (:func:`motionjax.generation.edit.interpolate`). Scored by
+MPJPE (cm, on the skeleton's bones, in the window frame) at the given frames and at the missing ones,
+and the skating ratio; 95% intervals over clips, and the paired difference per clip.
+
+Writes ``OUT.json`` and prints both tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def _interval_row(values: dict) -> dict:
+    return {k: {"value": v.get("mean", v.get("value")), "ci": [v["lo"], v["hi"]]} for k, v in values.items()}
+
+
+def transfer(s, model, split: str, scales, strength: float, seed: int, limit: int = 0) -> dict:
+    """The style-transfer table ``{method: {metric: {"value", "ci"}}}`` on ``split``."""
+    import jax
+
+    from motionjax.evaluation import generative, intervals
+    from motionjax.generation import edit, latents
+    from motionjax.generation import run as run_module
+
+    w = s.splits[split]
+    take = np.arange(len(w)) if not limit else np.arange(min(limit, len(w)))
+    w = w.take(take)
+    labels = s.encode_labels(w)
+    rng = np.random.default_rng(seed)
+    # The target style: another one the window's content has in training (retrieval has a take of it).
+    target = labels.copy()
+    for i, (c, st) in enumerate(labels):
+        styles = np.unique(s.labels[s.labels[:, 0] == c, 1])
+        target[i, 1] = rng.choice(styles[styles != st])
+    source = s.real[split]["features"][take]  # the source windows' evaluator features
+    out = {}
+    x = edit.stylize(s, model, w.features, target, scales, jax.random.key(seed), strength)
+    # Retrieval: the nearest training window (evaluator features) of the same content in the target style.
+    plain = np.flatnonzero(~s.train.mirrored)
+    train_f = s.score(s.train.features[plain], s.train.offsets[plain], s.train.valid[plain])["features"]
+    pick = np.empty(len(w), np.int64)
+    for i, y in enumerate(target):
+        match = np.flatnonzero((s.labels[plain] == y).all(-1))
+        pick[i] = plain[match[np.argmin(np.linalg.norm(train_f[match] - source[i], axis=-1))]]
+    copies = (s.train.features[pick], s.train.offsets[pick], s.train.valid[pick])
+    root_src = latents.motion(s.info, w.features)[0]
+    a, b, _ = run_module.halves(s.splits[split], seed)
+    real = s.real[split]["features"]
+    for name, (feats, offsets, valid) in {"style transfer": (x, None, w.valid), "retrieval": copies}.items():
+        scored = s.score(feats, offsets, valid)
+        f = scored["features"]
+        root = latents.motion(s.info, feats, offsets)[0]
+        up = s.info.skeleton.up_axis
+        drift = np.linalg.norm(np.delete(root - root_src, up, axis=-1), axis=-1)  # [B, T] m
+        frames = np.maximum(w.valid.sum(1), 1)
+        predicted = scored["predicted"]
+        values = {
+            "accuracy_target_style": intervals.mean_interval(predicted["style"] == target[:, 1], w.clip),
+            "accuracy_content": intervals.mean_interval(predicted["content"] == target[:, 0], w.clip),
+            "feature_distance": intervals.mean_interval(np.linalg.norm(f - source, axis=-1), w.clip),
+            "root_distance_cm": intervals.mean_interval(100 * (drift * w.valid).sum(1) / frames, w.clip,
+                                                        frames),
+        }
+        if not limit:  # FID: the windows of one half of the clips against the real ones of the other
+            stat = lambda idx, f=f: generative.fid(  # noqa: E731
+                f[a][idx[idx < len(a)]], real[b][idx[idx >= len(a)] - len(a)])
+            values["fid"] = intervals.statistic_interval(
+                stat, np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]]), seed=seed)
+        sums, counts = scored["plausibility"]["skate_ratio"]
+        values["skate_ratio"] = intervals.mean_interval(sums / np.maximum(counts, 1), w.clip, counts)
+        out[name] = _interval_row(values)
+    ref = intervals.statistic_interval(
+        lambda idx: generative.fid(real[a][idx[idx < len(a)]], real[b][idx[idx >= len(a)] - len(a)]),
+        np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]]), seed=seed)
+    out["real (reference)"] = _interval_row({"fid": ref})
+    out["windows"] = int(len(w))
+    return out
+
+
+def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: int = 0) -> dict:
+    """The in-betweening table for ``missing`` frames: ``{method: {metric: {"value", "ci"}}}`` and the
+    paired per-clip difference of MPJPE on the missing frames."""
+    import jax
+
+    from motionjax.evaluation import intervals
+    from motionjax.generation import edit, latents
+
+    w = s.splits[split]
+    whole = np.flatnonzero(w.valid.all(1))
+    if limit:
+        whole = whole[:limit]
+    w = w.take(whole)
+    labels = s.encode_labels(w)
+    rng = np.random.default_rng(seed + missing)
+    known = edit.gap(w.valid.shape[1], missing, len(w), rng)
+    truth = latents.motion(s.info, w.features)[2]
+    key = jax.random.key(seed + missing)
+    made = {
+        "generator": edit.inbetween(s, model, w.features, known, labels, scales, key),
+        "interpolation": edit.interpolate(s.info, w.features, known),
+    }
+    out, errors = {}, {}
+    for name, x in made.items():
+        pos = latents.motion(s.info, x)[2]
+        err = 100 * np.linalg.norm(pos - truth, axis=-1).mean(-1)  # [B, T] cm
+        given, free = known.sum(1), (~known).sum(1)
+        errors[name] = (err * ~known).sum(1) / free
+        sums, counts = s.score(x, None, w.valid)["plausibility"]["skate_ratio"]
+        out[name] = _interval_row({
+            "mpjpe_missing_cm": intervals.mean_interval(errors[name], w.clip, free),
+            "mpjpe_given_cm": intervals.mean_interval((err * known).sum(1) / given, w.clip, given),
+            "skate_ratio": intervals.mean_interval(sums / np.maximum(counts, 1), w.clip, counts),
+        })
+    truth_sums, truth_counts = s.real[split]["plausibility"]["skate_ratio"]
+    out["real"] = _interval_row({"skate_ratio": intervals.mean_interval(
+        truth_sums[whole] / np.maximum(truth_counts[whole], 1), w.clip, truth_counts[whole])})
+    diff = intervals.paired_difference(errors["generator"], errors["interpolation"], w.clip, (~known).sum(1))
+    out["generator - interpolation, missing frames (cm)"] = {
+        "value": diff["mean"], "ci": [diff["lo"], diff["hi"]], "gain": diff["gain"]}
+    out["windows"] = int(len(w))
+    return out
+
+
+def main(argv=None) -> dict:
+    from motionjax import malloc
+
+    malloc.configure()
+    from motionjax.generation import run
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="runs/generate")
+    p.add_argument("--split", default="test")
+    p.add_argument("--strength", type=float, default=0.6, help="style transfer: flow time noised away")
+    p.add_argument("--missing", default="5,15,30")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="at most this many windows (0: all; tests)")
+    p.add_argument("--out", default="docs/results/generation_tasks")
+    args = p.parse_args(argv)
+    clock = time.perf_counter()
+    s, model, summary = run.load(args.workdir)
+    scales = tuple(summary.get("guidance") or (s.config.generation.content_scale,
+                                               s.config.generation.style_scale))
+    result = {"command": "python benchmarks/generation_tasks.py " + " ".join(argv or sys.argv[1:]),
+              "workdir": str(args.workdir), "split": args.split, "guidance": list(scales),
+              "strength": args.strength}
+    result["style_transfer"] = transfer(s, model, args.split, scales, args.strength, args.seed, args.limit)
+    print(json.dumps(result["style_transfer"], indent=1), flush=True)
+    result["inbetweening"] = {}
+    for m in map(int, args.missing.split(",")):
+        result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed, args.limit)
+        print(m, json.dumps(result["inbetweening"][str(m)], indent=1), flush=True)
+    result["wall_s"] = time.perf_counter() - clock
+    result["table"] = table(result)
+    print("\n".join(result["table"]), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _cell(entry: dict | None, digits: int = 2) -> str:
+    if not entry:
+        return "-"
+    v, (lo, hi) = entry["value"], entry["ci"]
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def table(result: dict) -> list[str]:
+    """Both tables as markdown."""
+    st = result["style_transfer"]
+    cols = ("accuracy_target_style", "accuracy_content", "feature_distance", "root_distance_cm", "fid",
+            "skate_ratio")
+    lines = [f"style transfer, {result['split']} ({st['windows']} windows), strength {result['strength']:g}",
+             "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, row in st.items():
+        if isinstance(row, dict):
+            lines.append(f"| {name} | " + " | ".join(_cell(row.get(c)) for c in cols) + " |")
+    cols = ("mpjpe_given_cm", "mpjpe_missing_cm", "skate_ratio")
+    lines += ["", f"in-betweening, {result['split']}",
+              "| missing frames | method | " + " | ".join(cols) + " |", "|---:|---|" + "---:|" * len(cols)]
+    for m, rows in result["inbetweening"].items():
+        for name, row in rows.items():
+            if name in ("generator", "interpolation", "real"):
+                cells = [_cell(row.get(c), 3 if c == "skate_ratio" else 2) for c in cols]
+                lines.append(f"| {m} ({rows['windows']} windows) | {name} | " + " | ".join(cells) + " |")
+        d = rows["generator - interpolation, missing frames (cm)"]
+        lines.append(f"| {m} | generator − interpolation (paired) | | {_cell(d)} ({d['gain']}) | |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
