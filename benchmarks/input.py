@@ -17,6 +17,8 @@ For each case and residency tier, in one process:
    ``separate_overhead`` is the same for the input as its own program, and ``before_overhead`` for
    the trainer of before #61 (its own program, and each step's metrics read one step late, against
    the same loop on the fixed batch);
+   ``cpu_input_overhead`` and ``cpu_before_overhead``: the same from this process's CPU time per step
+   (median of the blocks), which other processes on a shared host do not stretch;
 3. ``input_ms``: the input program alone (its blocks timed in the same round-robin) and its share of
    the fixed step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and
    syncs (negative where the step hides part of the input's compute).
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -115,12 +118,19 @@ def compare(name: str, tier: str, out: Path, rounds: int = 3, log=print, steps: 
                  # (device_get) one step late; against the same loop on the fixed batch.
                  "before": read_late(lambda s: (*step(s, b := next(it)), b)),
                  "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))}
-        seconds = loop.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds)
+        cpu = {}
+        seconds = loop.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu)
     finally:
         it.close()
     rate = {k: 1.0 / min(v) for k, v in seconds.items()}
     row["input_ms"] = 1e3 / rate.pop("input")
-    row.update({f"{k}_steps_per_s": v for k, v in rate.items()}, block=block, seconds=seconds)
+    row.update({f"{k}_steps_per_s": v for k, v in rate.items()}, block=block, seconds=seconds, cpu_s=cpu)
+    # The same from the process's CPU time per step (median of the blocks): a shared host's other
+    # processes stretch wall time, not this; on a CPU backend it counts the device's work.
+    c = {k: statistics.median(v) for k, v in cpu.items()}
+    row["cpu_ms"] = {k: 1e3 * v for k, v in c.items()}
+    row["cpu_input_overhead"] = 1 - c["fixed"] / c["fed"]
+    row["cpu_before_overhead"] = 1 - c["before_fixed"] / c["before"]
     row["input_overhead"] = 1 - rate["fed"] / rate["fixed"]
     row["separate_overhead"] = 1 - rate["separate"] / rate["fixed"]
     row["before_overhead"] = 1 - rate["before"] / rate["before_fixed"]
@@ -155,8 +165,9 @@ def markdown(result: dict) -> str:
              f"in one process ({result['backend']}, {result['cores']} cores, {result['date']})", "",
              "| case / tier | fixed step ms | before #61 (own program, per-step read) | input as its own "
              "program | **input overhead** (inside the step) | input program ms (share) | other "
-             "| trainer steps/s | host ms p50 / p99 | dispatch ms p50 / p99 | check |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| trainer steps/s | host ms p50 / p99 | dispatch ms p50 / p99 | CPU time: before / now "
+             "| check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in result["rows"].items():
         c, host = r["check"], r["trainer"]["host"]
         cells = [key, f"{r['fixed_step_ms']:.2f}", f"{100 * r['before_overhead']:.1f}%",
@@ -164,6 +175,7 @@ def markdown(result: dict) -> str:
                  f"{r['input_ms']:.2f} ({100 * r['input_share']:.1f}%)",
                  f"{100 * r['other']:.1f}%", f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
                  _ms(host, "dispatch_ms"),
+                 f"{100 * r['cpu_before_overhead']:.1f}% / {100 * r['cpu_input_overhead']:.1f}%",
                  f"{c['figure']} <= {100 * c['threshold']:.0f}%: {'ok' if c['ok'] else 'PASSED'}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -174,12 +186,13 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
     p.add_argument("--tiers", default="device", help="device,stream")
     p.add_argument("--rounds", type=int, default=3, help="timed blocks of each way to feed the step")
+    p.add_argument("--steps", type=int, default=None, help="steps of each trainer run (default: the case's)")
     p.add_argument("--out", default="results/input")
     p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds)
+    result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds, steps=args.steps)
     result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
     (out / "input.json").write_text(json.dumps(result, indent=2))
     print(markdown(result), flush=True)

@@ -18,10 +18,9 @@ c. ``dynamics``: the dynamics loss + gradient, blocked vs jvp/vjp vs dense, J ×
 d. (the PyTorch eager twin, removed with #63; its figures and command: docs/history.md);
 e. ``mfu``: XLA ``cost_analysis()`` FLOPs per step / step time / peak FLOP/s of a large matmul;
 f. ``growth``: step time vs window length T (and vs joints J, random trees), fitted exponents;
-g. ``input``: the input path of the headline autoencoder per residency tier (the corpus on the
-   devices, streamed by Grain, or augmented on the host as before #53): batches/s alone, CPU ms per
-   batch, the augmentation program's time and compile, and data wait in a real training run
-   (:mod:`benchmarks.input`).
+g. ``input``: the input overhead, fed vs fixed batch, of the headline autoencoder, the DeepMimic
+   denoiser and a ~5 ms-step stand-in (the input inside the step, as its own program, as the loop
+   before #61 ran it), the input program alone and the host's ms per step (:mod:`benchmarks.input`).
 
 :data:`SIZES` says what each mode (``quick``, ``default``, ``full``) measures; :func:`run` runs
 parts in order and writes ``bench.json`` and ``bench.md`` after each one, so a run stopped part way

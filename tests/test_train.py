@@ -162,8 +162,8 @@ def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir
     config.evals.final.splits = ("validation",)
     make_iterator = train.make_iterator
 
-    def poisoned(config, info, mesh):
-        iterator = make_iterator(config, info, mesh)
+    def poisoned(config, info, mesh, **kwargs):
+        iterator = make_iterator(config, info, mesh, **kwargs)
         try:
             for i, batch in enumerate(iterator, start=1):
                 yield dict(batch, noisy=batch["noisy"] * np.nan) if i in (3, 4) else batch

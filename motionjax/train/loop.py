@@ -345,22 +345,24 @@ def input_check(run: _Run, steps: int) -> dict:
             "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
 
 
-def time_blocks(calls: dict, state, block: int, rounds: int) -> dict:
+def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None) -> dict:
     """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
     blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
     call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
-    donated: pass a copy."""
+    donated: pass a copy. ``cpu``: a dict that gets this process's CPU seconds per step the same way
+    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes)."""
     for call in calls.values():
         state = jax.block_until_ready(call(state)[0])
-    seconds = {name: [] for name in calls}
+    seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
     for _ in range(rounds):
         for name, call in calls.items():
-            keep, t = [], time.perf_counter()
+            keep, t, c = [], time.perf_counter(), time.process_time()
             for _ in range(block):
                 state, *rest = call(state)
                 keep.append(rest)  # every input lives until its step has run (XLA:CPU)
             jax.block_until_ready((state, keep))
             seconds[name].append((time.perf_counter() - t) / block)
+            cpu.setdefault(name, []).append((time.process_time() - c) / block)
     return seconds
 
 
