@@ -339,7 +339,7 @@ BAD = [  # (key, value, expected text)
     ("evals.heldout.splits", (), "evals.heldout.splits=(): expected a non-empty tuple of split names"),
     ("evals.final.splits", (), "evals.final.splits=(): expected a non-empty tuple of split names"),
     ("evals.final.kind", "bogus",
-     "evals.final.kind='bogus': expected one of ['clip', 'forecast', 'metrics']"),
+     "evals.final.kind='bogus': expected one of ['clip', 'corpus', 'forecast', 'metrics']"),
     ("data.loader", "fast", "data.loader='fast': expected 'grain' or 'naive'"),
     ("data.observed", 32, "data.observed=32: expected fewer frames than data.window=32"),
     ("data.observed", -1, "data.observed=-1: expected an integer >= 0"),
