@@ -24,7 +24,8 @@ def test_the_help_fits_a_screen_with_an_example_for_each_command(capsys):
         # Found, not imported: a command defines absl flags at import (one command per process), and
         # train sets the allocator up (it may re-execute the process).
         assert importlib.util.find_spec(f"motionjax.commands.{name}") is not None, name
-    assert set(cli.COMMANDS) == {"train", "prepare", "evaluate", "apply", "render", "export", "sample", "stylize"}
+    assert set(cli.COMMANDS) == {"train", "prepare", "evaluate", "apply", "render", "export", "sample",
+                                 "stylize"}
     assert cli.main([]) == 2 and "usage: motionjax COMMAND" in capsys.readouterr().out
     assert cli.main(["trian"]) == 2 and "error: unknown command 'trian'" in capsys.readouterr().err
 
