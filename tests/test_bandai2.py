@@ -98,7 +98,8 @@ def test_splits_are_by_take_inside_pairs_and_unseen_pairs_are_whole(subset, tmp_
 
 def test_the_protocol_holds_out_its_pairs_whole_and_splits_every_other_pair_by_take():
     """The real protocol's rules (motionjax/configs/base.py) on Bandai-2's pair sizes (~37 takes), labels
-    only: its split names sort the unseen pairs after "test", which must not let the stratified draw reach them."""
+    only: its split names sort the unseen pairs after "test", which must not let the stratified draw
+    reach them."""
     c = base.get_config()
     base.use_bandai2(c, window=64)
     rules = corpus.parse_rules(dict(c.data.splits))
