@@ -54,24 +54,9 @@ def mean_interval(values, clips, weights=None, *, replicates: int = REPLICATES, 
 
     Returns ``{"mean", "lo", "hi", "clips", "n"}``; ``lo = hi = mean`` when there is one clip (no
     spread to resample: the interval is then not informative, and ``clips`` says so)."""
-    values = np.asarray(values, np.float64).reshape(-1)
-    weights = np.ones_like(values) if weights is None else np.asarray(weights, np.float64).reshape(-1)
-    if values.shape != weights.shape or values.shape[0] != np.asarray(clips).reshape(-1).shape[0]:
-        raise ValueError(f"values {values.shape}, weights {weights.shape} and clips "
-                         f"{np.asarray(clips).shape} must have one entry per window")
-    ids, num_clips = _clip_index(clips)
-    total = float(weights.sum())
-    mean = float((values * weights).sum() / total) if total > 0 else float("nan")
-    out = {"mean": mean, "lo": mean, "hi": mean, "clips": num_clips, "n": int(values.size)}
-    if num_clips < 2 or total <= 0:
-        return out
-    sums = np.bincount(ids, weights=values * weights, minlength=num_clips)
-    counts = np.bincount(ids, weights=weights, minlength=num_clips)
-    draws = clip_draws(num_clips, replicates, seed)
-    den = draws @ counts
-    reps = (draws @ sums)[den > 0] / den[den > 0]
-    out["lo"], out["hi"] = _percentiles(reps, level)
-    return out
+    num_clips, (sums, counts) = _per_clip(clips, weights, values, names=("values",))
+    mean, lo, hi = _ratio_of_sums(sums, counts, replicates, level, seed)
+    return {"mean": mean, "lo": lo, "hi": hi, "clips": num_clips, "n": int(np.size(values))}
 
 
 def statistic_interval(statistic: Callable[[np.ndarray], float], clips, *, replicates: int = 200,
@@ -115,22 +100,38 @@ def ratio_interval(a, b, clips, weights=None, *, replicates: int = REPLICATES, l
 
     Returns ``{"value", "lo", "hi", "clips", "n"}`` (``value = mean(a) / mean(b)``); ``"below_one"``
     is True only when the whole interval is below 1."""
-    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
-    weights = np.ones_like(a) if weights is None else np.asarray(weights, np.float64).reshape(-1)
-    if not a.shape == b.shape == weights.shape or a.shape[0] != np.asarray(clips).reshape(-1).shape[0]:
-        raise ValueError(f"a {a.shape}, b {b.shape}, weights {weights.shape} and clips "
-                         f"{np.asarray(clips).shape} must have one entry per window")
+    num_clips, (sum_a, sum_b) = _per_clip(clips, weights, a, b, names=("a", "b"))
+    value, lo, hi = _ratio_of_sums(sum_a, sum_b, replicates, level, seed)
+    return {"value": value, "lo": lo, "hi": hi, "clips": num_clips, "n": int(np.size(a)),
+            "below_one": bool(hi < 1)}
+
+
+def _per_clip(clips, weights, *columns, names):
+    """Per-clip weighted sums of each ``column [N]``, then of the weights: ``(C, [sum_1, ..., w])``."""
+    columns = [np.asarray(c, np.float64).reshape(-1) for c in columns]
+    weights = (np.ones_like(columns[0]) if weights is None
+               else np.asarray(weights, np.float64).reshape(-1))
+    if any(c.shape != weights.shape for c in columns) or weights.shape[0] != np.asarray(clips).size:
+        shapes = ", ".join(f"{n} {c.shape}" for n, c in zip(names, columns, strict=True))
+        raise ValueError(f"{shapes}, weights {weights.shape} and clips {np.asarray(clips).shape} must "
+                         "have one entry per window")
     ids, num_clips = _clip_index(clips)
-    sum_a = np.bincount(ids, weights=a * weights, minlength=num_clips)
-    sum_b = np.bincount(ids, weights=b * weights, minlength=num_clips)
-    value = float(sum_a.sum() / sum_b.sum()) if sum_b.sum() > 0 else float("nan")
-    out = {"value": value, "lo": value, "hi": value, "clips": num_clips, "n": int(a.size)}
-    if num_clips >= 2 and sum_b.sum() > 0:
-        draws = clip_draws(num_clips, replicates, seed)
-        num, den = draws @ sum_a, draws @ sum_b
-        out["lo"], out["hi"] = _percentiles(num[den > 0] / den[den > 0], level)
-    out["below_one"] = bool(out["hi"] < 1)
-    return out
+    sums = [np.bincount(ids, weights=c * weights, minlength=num_clips) for c in columns]
+    if len(columns) == 1:
+        sums.append(np.bincount(ids, weights=weights, minlength=num_clips))
+    return num_clips, sums
+
+
+def _ratio_of_sums(num, den, replicates: int, level: float, seed: int) -> tuple[float, float, float]:
+    """``sum(num) / sum(den)`` over per-clip sums ``[C]`` and its percentile interval over clip draws;
+    the value itself as both ends when there is one clip or nothing to divide by."""
+    total = float(den.sum())
+    value = float(num.sum() / total) if total > 0 else float("nan")
+    if num.size < 2 or total <= 0:
+        return value, value, value
+    draws = clip_draws(num.size, replicates, seed)
+    n, d = draws @ num, draws @ den
+    return (value, *_percentiles(n[d > 0] / d[d > 0], level))
 
 
 def _scored(sums, counts, clips):
@@ -151,9 +152,8 @@ def from_sums(sums, counts, clips, **kwargs) -> dict:
 
 def ratio_from_sums(sums_a, sums_b, counts, clips, **kwargs) -> dict:
     """:func:`ratio_interval` of two methods' per-window ``sums`` over the same ``counts [N]``."""
-    keep = (np.asarray(counts).reshape(-1) > 0) & (np.asarray(clips).reshape(-1) >= 0)
     a, c, ids = _scored(sums_a, counts, clips)
-    b = np.asarray(sums_b, np.float64).reshape(-1)[keep]
+    b, _, _ = _scored(sums_b, counts, clips)
     return ratio_interval(a / c, b / c, ids, c, **kwargs)
 
 
