@@ -8,8 +8,8 @@ For each case and residency tier, in one process:
 1. a short run of the real trainer (:func:`motionjax.train.train_and_evaluate`): its steps/s and the
    host's milliseconds per step, p50 / p99, from one step's dispatch to the next (``host_ms``) and
    the call of the step itself (``dispatch_ms``);
-2. the train step fed several ways, in blocks of steps timed round-robin (:func:`motionjax.train.
-   loop.time_blocks`, ``--rounds`` blocks each, the best of each): ``fixed``, one batch again and
+2. the train step fed several ways, in blocks of steps timed round-robin (:func:`motionjax.timing.
+   time_blocks`, ``--rounds`` blocks each, the best of each): ``fixed``, one batch again and
    again (no input program runs); ``fed``, the trainer's way now, the feed's input program inside the
    step (one program a step); ``separate``, the input as its own program before each step.
    ``input_overhead = 1 - fed steps/s / fixed steps/s`` counts the input program's device time,
@@ -43,7 +43,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from motionjax import configs, parallel, train
+from motionjax import configs, parallel, timing, train
 from motionjax.data import pipeline
 from motionjax.train import loop
 
@@ -119,7 +119,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = 3, log=print, steps: 
                  "before": read_late(lambda s: (*step(s, b := next(it)), b)),
                  "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))}
         cpu = {}
-        seconds = loop.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu)
+        seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu)
     finally:
         it.close()
     rate = {k: 1.0 / min(v) for k, v in seconds.items()}

@@ -1,7 +1,8 @@
 """Timing a call: the median wall time of repeated calls, with JAX's asynchronous results waited for.
 
 The package's own measurements use it (the batch finder's ``throughput`` mode, the efficiency
-scorecard's latency), and so does the checkout's benchmark code (``benchmarks/measure.py``).
+scorecard's latency, the trainer's input check), and so does the checkout's benchmark code
+(``benchmarks/measure.py``, ``benchmarks/input.py``).
 A median, not a mean: on a shared machine a few calls take the hit of another process.
 """
 from __future__ import annotations
@@ -29,3 +30,24 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
         sync(fn())
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None) -> dict:
+    """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
+    blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
+    call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
+    donated: pass a copy. ``cpu``: a dict that gets this process's CPU seconds per step the same way
+    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes)."""
+    for call in calls.values():
+        state = jax.block_until_ready(call(state)[0])
+    seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
+    for _ in range(rounds):
+        for name, call in calls.items():
+            keep, t, c = [], time.perf_counter(), time.process_time()
+            for _ in range(block):
+                state, *rest = call(state)
+                keep.append(rest)  # every input lives until its step has run (XLA:CPU)
+            jax.block_until_ready((state, keep))
+            seconds[name].append((time.perf_counter() - t) / block)
+            cpu.setdefault(name, []).append((time.process_time() - c) / block)
+    return seconds

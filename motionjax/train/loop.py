@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from motionjax import parallel
+from motionjax import parallel, timing
 from motionjax.data import feed, pipeline
 from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, compile_cache, faults, logs, step
@@ -323,7 +323,7 @@ def input_check(run: _Run, steps: int) -> dict:
     """The input's cost to the step, measured where it runs: ``steps`` steps fed by the run's own
     input (the feed's program inside the step, or the iterator's batches) against ``steps`` on one
     fixed batch (no input program runs), in blocks of ``steps / 2`` alternating fed / fixed / fed /
-    fixed (:func:`time_blocks`), on a copy of the trained state (the run's is untouched);
+    fixed (:func:`motionjax.timing.time_blocks`), on a copy of the trained state (the run's is untouched);
     ``input_overhead = 1 - fed steps/s / fixed steps/s``, each the best of its blocks. It counts the
     input program's device time, which a timer around the host's call cannot see. The fixed side runs
     the plain step, compiled here for a feed's run (``compile_s``). The run is over: the data stream
@@ -338,32 +338,11 @@ def input_check(run: _Run, steps: int) -> dict:
     state = jax.block_until_ready(fixed(jax.tree.map(jnp.copy, run.state))[0])
     compile_s = time.perf_counter() - t
     block = max(steps // 2, 1)
-    seconds = time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds=2)
+    seconds = timing.time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds=2)
     rate = {k: 1.0 / min(v) for k, v in seconds.items()}
     return {"input_overhead": 1.0 - rate["fed"] / rate["fixed"], "fed_steps_per_s": rate["fed"],
             "fixed_steps_per_s": rate["fixed"], "steps": 2 * block, "compile_s": compile_s,
             "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
-
-
-def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None) -> dict:
-    """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
-    blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
-    call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
-    donated: pass a copy. ``cpu``: a dict that gets this process's CPU seconds per step the same way
-    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes)."""
-    for call in calls.values():
-        state = jax.block_until_ready(call(state)[0])
-    seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
-    for _ in range(rounds):
-        for name, call in calls.items():
-            keep, t, c = [], time.perf_counter(), time.process_time()
-            for _ in range(block):
-                state, *rest = call(state)
-                keep.append(rest)  # every input lives until its step has run (XLA:CPU)
-            jax.block_until_ready((state, keep))
-            seconds[name].append((time.perf_counter() - t) / block)
-            cpu.setdefault(name, []).append((time.process_time() - c) / block)
-    return seconds
 
 
 def speed_line(summary: dict) -> str:
