@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable
 
 import jax
+import numpy as np
+
+from motionjax.evaluation import intervals
 
 
 def block(tree):
@@ -51,3 +54,16 @@ def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = 
             seconds[name].append((time.perf_counter() - t) / block)
             cpu.setdefault(name, []).append((time.process_time() - c) / block)
     return seconds
+
+
+def overhead(seconds: dict, arm: str, base: str = "fixed") -> dict:
+    """What ``arm`` costs over ``base`` (:func:`time_blocks`' seconds per step, same rounds):
+    ``1 - base's steps/s / arm's``, from the mean of each over the rounds, with a 95% bootstrap
+    interval over rounds (each round's two blocks resampled together, so a load change that hits
+    one round moves both). On a shared 2-core VM a block's time moves +-15% from round to round:
+    the best of a few blocks (``best``, also returned) is one lucky block's, the mean is steadier.
+    ``{"value", "lo", "hi", "best", "rounds"}``."""
+    a, b = np.asarray(seconds[arm], np.float64), np.asarray(seconds[base], np.float64)
+    ratio = intervals.ratio_interval(b, a, clips=np.arange(a.size))  # mean(base) / mean(arm)
+    return {"value": 1 - ratio["value"], "lo": 1 - ratio["hi"], "hi": 1 - ratio["lo"],
+            "best": float(1 - b.min() / a.min()), "rounds": int(a.size)}

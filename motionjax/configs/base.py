@@ -174,7 +174,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_nonfinite_steps = 5    # this many non-finite steps in a row restore the last checkpoint
     c.train.log_every = 10             # steps between train-metric logs
     c.train.progress_every = 100       # no terminal (a log file, CI): a progress line every this many steps
-    c.train.input_check_steps = 20     # after training: steps fed vs one fixed batch (input overhead); 0: off
+    c.train.input_check_steps = 40     # fed vs fixed-batch steps after training, 8 rounds (input overhead)
     c.train.eval_every = 200           # steps between held-out evaluations (and best-checkpoint candidates)
     c.train.checkpoint_every = 100     # steps between checkpoints
     c.train.keep_checkpoints = 2       # last N checkpoints kept (plus the best by held-out MPJPE)

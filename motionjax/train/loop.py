@@ -319,15 +319,19 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
     return summary
 
 
+INPUT_CHECK_ROUNDS = 8  # a block's time moves +-15% between rounds on a shared VM: one pair cannot tell 2%
+
+
 def input_check(run: _Run, steps: int) -> dict:
     """The input's cost to the step, measured where it runs: ``steps`` steps fed by the run's own
     input (the feed's program inside the step, or the iterator's batches) against ``steps`` on one
-    fixed batch (no input program runs), in blocks of ``steps / 2`` alternating fed / fixed / fed /
-    fixed (:func:`motionjax.timing.time_blocks`), on a copy of the trained state (the run's is untouched);
-    ``input_overhead = 1 - fed steps/s / fixed steps/s``, each the best of its blocks. It counts the
-    input program's device time, which a timer around the host's call cannot see. The fixed side runs
-    the plain step, compiled here for a feed's run (``compile_s``). The run is over: the data stream
-    it saved is not moved."""
+    fixed batch (no input program runs), alternating in blocks of ``steps / 8`` steps (8 rounds,
+    :func:`motionjax.timing.time_blocks`), on a copy of the trained state (the run's is untouched);
+    ``input_overhead = 1 - fed steps/s / fixed steps/s`` from the mean of each over the rounds, with
+    its 95% interval over rounds (:func:`motionjax.timing.overhead`). It counts the input program's
+    device time, which a timer around the host's call cannot see. The fixed side runs the plain
+    step, compiled here for a feed's run (``compile_s``). The run is over: the data stream it saved
+    is not moved."""
     fixed_batch = jax.block_until_ready(next(run.iterator))
     if isinstance(run.iterator, feed.Feed):
         fed = lambda s: run.fed(s)  # noqa: E731
@@ -337,12 +341,16 @@ def input_check(run: _Run, steps: int) -> dict:
     t = time.perf_counter()
     state = jax.block_until_ready(fixed(jax.tree.map(jnp.copy, run.state))[0])
     compile_s = time.perf_counter() - t
-    block = max(steps // 2, 1)
-    seconds = timing.time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds=2)
-    rate = {k: 1.0 / min(v) for k, v in seconds.items()}
-    return {"input_overhead": 1.0 - rate["fed"] / rate["fixed"], "fed_steps_per_s": rate["fed"],
-            "fixed_steps_per_s": rate["fixed"], "steps": 2 * block, "compile_s": compile_s,
-            "method": f"fed vs fixed batch, best of 2 alternating blocks of {block} steps after training"}
+    block = max(steps // INPUT_CHECK_ROUNDS, 1)
+    rounds = max(steps // block, 1)
+    seconds = timing.time_blocks({"fed": fed, "fixed": fixed}, state, block, rounds)
+    cost = timing.overhead(seconds, "fed")
+    mean = {k: len(v) / sum(v) for k, v in seconds.items()}
+    return {"input_overhead": cost["value"], "interval": [cost["lo"], cost["hi"]], "best_of": cost["best"],
+            "fed_steps_per_s": mean["fed"], "fixed_steps_per_s": mean["fixed"], "steps": rounds * block,
+            "compile_s": compile_s,
+            "method": f"fed vs fixed batch after training: {rounds} alternating rounds of {block} steps "
+                      "each, mean steps/s, 95% interval over rounds"}
 
 
 def speed_line(summary: dict) -> str:
@@ -350,7 +358,9 @@ def speed_line(summary: dict) -> str:
     host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms`` (what is known of it)."""
     line = f"speed: {summary['steps_per_s']:.2f} steps/s, {summary['frames_per_s']:,.0f} frames/s"
     if summary.get("input_overhead") is not None:
-        line += f", input overhead {100 * summary['input_overhead']:.1f}% (fed vs fixed batch)"
+        lo, hi = (summary.get("input_check") or {}).get("interval") or (None, None)
+        span = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+        line += f", input overhead {100 * summary['input_overhead']:.1f}%{span} (fed vs fixed batch)"
     line += f", host wait {100 * summary['host_wait_fraction']:.1f}%"
     host = summary.get("host")
     if host:
