@@ -197,6 +197,9 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from motionjax import malloc
+
+    malloc.configure()  # the trainer's allocator (motionjax train sets it up first; it may re-execute)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
     p.add_argument("--tiers", default="device", help="device,stream")
