@@ -1,7 +1,8 @@
 """Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
 
-``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.6]
-[--missing 5,15,30] [--limit 0] [--out docs/results/generation_tasks]`` reads a finished run of
+``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.4,...,0.8]
+[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--limit 0]
+[--out docs/results/generation_tasks]`` reads a finished run of
 ``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
 
 **Style transfer** (:func:`motionjax.generation.edit.stylize`): each window rendered in another style, one
@@ -14,7 +15,9 @@ canonical frame), FID against the split's real windows (halves by clip, :func:`r
 skating ratio; 95% intervals over clips.
 
 **In-betweening** (:func:`motionjax.generation.edit.inbetween`): ``--missing`` consecutive frames of each
-whole window (no padding) removed at a random place and generated with the window's labels; against
+whole window (no padding) removed at a random place and generated with the window's labels, from the
+interpolated window's latent noised to flow time ``1 - strength`` (the strength chosen on validation,
+15 missing frames, among ``--inbetween-strengths``); against
 linear root / slerp rotation interpolation (:func:`motionjax.generation.edit.interpolate`). Scored by
 MPJPE (cm, on the skeleton's bones, in the window frame) at the given frames and at the missing ones,
 and the skating ratio; 95% intervals over clips, and the paired difference per clip.
@@ -41,6 +44,39 @@ def _interval_row(values: dict) -> dict:
     return {k: {"value": v.get("mean", v.get("value")), "ci": [v["lo"], v["hi"]]} for k, v in values.items()}
 
 
+def _targets(s, labels, rng) -> np.ndarray:
+    """``labels [B, 2]`` (content, style ids) with each style replaced by another one the window's
+    content has in training (so retrieval has a take of it)."""
+    target = labels.copy()
+    for i, (c, st) in enumerate(labels):
+        styles = np.unique(s.labels[s.labels[:, 0] == c, 1])
+        target[i, 1] = rng.choice(styles[styles != st])
+    return target
+
+
+def choose_strength(s, model, split: str, scales, strengths, seed: int, count: int = 400):
+    """``(strength, {strength: (target-style accuracy, content accuracy)})`` of style transfer on
+    ``count`` random windows of ``split`` (validation): the smallest strength (the most of the source
+    kept) with target-style accuracy >= 0.7 and content accuracy >= 0.9, else the one with the best
+    lower of the two."""
+    import jax
+
+    from motionjax.generation import edit
+
+    rng = np.random.default_rng(seed)
+    w = s.splits[split]
+    w = w.take(np.sort(rng.choice(len(w), min(count, len(w)), replace=False)))
+    target = _targets(s, s.encode_labels(w), rng)
+    tried = {}
+    for x in sorted(strengths):
+        made = edit.stylize(s, model, w.features, target, scales, jax.random.key(seed), x)
+        predicted = s.score(made, None, w.valid)["predicted"]
+        tried[x] = (float(np.mean(predicted["style"] == target[:, 1])),
+                    float(np.mean(predicted["content"] == target[:, 0])))
+    good = [x for x, (st, co) in tried.items() if st >= 0.7 and co >= 0.9]
+    return (min(good) if good else max(tried, key=lambda x: min(tried[x]))), tried
+
+
 def transfer(s, model, split: str, scales, strength: float, seed: int, limit: int = 0) -> dict:
     """The style-transfer table ``{method: {metric: {"value", "ci"}}}`` on ``split``."""
     import jax
@@ -53,12 +89,7 @@ def transfer(s, model, split: str, scales, strength: float, seed: int, limit: in
     take = np.arange(len(w)) if not limit else np.arange(min(limit, len(w)))
     w = w.take(take)
     labels = s.encode_labels(w)
-    rng = np.random.default_rng(seed)
-    # The target style: another one the window's content has in training (retrieval has a take of it).
-    target = labels.copy()
-    for i, (c, st) in enumerate(labels):
-        styles = np.unique(s.labels[s.labels[:, 0] == c, 1])
-        target[i, 1] = rng.choice(styles[styles != st])
+    target = _targets(s, labels, np.random.default_rng(seed))
     source = s.real[split]["features"][take]  # the source windows' evaluator features
     out = {}
     x = edit.stylize(s, model, w.features, target, scales, jax.random.key(seed), strength)
@@ -104,9 +135,11 @@ def transfer(s, model, split: str, scales, strength: float, seed: int, limit: in
     return out
 
 
-def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: int = 0) -> dict:
+def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: int = 0,
+                 strength: float = 1.0) -> dict:
     """The in-betweening table for ``missing`` frames: ``{method: {metric: {"value", "ci"}}}`` and the
-    paired per-clip difference of MPJPE on the missing frames."""
+    paired per-clip difference of MPJPE on the missing frames; ``strength``: how much of the flow the
+    generator runs from the interpolated window's latent (1: the missing frames from noise)."""
     import jax
 
     from motionjax.evaluation import intervals
@@ -114,8 +147,8 @@ def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: i
 
     w = s.splits[split]
     whole = np.flatnonzero(w.valid.all(1))
-    if limit:
-        whole = whole[:limit]
+    if limit and limit < len(whole):  # spread over the split's clips (its windows come clip by clip)
+        whole = whole[np.linspace(0, len(whole) - 1, limit).astype(int)]
     w = w.take(whole)
     labels = s.encode_labels(w)
     rng = np.random.default_rng(seed + missing)
@@ -123,7 +156,7 @@ def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: i
     truth = latents.motion(s.info, w.features)[2]
     key = jax.random.key(seed + missing)
     made = {
-        "generator": edit.inbetween(s, model, w.features, known, labels, scales, key),
+        "generator": edit.inbetween(s, model, w.features, known, labels, scales, key, strength),
         "interpolation": edit.interpolate(s.info, w.features, known),
     }
     out, errors = {}, {}
@@ -157,8 +190,12 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="runs/generate")
     p.add_argument("--split", default="test")
-    p.add_argument("--strength", type=float, default=0.6, help="style transfer: flow time noised away")
+    p.add_argument("--strength", default="0.4,0.5,0.6,0.7,0.8",
+                   help="style transfer: flow time noised away (several: one chosen on --choose-split)")
     p.add_argument("--missing", default="5,15,30")
+    p.add_argument("--inbetween-strengths", default="0.25,0.5,0.75,1.0",
+                   help="in-betweening: flow time redone from the interpolation (chosen on --choose-split)")
+    p.add_argument("--choose-split", default="validation", help="where in-betweening's strength is chosen")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="at most this many windows (0: all; tests)")
     p.add_argument("--out", default="docs/results/generation_tasks")
@@ -169,12 +206,32 @@ def main(argv=None) -> dict:
                                                s.config.generation.style_scale))
     result = {"command": "python benchmarks/generation_tasks.py " + " ".join(argv or sys.argv[1:]),
               "workdir": str(args.workdir), "split": args.split, "guidance": list(scales),
-              "strength": args.strength}
-    result["style_transfer"] = transfer(s, model, args.split, scales, args.strength, args.seed, args.limit)
+              }
+    strengths = [float(x) for x in args.strength.split(",")]
+    chosen, tried = (strengths[0], {}) if len(strengths) == 1 else choose_strength(
+        s, model, args.choose_split, scales, strengths, args.seed + 2)
+    result["strength"], result["strength_choice"] = chosen, {str(k): v for k, v in tried.items()}
+    print(f"style transfer strength {chosen} (on {args.choose_split}, target style / content accuracy: "
+          + ", ".join(f"{k}: {a:.2f} / {b:.2f}" for k, (a, b) in tried.items()) + ")", flush=True)
+    result["style_transfer"] = transfer(s, model, args.split, scales, chosen, args.seed, args.limit)
     print(json.dumps(result["style_transfer"], indent=1), flush=True)
+    # In-betweening's strength, chosen on validation (never on the reported split): the lowest MPJPE on
+    # the missing frames at 15 of them, on at most 400 windows.
+    strengths = [float(x) for x in args.inbetween_strengths.split(",")]
+    result["inbetween_strength_choice"] = {
+        str(x): inbetweening(s, model, args.choose_split, scales, 15, args.seed + 1,
+                             args.limit or 400, x)["generator"]["mpjpe_missing_cm"]
+        for x in strengths} if len(strengths) > 1 else {}
+    tried = result["inbetween_strength_choice"]
+    chosen = min(strengths, key=lambda x: tried[str(x)]["value"]) if tried else strengths[0]
+    result["inbetween_strength"] = chosen
+    print(f"in-betweening strength {chosen} (on {args.choose_split}: "
+          + ", ".join(f"{k}: {v['value']:.2f} cm" for k, v in tried.items())
+          + ")", flush=True)
     result["inbetweening"] = {}
     for m in map(int, args.missing.split(",")):
-        result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed, args.limit)
+        result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed, args.limit,
+                                                      chosen)
         print(m, json.dumps(result["inbetweening"][str(m)], indent=1), flush=True)
     result["wall_s"] = time.perf_counter() - clock
     result["table"] = table(result)

@@ -154,7 +154,9 @@ def get_config(arg: str | None = None):
     g.heads = 4
     g.mlp_ratio = 4
     g.label_dropout = 0.1  # each label replaced by its "none" token (classifier-free guidance)
-    g.steps = 2000
+    # Bandai-2's ~34,000 training windows: at 2,000 steps (2 epochs) the flow loss was still falling and
+    # test content accuracy was 0.73 (runs of 2026-12-06, docs/generation.md); Bandai-1's 2,000 kept.
+    g.steps = 2000 if bandai1 else 8000
     g.batch_size = 32
     g.learning_rate = 4e-4
     g.warmup_steps = 100
