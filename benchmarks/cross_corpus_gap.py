@@ -1,24 +1,31 @@
 """Where a Bandai-2 run's cross-corpus error comes from (issue #60): its error on Bandai-1 walk + run
 taken apart beside its own validation split.
 
-``python benchmarks/cross_corpus_gap.py --workdir RUN [--step best] [--split validation] [--json OUT]``
+``python benchmarks/cross_corpus_gap.py --workdir RUN [--step best] [--split validation]
+[--cross bandai1_walk_run|bandai1_validation] [--changes leaves,clip,shoulders,...] [--json OUT]``
 scores the run's model (its own normalization and windows, as the ``corpus`` evaluator does) on its
-``--split`` and on Bandai-1's walk and run takes (:data:`motionjax.configs.base.BANDAI1_CROSS`), and
-prints, each with a 95% bootstrap interval over clips (:mod:`motionjax.evaluation.intervals`):
+``--split`` and on a Bandai-1 set (``--cross``: the walk and run takes of
+:data:`motionjax.configs.base.BANDAI1_CROSS`, or :data:`BANDAI1_VALIDATION`), and prints, each with a
+95% bootstrap interval over clips (:mod:`motionjax.evaluation.intervals`):
 
 * MPJPE per joint, by frame position in the window (first / middle / last 8 frames), and the root's
   global error;
-* Bandai-1 per clip and by whether the clip's style is one Bandai-2 has (by name or meaning:
-  :data:`SHARED_STYLES`);
-* how far Bandai-1's standardized input lies outside what the run trained on: per feature, the share
-  of Bandai-1 frames beyond the largest ``|z|`` of the run's ``--split``;
-* what the error becomes when the model's *input* is changed and its target is not (the truth's joint
-  positions stay those of the clip): the leaf joints' rotations (``Head``, hands, toes: nothing in
-  the skeleton hangs below them, so they move no joint) held at the training mean, or every feature
-  clipped to the ``|z|`` range of ``--split``. An input change that closes most of the gap names the
-  channels the model is thrown by.
+* Bandai-1 per clip, by whether the clip's style is one Bandai-2 has (by name or meaning:
+  :data:`SHARED_STYLES`), by content and by whether its bones are the run's;
+* how far Bandai-1's standardized input lies outside what the run saw: per feature, the share of
+  Bandai-1 frames beyond the largest ``|z|`` of ``--split``; and, without the model, the share of each
+  set's local rotation values outside the other's 0.1-99.9% range (the reverse direction too, against
+  a Bandai-1 training split);
+* the error when the input, or the motion itself, is changed (``--changes``): ``leaves``, the leaf
+  joints' rotations (``Head``, hands, toes: nothing on the run's bones hangs below them at a nonzero
+  offset, so they move no joint) held at the training mean on the input only; ``clip``, every input
+  feature clipped to the ``|z|`` range of ``--split``; ``shoulders``, the shoulders at the training mean
+  (input and target); ``turn``, the shoulders turned, every frame, by the rotation that takes the set's
+  mean to the training mean (input and target, the motion kept); ``leaves+shoulders``,
+  ``leaves+turn``. A change that closes most of the gap names what the model is thrown by.
 
-The split read is validation by default: nothing here reads the test splits.
+It reads ``--split`` (validation by default, never the run's test splits) and the Bandai-1 set: walk +
+run is the cross-corpus test row, to diagnose with; choices go on ``bandai1_validation``.
 """
 from __future__ import annotations
 
