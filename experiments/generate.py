@@ -22,8 +22,9 @@ on, whose contents and styles all appear in training with other partners.
 
 Variants (``--config experiments/generate.py:VARIANT``), comma-separated:
   ``deepmimic``: the 15 DeepMimic clips that ship with pybullet, labelled by :data:`DEEPMIMIC_LABELS`
-  (``generation.clip_labels``; they have no label files), in 32-frame windows: a toy corpus with no
-  download, for the tests and ``notebooks/05_generate.ipynb``;
+  (``generation.clip_labels``; they have no label files), in 32-frame windows, its autoencoder without
+  the IK position head (as experiments/autoencoder.py on DeepMimic): a toy corpus with no download, for
+  the tests and ``notebooks/05_generate.ipynb``;
   ``dynamics``: the dynamics loss on decoded samples during training (``generation.dynamics_weight = 5``,
   the sweep's; ``benchmarks/generation_sweep.py``), with the same generator without it beside it
   (``WORKDIR/no_dynamics.npz``, its rows in the table);
@@ -219,6 +220,9 @@ def get_config(arg: str | None = None):
             mirror_prob=0.0,
             speed_range=1.0,
         )
+        # No IK position head, as experiments/autoencoder.py trains DeepMimic (its knees and elbows are
+        # hinges, which the IK reaches only when the rotation head's twists are right).
+        c.model.position_head = False
         c.data.splits = ml_collections.ConfigDict(
             {
                 "train": "rest",
@@ -233,7 +237,9 @@ def get_config(arg: str | None = None):
         g.evaluator.update(stride=4)
     if "runlocal" in parts:
         c.data.update(batch_size=8)
-        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2)
+        # AdamW: over six steps Muon's orthogonalization only lengthens the step's compile.
+        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2,
+                       optimizer="adamw")
         g.update(
             dim=32,
             depth=1,

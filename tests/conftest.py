@@ -60,11 +60,12 @@ def env():
 # collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
 # tests, which put the few-test, minutes-long files such as the notebooks and the cluster runs last,
 # the run's tail). Longest first, the two workers finish together. Seconds per file: the profile of
-# docs/history.md ("`make test` and `make bench` on a fresh clone").
+# docs/history.md ("`make test` and `make bench` on a fresh clone"); test_multiprocess.py moved down
+# when its four-process launches became two-process ones (2026-12-06).
 COSTLIEST_FIRST = (
-    "test_notebooks.py", "test_faults.py", "test_multiprocess.py", "test_train.py", "test_slurm.py",
-    "test_generate.py", "test_evaluate.py", "test_gpu_check.py", "test_predict.py", "test_package.py",
-    "test_efficiency.py", "test_time_to_target.py", "test_bench.py", "test_your_data.py",
+    "test_train.py", "test_faults.py", "test_notebooks.py", "test_generate.py", "test_slurm.py",
+    "test_multiprocess.py", "test_your_data.py", "test_gpu_check.py", "test_evaluate.py", "test_predict.py",
+    "test_dynamics.py", "test_package.py", "test_efficiency.py", "test_time_to_target.py", "test_bench.py",
     "test_grad_reduce.py", "test_apply.py",
 )
 
