@@ -342,7 +342,8 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     final = json.loads((interrupted / "summary.json").read_text())
     assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
     assert -1 < final["input_overhead"] < 1 and final["input_check"]["steps"] == 4
-    assert re.search(r"^speed: .* input overhead -?[\d.]+% \(fed vs fixed batch\)", done.stdout, re.M)
+    assert re.search(r"^speed: .* input overhead -?[\d.]+% \[-?[\d.]+, -?[\d.]+\] \(fed vs fixed batch\)",
+                     done.stdout, re.M)
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 
