@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
     p.add_argument("--missing", default="5,15,30")
     p.add_argument("--inbetween-strengths", default="0.25,0.5,0.75,1.0",
                    help="in-betweening: flow time redone from the interpolation (chosen on --choose-split)")
-    p.add_argument("--choose-split", default="validation", help="where in-betweening's strength is chosen")
+    p.add_argument("--choose-split", default="validation", help="where both strengths are chosen")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="at most this many windows (0: all; tests)")
     p.add_argument("--out", default="docs/results/generation_tasks")
@@ -205,8 +205,7 @@ def main(argv=None) -> dict:
     scales = tuple(summary.get("guidance") or (s.config.generation.content_scale,
                                                s.config.generation.style_scale))
     result = {"command": "python benchmarks/generation_tasks.py " + " ".join(argv or sys.argv[1:]),
-              "workdir": str(args.workdir), "split": args.split, "guidance": list(scales),
-              }
+              "workdir": str(args.workdir), "split": args.split, "guidance": list(scales)}
     strengths = [float(x) for x in args.strength.split(",")]
     chosen, tried = (strengths[0], {}) if len(strengths) == 1 else choose_strength(
         s, model, args.choose_split, scales, strengths, args.seed + 2)

@@ -354,8 +354,8 @@ def input_check(run: _Run, steps: int) -> dict:
 
 
 def speed_line(summary: dict) -> str:
-    """``speed: 6.21 steps/s, 12,718 frames/s, input overhead 0.4% (fed vs fixed batch), host wait 0.0%,
-    host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms`` (what is known of it)."""
+    """``speed: 6.21 steps/s, 12,718 frames/s, input overhead 0.4% [-1.2, 2.0] (fed vs fixed batch), host
+    wait 0.0%, host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms`` (what is known of it)."""
     line = f"speed: {summary['steps_per_s']:.2f} steps/s, {summary['frames_per_s']:,.0f} frames/s"
     if summary.get("input_overhead") is not None:
         lo, hi = (summary.get("input_check") or {}).get("interval") or (None, None)
