@@ -1,4 +1,7 @@
 """Helpers of the tests that train: the tiny ``runlocal`` config and ``motionjax train`` subprocesses."""
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,3 +46,33 @@ def wait_for_checkpoint(proc, workdir, after: int, timeout=300) -> int:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     raise TimeoutError(f"no checkpoint after step {after} in {workdir}")
+
+
+def dump_stacks(pids, wait_s: float = 5.0) -> None:
+    """SIGABRT to ``pids`` (trainers started with ``PYTHONFAULTHANDLER=1`` print every thread's stack
+    on it, to their logs), then ``wait_s`` for the stacks to be written: a hung run says where."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+    time.sleep(wait_s)
+
+
+def children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid``, in start order."""
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return sorted(int(p) for p in found)
+
+
+def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> str:
+    """``proc``'s output (a launcher of trainer processes, in its own session); when it has not ended
+    after ``timeout`` s, its trainers' stacks (:func:`dump_stacks`) and everything they printed go
+    into the failure instead of a bare timeout."""
+    try:
+        return proc.communicate(timeout=timeout)[0].decode()
+    except subprocess.TimeoutExpired:
+        dump_stacks(children(proc.pid))
+        os.killpg(proc.pid, signal.SIGKILL)
+        out = proc.communicate()[0].decode()
+        raise AssertionError(f"no exit after {timeout} s; stacks and output:\n{out[-12000:]}\n{logs()}") from None

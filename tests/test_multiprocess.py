@@ -220,15 +220,16 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     the one that prints) makes both processes stop at one step, save that checkpoint together and exit 0;
     the same command resumes it to the end. (Two processes prove what four did: the signal reaches the
     others only through the processes' shared stop decision.)"""
-    from runs import REPO, committed, train_flags, wait_for_checkpoint
+    from runs import REPO, children, committed, communicate_or_dump, train_flags, wait_for_checkpoint
 
     workdir = tmp_path / "run"
     flags = train_flags(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
                         "--config.train.checkpoint_every=20", "--config.train.log_every=10",
                         "--config.evals.final.splits=('validation',)")
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "2", *flags]
+    # PYTHONFAULTHANDLER: a trainer that hangs prints its stacks when the test gives up on it.
     launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),
-                      XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
+                      PYTHONFAULTHANDLER="1", XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
 
     def logs():
         return "\n".join(f"--- {p.name} ---\n" + p.read_text()[-2000:]
@@ -238,11 +239,10 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_checkpoint(proc, workdir, after=0, timeout=WORKER_TIMEOUT_S)
-        children = sorted(int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                         text=True).stdout.split())
-        assert len(children) == 2, children
-        os.kill(children[1], 15)  # SIGTERM to process 1 alone (the launcher started them in order)
-        out = proc.communicate(timeout=180)[0].decode()
+        trainers = children(proc.pid)
+        assert len(trainers) == 2, trainers
+        os.kill(trainers[1], 15)  # SIGTERM to process 1 alone (the launcher started them in order)
+        out = communicate_or_dump(proc, 180, logs)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
@@ -253,8 +253,10 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     # (Only process 0 prints; the launcher's exit 0 says that both exited 0, and the committed
     # checkpoint that both wrote their shards of it at that one step.)
 
-    resumed = subprocess.run(command, env=launch_env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + logs()
+    proc = subprocess.Popen(command, env=launch_env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    out = communicate_or_dump(proc, 300, logs)
+    assert proc.returncode == 0, out[-3000:] + logs()
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 80
     # The loss curve went on from the checkpoint: every logged step once, none repeated.

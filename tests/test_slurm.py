@@ -112,9 +112,12 @@ class Cluster:
         assert done.returncode == 0 or not check, done.stderr
         return done.stdout
 
-    def submit_and_wait(self, argv, env, timeout=600) -> tuple[str, str]:
+    def submit_and_wait(self, argv, env, timeout=240) -> tuple[str, str]:
         """``sbatch argv`` from the repository root; waits for the job to leave the queue; returns its
-        state (``COMPLETED``, ``FAILED``, ...) and its output file's text."""
+        state (``COMPLETED``, ``FAILED``, ...) and its output file's text. A job still queued or
+        running after ``timeout`` s gets SIGABRT in every task (trainers run with
+        ``PYTHONFAULTHANDLER=1`` print their stacks to the output) and is cancelled: the failure
+        shows where it hung. (A job of this test takes about a minute.)"""
         out = self.root / "job-%j.out"
         submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", *argv], cwd=REPO,
                                    env=dict(env, SLURM_CONF=self.env["SLURM_CONF"], PATH=_PATH),
@@ -124,6 +127,10 @@ class Cluster:
         deadline = time.time() + timeout
         while self.cli("squeue", "-h", "-j", job, check=False).strip() and time.time() < deadline:
             time.sleep(1)
+        if self.cli("squeue", "-h", "-j", job, check=False).strip():
+            self.cli("scancel", "--signal=ABRT", job, check=False)
+            time.sleep(5)
+            self.cli("scancel", job, check=False)
         state = self.cli("scontrol", "show", "job", job, check=False)
         text = Path(str(out).replace("%j", job))
         return state, text.read_text() if text.exists() else ""
@@ -159,7 +166,7 @@ def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes
                                                                                   deepmimic_dir, env):
     workdir = tmp_path / "run"
     # One CPU device per process: the two processes make the mesh's 'data' axis of 2.
-    job_env = dict(env, PYTHON=sys.executable,
+    job_env = dict(env, PYTHON=sys.executable, PYTHONFAULTHANDLER="1",
                    XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
     resources = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
                  "--time=00:15:00", "scripts/slurm/train.sbatch"]
