@@ -49,11 +49,11 @@ def wait_for_checkpoint(proc, workdir, after: int, timeout=300) -> int:
 
 
 def dump_stacks(pids, wait_s: float = 5.0) -> None:
-    """SIGABRT to ``pids`` (trainers started with ``PYTHONFAULTHANDLER=1`` print every thread's stack
-    on it, to their logs), then ``wait_s`` for the stacks to be written: a hung run says where."""
+    """SIGUSR1 to trainer processes ``pids`` (a trainer prints every thread's stack on it, to its
+    stderr), then ``wait_s`` for the stacks to be written: a hung run says where it waits."""
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGABRT)
+            os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
     time.sleep(wait_s)
@@ -65,14 +65,21 @@ def children(pid: int) -> list[int]:
     return sorted(int(p) for p in found)
 
 
-def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> str:
-    """``proc``'s output (a launcher of trainer processes, in its own session); when it has not ended
-    after ``timeout`` s, its trainers' stacks (:func:`dump_stacks`) and everything they printed go
-    into the failure instead of a bare timeout."""
+def finish_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> tuple[str, bool]:
+    """``(output, hung)`` of ``proc`` (a launcher of trainer processes, in its own session). When it
+    has not ended after ``timeout`` s it is hung: its trainers print their stacks
+    (:func:`dump_stacks`), the session is killed, and the output carries the stacks and ``logs()``."""
     try:
-        return proc.communicate(timeout=timeout)[0].decode()
+        return proc.communicate(timeout=timeout)[0].decode(), False
     except subprocess.TimeoutExpired:
         dump_stacks(children(proc.pid))
         os.killpg(proc.pid, signal.SIGKILL)
         out = proc.communicate()[0].decode()
-        raise AssertionError(f"no exit after {timeout} s; stacks and output:\n{out[-12000:]}\n{logs()}") from None
+        return f"no exit after {timeout} s; output and stacks:\n{out[-12000:]}\n{logs()}", True
+
+
+def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> str:
+    """:func:`finish_or_dump` that fails the test, with the stacks, when ``proc`` hung."""
+    out, hung = finish_or_dump(proc, timeout, logs)
+    assert not hung, out
+    return out

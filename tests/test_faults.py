@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -673,12 +674,21 @@ def test_resuming_another_model_shape_names_what_differs(tmp_path, trained, data
 @pytest.mark.slow  # a trainer subprocess
 def test_ctrl_c_twice_exits_at_once_without_a_thread_dump(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(workdir, data_dir, *FAST[1:], "--config.train.steps=400"), env=env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The stop the first Ctrl-C starts takes 20 s more here, so the next surely comes during it (a
+    # tiny run otherwise can save and exit between two).
+    slow_stop = ("import time\nfrom motionjax.train import loop\nfinish = loop._finish\n"
+                 "def slow(run, done, interrupted, stopped_early):\n"
+                 "    if interrupted:\n        time.sleep(20)\n"
+                 "    return finish(run, done, interrupted, stopped_early)\nloop._finish = slow\n")
+    proc = subprocess.Popen(_patched_train(slow_stop, workdir, data_dir, *FAST[1:], "--config.train.steps=400"),
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_checkpoint(proc, workdir, after=0)
-    for _ in range(2):
+    # Ctrl-C every half second until it exits: signals that come while the main thread is inside a
+    # long C call reach Python's handler as one; the first handled starts the stop, the next ends it.
+    deadline = time.time() + 15
+    while proc.poll() is None and time.time() < deadline:
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)  # two signals at once would reach Python's handler as one
+        time.sleep(0.5)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     last = err.strip().splitlines()[-1]
@@ -848,3 +858,21 @@ def test_an_absurd_rotation_is_a_value_error_and_counts_agree(tmp_path, capsys):
     assert kept.split()[1] == "1"
     assert any("humanoid3d_kick.bvh" in line and "is 1e+30 degrees" in line for line in out)
     assert any("punch_copy" in line and "exact duplicate" in line for line in out)
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on(capfd):
+    """``kill -USR1`` on a trainer (inside :func:`faults.stop_on_signals`) prints where each thread
+    waits, this one and a helper thread blocked on an event, and stops nothing."""
+    from motionjax.train import faults
+
+    blocked = threading.Event()
+    helper = threading.Thread(target=blocked.wait, name="waits_on_an_event", daemon=True)
+    helper.start()
+    with faults.stop_on_signals(60) as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
+    blocked.set()
+    err = capfd.readouterr().err
+    assert stop["signal"] is None
+    assert "test_sigusr1_prints_every_threads_stack_and_the_run_goes_on" in err, err
+    assert err.count("Thread 0x") >= 2 and "in wait" in err, err

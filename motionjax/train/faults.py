@@ -5,7 +5,8 @@ Faults end a run with one-line errors, never a hang: a second trainer on the sam
 (:func:`workdir_lock`), a failed write (:class:`StorageError`: ``No space left on device: PATH``; the
 previous checkpoints stay intact). SIGTERM/SIGINT set a flag the loop checks between steps
 (:func:`stop_on_signals`); a watchdog ends the process ``train.stop_timeout_s`` after the signal
-whatever blocks it.
+whatever blocks it. SIGUSR1 prints every thread's stack and the run goes on (``kill -USR1 PID``: where
+a run that seems stuck waits, e.g. a collective of several processes).
 """
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def stop_on_signals(timeout_s: float):
 
     The first signal also arms a watchdog: when the run has not ended ``timeout_s`` later (a write
     blocked on a dead disk, a hung collective) the process exits with ``128 + signal``; a second
-    SIGINT (Ctrl-C twice) exits at once. Leaving the context disarms it.
+    SIGINT (Ctrl-C twice) exits at once. Leaving the context disarms it. Inside it, SIGUSR1 prints
+    every thread's stack to stderr and changes nothing else.
     """
     stop = {"signal": None, "watchdog": None}
     if threading.current_thread() is not threading.main_thread():
@@ -147,8 +149,13 @@ def stop_on_signals(timeout_s: float):
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor (captured)
+        pass
+    try:
         yield stop
     finally:
+        faulthandler.unregister(signal.SIGUSR1)
         for s, h in previous.items():
             signal.signal(s, h)
         if stop["watchdog"] is not None:
