@@ -36,6 +36,8 @@ STEPS = 10
 INT8_STEPS = 5
 CASES = ("two", "int8")
 WORKER_TIMEOUT_S = 420  # a hung collective dumps every thread's stack and exits instead of hanging CI
+# make test runs the multi-process tests after the rest, one at a time (setup.cfg's markers).
+pytestmark = pytest.mark.cluster
 
 
 def _config(case: str = "two"):

@@ -24,7 +24,8 @@ import pytest
 
 from runs import REPO, committed, dump_stacks, train_flags
 
-pytestmark = pytest.mark.slow  # scheduler daemons and trainer processes
+# scheduler daemons and trainer processes; make test runs it after the rest, alone (setup.cfg's markers)
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 _BINARIES = ("sbatch", "squeue", "scontrol", "srun", "slurmctld", "slurmd", "munged")
 _PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"  # the daemons live in sbin
