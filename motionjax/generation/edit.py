@@ -25,7 +25,7 @@ import numpy as np
 
 from motionjax.core import features as feat
 from motionjax.data import transforms
-from motionjax.generation import flow
+from motionjax.generation import flow, latents
 
 
 def interpolate(info, x, known) -> np.ndarray:
@@ -63,14 +63,56 @@ def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarr
     return s.codec.decode(s.stats.raw(z))
 
 
-def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0) -> np.ndarray:
+def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
+              fit_steps: int = 0, fit_rate: float = 0.0, join_ends: bool = False,
+              samples: int = 1) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` with the frames ``known [B, T]`` given, the others generated (labels
-    ``[B, n_keys]``: the source's)."""
+    ``[B, n_keys]``: the source's), from the interpolated window's latent noised to ``1 − strength``.
+    ``hold``: the latent frames whose frames are all given held on the source's path (replacement);
+    ``fit_steps``, ``fit_rate``: reconstruction guidance toward the given frames
+    (:func:`.flow.reconstruction_cost`); ``join_ends``: the result :func:`join`-ed to the given frames;
+    ``samples``: the mean of that many samples' features (each of its own noise; a Monte Carlo estimate
+    of the posterior mean, which the error against one true motion rewards, at the cost of the
+    samples' variety: a mean of motions moves less than each)."""
     g = s.config.generation
-    source = s.stats.standardize(s.codec.encode(interpolate(s.info, x, known)))
-    held = latent_known(known, source.shape[1])
-    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength, known=held)
-    return s.codec.decode(s.stats.raw(z))
+    filled = interpolate(s.info, x, known)
+    source = s.stats.standardize(s.codec.encode(filled))
+    held = latent_known(known, source.shape[1]) if hold else None
+    target = weight = None
+    if fit_steps > 0:  # the given frames' joint positions, every joint weighed
+        target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
+        weight = np.broadcast_to(np.asarray(known, np.float32)[..., None, None], target.shape)
+    made = 0.0
+    for k in range(samples):
+        draw = key if samples == 1 else jax.random.fold_in(key, k)
+        z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
+                        known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
+                        fit_steps=fit_steps, fit_rate=fit_rate)
+        made = made + s.codec.decode(s.stats.raw(z)) / samples
+    return join(x, made, known) if join_ends else made
+
+
+def join(x, made, known) -> np.ndarray:
+    """``made [B, N, C, F]`` joined to the given frames of ``x`` (``known [B, T]``; standardized features):
+    the given frames are ``x``'s exactly, and each missing one is ``made``'s plus the residual ``x − made``
+    at the nearest given frames on either side, blended linearly across the gap (so the generated
+    middle meets the given motion with no jump; a gap at a window's end takes its one side's residual)."""
+    x, made = np.asarray(x, np.float32), np.asarray(made, np.float32)
+    shape, known = x.shape, np.asarray(known, bool)
+    b, t = known.shape
+    x, made = x.reshape(b, t, -1), made.reshape(b, t, -1)
+    frames = np.broadcast_to(np.arange(t), (b, t))
+    before = np.maximum.accumulate(np.where(known, frames, -1), axis=1)  # last given frame at or before
+    after = np.minimum.accumulate(np.where(known, frames, t)[:, ::-1], axis=1)[:, ::-1]  # first at or after
+    if (before[:, -1] < 0).any():
+        raise ValueError("a window with no given frame cannot be joined")
+    before_ = np.where(before < 0, after, before)
+    after_ = np.where(after >= t, before_, after)
+    rows = np.arange(b)[:, None]
+    residual = x - made
+    w = np.where(after_ > before_, (frames - before_) / np.maximum(after_ - before_, 1), 0.0)[..., None]
+    blended = made + (1 - w) * residual[rows, before_] + w * residual[rows, after_]
+    return np.where(known[..., None], x, blended).reshape(shape).astype(np.float32)
 
 
 def gap(length: int, missing: int, count: int, rng, margin: int = 4) -> np.ndarray:
