@@ -1,7 +1,8 @@
 """Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
 
 ``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.4,...,0.8]
-[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--limit 0]
+[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--inbetween-samples 8] [--choose-at 15]
+[--tasks transfer,inbetweening] [--inbetween-limit 0] [--limit 0]
 [--out docs/results/generation_tasks]`` reads a finished run of
 ``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
 
@@ -16,11 +17,14 @@ skating ratio; 95% intervals over clips.
 
 **In-betweening** (:func:`motionjax.generation.edit.inbetween`): ``--missing`` consecutive frames of each
 whole window (no padding) removed at a random place and generated with the window's labels, from the
-interpolated window's latent noised to flow time ``1 - strength`` (the strength chosen on validation,
-15 missing frames, among ``--inbetween-strengths``); against
-linear root / slerp rotation interpolation (:func:`motionjax.generation.edit.interpolate`). Scored by
-MPJPE (cm, on the skeleton's bones, in the window frame) at the given frames and at the missing ones,
-and the skating ratio; 95% intervals over clips, and the paired difference per clip.
+interpolated window's latent noised to flow time ``1 - strength`` (chosen on validation among
+``--inbetween-strengths``, at ``--choose-at`` missing frames or at each gap's own); the result is the
+mean of ``--inbetween-samples`` samples joined to the given frames (:func:`motionjax.generation.edit.join`),
+one sample joined beside it; against linear root / slerp rotation interpolation
+(:func:`motionjax.generation.edit.interpolate`). Scored by MPJPE (cm, on the skeleton's bones, in the
+window frame) at the given frames and at the missing ones, and the skating ratio; 95% intervals over
+clips, and the paired difference per clip. ``--tasks`` runs one of the two; ``--inbetween-limit`` scores
+at most that many windows, spread over the split.
 
 Writes ``OUT.json`` and prints both tables.
 """

@@ -9,11 +9,12 @@ replacement, Lugmayr et al. 2022):
   style, the less of the source is kept;
 * :func:`extend`: a window continued past its end, window after window, each new one in-betweened from
   the last ``overlap`` frames before it (a motion longer than the generator's window);
-* :func:`inbetween`: frames ``known [B, T]`` of a window given (the others missing: a gap to fill, or
-  every frame but the root path to follow); the latent frames whose frames are all given are held on the
-  source's path while the others are generated around them, from noise (``strength`` 1). The source's
-  missing frames are first filled by :func:`interpolate` (the baseline it is scored against), so the
-  encoder sees a whole window.
+* :func:`inbetween`: frames ``known [B, T]`` of a window given (the others missing: a gap to fill); the
+  source's missing frames are first filled by :func:`interpolate` (the baseline it is scored against),
+  so the encoder sees a whole window, its latent noised to ``1 − strength`` and integrated; the result
+  meets the given frames by replacement of the latent frames they cover, by reconstruction guidance
+  (:func:`.flow.reconstruction_cost`) and/or by :func:`join` (given frames exact, the residual at each
+  gap's ends blended across it), optionally the mean of several samples.
 
 All features are standardized ``[B, N, C, F]`` windows of the experiment (:class:`.run.Setup`).
 """
