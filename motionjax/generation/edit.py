@@ -116,6 +116,24 @@ def join(x, made, known) -> np.ndarray:
     return np.where(known[..., None], x, blended).reshape(shape).astype(np.float32)
 
 
+def follow_path(s, model, x, labels, scales, key, fit_steps: int = 2, fit_rate: float = 0.5,
+                strength: float = 1.0, source=None) -> np.ndarray:
+    """Trajectory control: windows that walk the root path of ``x [B, N, C, F]`` (the root's horizontal
+    position at every frame, window frame), generated with ``labels [B, n_keys]`` by reconstruction
+    guidance on the decoded root alone (:func:`.flow.reconstruction_cost`, weight on the root joint's
+    horizontal coordinates); ``source`` (standardized latents): start from it noised to ``1 − strength``
+    (None: from noise)."""
+    g = s.config.generation
+    target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
+    weight = np.zeros(target.shape, np.float32)
+    weight[:, :, 0] = 1.0  # the root joint
+    weight[..., s.info.skeleton.up_axis] = 0.0  # its path on the floor, not its height
+    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source,
+                    strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
+                    fit_steps=fit_steps, fit_rate=fit_rate)
+    return s.codec.decode(s.stats.raw(z))
+
+
 def gap(length: int, missing: int, count: int, rng, margin: int = 4) -> np.ndarray:
     """``[count, length]`` bool: every frame given but ``missing`` consecutive ones at a random place at
     least ``margin`` frames from either end (there is motion on both sides to join)."""
