@@ -1,7 +1,8 @@
 """Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
 
 ``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.4,...,0.8]
-[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--limit 0]
+[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--inbetween-samples 8] [--choose-at 15]
+[--tasks transfer,inbetweening] [--inbetween-limit 0] [--limit 0]
 [--out docs/results/generation_tasks]`` reads a finished run of
 ``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
 
@@ -16,11 +17,14 @@ skating ratio; 95% intervals over clips.
 
 **In-betweening** (:func:`motionjax.generation.edit.inbetween`): ``--missing`` consecutive frames of each
 whole window (no padding) removed at a random place and generated with the window's labels, from the
-interpolated window's latent noised to flow time ``1 - strength`` (the strength chosen on validation,
-15 missing frames, among ``--inbetween-strengths``); against
-linear root / slerp rotation interpolation (:func:`motionjax.generation.edit.interpolate`). Scored by
-MPJPE (cm, on the skeleton's bones, in the window frame) at the given frames and at the missing ones,
-and the skating ratio; 95% intervals over clips, and the paired difference per clip.
+interpolated window's latent noised to flow time ``1 - strength`` (chosen on validation among
+``--inbetween-strengths``, at ``--choose-at`` missing frames or at each gap's own); the result is the
+mean of ``--inbetween-samples`` samples joined to the given frames (:func:`motionjax.generation.edit.join`),
+one sample joined beside it; against linear root / slerp rotation interpolation
+(:func:`motionjax.generation.edit.interpolate`). Scored by MPJPE (cm, on the skeleton's bones, in the
+window frame) at the given frames and at the missing ones, and the skating ratio; 95% intervals over
+clips, and the paired difference per clip. ``--tasks`` runs one of the two; ``--inbetween-limit`` scores
+at most that many windows, spread over the split.
 
 Writes ``OUT.json`` and prints both tables.
 """
@@ -136,10 +140,12 @@ def transfer(s, model, split: str, scales, strength: float, seed: int, limit: in
 
 
 def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: int = 0,
-                 strength: float = 1.0) -> dict:
+                 strength: float = 1.0, samples: int = 8, single: bool = True) -> dict:
     """The in-betweening table for ``missing`` frames: ``{method: {metric: {"value", "ci"}}}`` and the
-    paired per-clip difference of MPJPE on the missing frames; ``strength``: how much of the flow the
-    generator runs from the interpolated window's latent (1: the missing frames from noise)."""
+    paired per-clip differences of MPJPE on the missing frames; ``strength``: how much of the flow the
+    generator runs from the interpolated window's latent (1: the missing frames from noise); ``samples``:
+    the generator's result is the mean of that many samples, joined to the given frames
+    (:func:`motionjax.generation.edit.join`); ``single``: one sample, joined, beside it."""
     import jax
 
     from motionjax.evaluation import intervals
@@ -155,15 +161,17 @@ def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: i
     known = edit.gap(w.valid.shape[1], missing, len(w), rng)
     truth = latents.motion(s.info, w.features)[2]
     key = jax.random.key(seed + missing)
-    made = {
-        "generator": edit.inbetween(s, model, w.features, known, labels, scales, key, strength),
-        "interpolation": edit.interpolate(s.info, w.features, known),
-    }
+    run = lambda k: edit.inbetween(s, model, w.features, known, labels, scales, key, strength,  # noqa: E731
+                                   join_ends=True, samples=k)
+    made = {f"generator (mean of {samples})": run(samples)}
+    if single and samples > 1:
+        made["generator (one sample)"] = run(1)
+    made["interpolation"] = edit.interpolate(s.info, w.features, known)
     out, errors = {}, {}
+    given, free = known.sum(1), (~known).sum(1)
     for name, x in made.items():
         pos = latents.motion(s.info, x)[2]
         err = 100 * np.linalg.norm(pos - truth, axis=-1).mean(-1)  # [B, T] cm
-        given, free = known.sum(1), (~known).sum(1)
         errors[name] = (err * ~known).sum(1) / free
         sums, counts = s.score(x, None, w.valid)["plausibility"]["skate_ratio"]
         out[name] = _interval_row({
@@ -174,10 +182,12 @@ def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: i
     truth_sums, truth_counts = s.real[split]["plausibility"]["skate_ratio"]
     out["real"] = _interval_row({"skate_ratio": intervals.mean_interval(
         truth_sums[whole] / np.maximum(truth_counts[whole], 1), w.clip, truth_counts[whole])})
-    diff = intervals.paired_difference(errors["generator"], errors["interpolation"], w.clip, (~known).sum(1))
-    out["generator - interpolation, missing frames (cm)"] = {
-        "value": diff["mean"], "ci": [diff["lo"], diff["hi"]], "gain": diff["gain"]}
-    out["windows"] = int(len(w))
+    for name in made:
+        if name != "interpolation":
+            diff = intervals.paired_difference(errors[name], errors["interpolation"], w.clip, free)
+            out[f"{name} - interpolation, missing frames (cm)"] = {
+                "value": diff["mean"], "ci": [diff["lo"], diff["hi"]], "gain": diff["gain"]}
+    out["windows"], out["clips"] = int(len(w)), int(len(np.unique(w.clip)))
     return out
 
 
@@ -195,6 +205,15 @@ def main(argv=None) -> dict:
     p.add_argument("--missing", default="5,15,30")
     p.add_argument("--inbetween-strengths", default="0.25,0.5,0.75,1.0",
                    help="in-betweening: flow time redone from the interpolation (chosen on --choose-split)")
+    p.add_argument("--inbetween-samples", type=int, default=8,
+                   help="in-betweening: the result is the mean of this many samples, joined to the given "
+                   "frames")
+    p.add_argument("--inbetween-limit", type=int, default=0,
+                   help="in-betweening: at most this many windows of the reported split (0: all)")
+    p.add_argument("--choose-at", default="15",
+                   help="in-betweening: the gap (missing frames) its strength is chosen at, or 'each' gap "
+                   "its own")
+    p.add_argument("--tasks", default="transfer,inbetweening", help="which of the two to run")
     p.add_argument("--choose-split", default="validation", help="where both strengths are chosen")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="at most this many windows (0: all; tests)")
@@ -206,6 +225,24 @@ def main(argv=None) -> dict:
                                                s.config.generation.style_scale))
     result = {"command": "python benchmarks/generation_tasks.py " + " ".join(argv or sys.argv[1:]),
               "workdir": str(args.workdir), "split": args.split, "guidance": list(scales)}
+    tasks = set(args.tasks.split(","))
+    if tasks - {"transfer", "inbetweening"}:
+        p.error(f"--tasks {args.tasks}: transfer and/or inbetweening")
+    if "transfer" in tasks:
+        transfer_task(result, s, model, scales, args)
+    if "inbetweening" in tasks:
+        inbetween_task(result, s, model, scales, args)
+    result["wall_s"] = time.perf_counter() - clock
+    result["table"] = table(result)
+    print("\n".join(result["table"]), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def transfer_task(result: dict, s, model, scales, args) -> None:
+    """Style transfer: the strength chosen on ``--choose-split``, the table on ``--split``."""
     strengths = [float(x) for x in args.strength.split(",")]
     chosen, tried = (strengths[0], {}) if len(strengths) == 1 else choose_strength(
         s, model, args.choose_split, scales, strengths, args.seed + 2)
@@ -214,31 +251,40 @@ def main(argv=None) -> dict:
           + ", ".join(f"{k}: {a:.2f} / {b:.2f}" for k, (a, b) in tried.items()) + ")", flush=True)
     result["style_transfer"] = transfer(s, model, args.split, scales, chosen, args.seed, args.limit)
     print(json.dumps(result["style_transfer"], indent=1), flush=True)
-    # In-betweening's strength, chosen on validation (never on the reported split): the lowest MPJPE on
-    # the missing frames at 15 of them, on at most 400 windows.
+
+
+def inbetween_task(result: dict, s, model, scales, args) -> None:
+    """In-betweening: the strength chosen on ``--choose-split`` (at ``--choose-at`` missing frames, or at
+    each gap's own), the table on ``--split``."""
     strengths = [float(x) for x in args.inbetween_strengths.split(",")]
-    result["inbetween_strength_choice"] = {
-        str(x): inbetweening(s, model, args.choose_split, scales, 15, args.seed + 1,
-                             args.limit or 400, x)["generator"]["mpjpe_missing_cm"]
-        for x in strengths} if len(strengths) > 1 else {}
-    tried = result["inbetween_strength_choice"]
-    chosen = min(strengths, key=lambda x: tried[str(x)]["value"]) if tried else strengths[0]
-    result["inbetween_strength"] = chosen
-    print(f"in-betweening strength {chosen} (on {args.choose_split}: "
-          + ", ".join(f"{k}: {v['value']:.2f} cm" for k, v in tried.items())
-          + ")", flush=True)
+    k = args.inbetween_samples
+
+    def choose(m: int):
+        # The lowest MPJPE on the missing frames, on at most 400 windows of validation (never the
+        # reported split).
+        name = f"generator (mean of {k})"
+        tried = {str(x): inbetweening(s, model, args.choose_split, scales, m, args.seed + 1,
+                                      args.limit or 400, x, k, single=False)[name]["mpjpe_missing_cm"]
+                 for x in strengths} if len(strengths) > 1 else {}
+        chosen = min(strengths, key=lambda x: tried[str(x)]["value"]) if tried else strengths[0]
+        print(f"in-betweening strength {chosen} (on {args.choose_split}, {m} missing frames: "
+              + ", ".join(f"{x}: {v['value']:.2f} cm" for x, v in tried.items()) + ")", flush=True)
+        return chosen, tried
+
+    gaps = list(map(int, args.missing.split(",")))
+    each = args.choose_at == "each"
+    if not each:
+        result["inbetween_strength"], result["inbetween_strength_choice"] = choose(int(args.choose_at))
     result["inbetweening"] = {}
-    for m in map(int, args.missing.split(",")):
-        result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed, args.limit,
-                                                      chosen)
+    for m in gaps:
+        chosen = result.get("inbetween_strength")
+        if each:
+            chosen, tried = choose(m)
+            result.setdefault("inbetween_strength_each", {})[str(m)] = {"chosen": chosen, "tried": tried}
+        result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed,
+                                                      args.inbetween_limit or args.limit, chosen, k)
+        result["inbetweening"][str(m)]["strength"] = chosen
         print(m, json.dumps(result["inbetweening"][str(m)], indent=1), flush=True)
-    result["wall_s"] = time.perf_counter() - clock
-    result["table"] = table(result)
-    print("\n".join(result["table"]), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    return result
 
 
 def _cell(entry: dict | None, digits: int = 2) -> str:
@@ -249,25 +295,36 @@ def _cell(entry: dict | None, digits: int = 2) -> str:
 
 
 def table(result: dict) -> list[str]:
-    """Both tables as markdown."""
-    st = result["style_transfer"]
-    cols = ("accuracy_target_style", "accuracy_content", "feature_distance", "root_distance_cm", "fid",
-            "skate_ratio")
-    lines = [f"style transfer, {result['split']} ({st['windows']} windows), strength {result['strength']:g}",
-             "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    for name, row in st.items():
-        if isinstance(row, dict):
-            lines.append(f"| {name} | " + " | ".join(_cell(row.get(c)) for c in cols) + " |")
+    """The tables run, as markdown."""
+    lines = []
+    if "style_transfer" in result:
+        st = result["style_transfer"]
+        cols = ("accuracy_target_style", "accuracy_content", "feature_distance", "root_distance_cm", "fid",
+                "skate_ratio")
+        lines += [f"style transfer, {result['split']} ({st['windows']} windows), "
+                  f"strength {result['strength']:g}",
+                  "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for name, row in st.items():
+            if isinstance(row, dict):
+                lines.append(f"| {name} | " + " | ".join(_cell(row.get(c)) for c in cols) + " |")
+        lines.append("")
+    if "inbetweening" not in result:
+        return lines
     cols = ("mpjpe_given_cm", "mpjpe_missing_cm", "skate_ratio")
-    lines += ["", f"in-betweening, {result['split']}",
+    strength = result.get("inbetween_strength", "chosen per gap")
+    lines += [f"in-betweening, {result['split']}, strength {strength}",
               "| missing frames | method | " + " | ".join(cols) + " |", "|---:|---|" + "---:|" * len(cols)]
     for m, rows in result["inbetweening"].items():
         for name, row in rows.items():
-            if name in ("generator", "interpolation", "real"):
+            if isinstance(row, dict) and "mpjpe_missing_cm" in row or name == "real":
                 cells = [_cell(row.get(c), 3 if c == "skate_ratio" else 2) for c in cols]
-                lines.append(f"| {m} ({rows['windows']} windows) | {name} | " + " | ".join(cells) + " |")
-        d = rows["generator - interpolation, missing frames (cm)"]
-        lines.append(f"| {m} | generator − interpolation (paired) | | {_cell(d)} ({d['gain']}) | |")
+                lines.append(f"| {m} ({rows['windows']} windows, {rows.get('clips', '?')} clips, strength "
+                             f"{rows.get('strength', strength)}) | {name} | "
+                             + " | ".join(cells) + " |")
+        for name, d in rows.items():
+            if name.endswith("missing frames (cm)"):
+                method = name.split(", missing")[0]
+                lines.append(f"| {m} | {method} (paired) | | {_cell(d)} ({d['gain']}) | |")
     return lines
 
 

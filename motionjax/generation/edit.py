@@ -9,11 +9,12 @@ replacement, Lugmayr et al. 2022):
   style, the less of the source is kept;
 * :func:`extend`: a window continued past its end, window after window, each new one in-betweened from
   the last ``overlap`` frames before it (a motion longer than the generator's window);
-* :func:`inbetween`: frames ``known [B, T]`` of a window given (the others missing: a gap to fill, or
-  every frame but the root path to follow); the latent frames whose frames are all given are held on the
-  source's path while the others are generated around them, from noise (``strength`` 1). The source's
-  missing frames are first filled by :func:`interpolate` (the baseline it is scored against), so the
-  encoder sees a whole window.
+* :func:`inbetween`: frames ``known [B, T]`` of a window given (the others missing: a gap to fill); the
+  source's missing frames are first filled by :func:`interpolate` (the baseline it is scored against),
+  so the encoder sees a whole window, its latent noised to ``1 − strength`` and integrated; the result
+  meets the given frames by replacement of the latent frames they cover, by reconstruction guidance
+  (:func:`.flow.reconstruction_cost`) and/or by :func:`join` (given frames exact, the residual at each
+  gap's ends blended across it), optionally the mean of several samples.
 
 All features are standardized ``[B, N, C, F]`` windows of the experiment (:class:`.run.Setup`).
 """
@@ -25,7 +26,7 @@ import numpy as np
 
 from motionjax.core import features as feat
 from motionjax.data import transforms
-from motionjax.generation import flow
+from motionjax.generation import flow, latents
 
 
 def interpolate(info, x, known) -> np.ndarray:
@@ -63,13 +64,73 @@ def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarr
     return s.codec.decode(s.stats.raw(z))
 
 
-def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0) -> np.ndarray:
+def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
+              fit_steps: int = 0, fit_rate: float = 0.0, join_ends: bool = False,
+              samples: int = 1) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` with the frames ``known [B, T]`` given, the others generated (labels
-    ``[B, n_keys]``: the source's)."""
+    ``[B, n_keys]``: the source's), from the interpolated window's latent noised to ``1 − strength``.
+    ``hold``: the latent frames whose frames are all given held on the source's path (replacement);
+    ``fit_steps``, ``fit_rate``: reconstruction guidance toward the given frames
+    (:func:`.flow.reconstruction_cost`); ``join_ends``: the result :func:`join`-ed to the given frames;
+    ``samples``: the mean of that many samples' features (each of its own noise; a Monte Carlo estimate
+    of the posterior mean, which the error against one true motion rewards, at the cost of the
+    samples' variety: a mean of motions moves less than each)."""
     g = s.config.generation
-    source = s.stats.standardize(s.codec.encode(interpolate(s.info, x, known)))
-    held = latent_known(known, source.shape[1])
-    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength, known=held)
+    filled = interpolate(s.info, x, known)
+    source = s.stats.standardize(s.codec.encode(filled))
+    held = latent_known(known, source.shape[1]) if hold else None
+    target = weight = None
+    if fit_steps > 0:  # the given frames' joint positions, every joint weighed
+        target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
+        weight = np.broadcast_to(np.asarray(known, np.float32)[..., None, None], target.shape)
+    made = 0.0
+    for k in range(samples):
+        draw = key if samples == 1 else jax.random.fold_in(key, k)
+        z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
+                        known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
+                        fit_steps=fit_steps, fit_rate=fit_rate)
+        made = made + s.codec.decode(s.stats.raw(z)) / samples
+    return join(x, made, known) if join_ends else made
+
+
+def join(x, made, known) -> np.ndarray:
+    """``made [B, N, C, F]`` joined to the given frames of ``x`` (``known [B, T]``; standardized features):
+    the given frames are ``x``'s exactly, and each missing one is ``made``'s plus the residual ``x − made``
+    at the nearest given frames on either side, blended linearly across the gap (so the generated
+    middle meets the given motion with no jump; a gap at a window's end takes its one side's residual)."""
+    x, made = np.asarray(x, np.float32), np.asarray(made, np.float32)
+    shape, known = x.shape, np.asarray(known, bool)
+    b, t = known.shape
+    x, made = x.reshape(b, t, -1), made.reshape(b, t, -1)
+    frames = np.broadcast_to(np.arange(t), (b, t))
+    before = np.maximum.accumulate(np.where(known, frames, -1), axis=1)  # last given frame at or before
+    after = np.minimum.accumulate(np.where(known, frames, t)[:, ::-1], axis=1)[:, ::-1]  # first at or after
+    if (before[:, -1] < 0).any():
+        raise ValueError("a window with no given frame cannot be joined")
+    before_ = np.where(before < 0, after, before)
+    after_ = np.where(after >= t, before_, after)
+    rows = np.arange(b)[:, None]
+    residual = x - made
+    w = np.where(after_ > before_, (frames - before_) / np.maximum(after_ - before_, 1), 0.0)[..., None]
+    blended = made + (1 - w) * residual[rows, before_] + w * residual[rows, after_]
+    return np.where(known[..., None], x, blended).reshape(shape).astype(np.float32)
+
+
+def follow_path(s, model, x, labels, scales, key, fit_steps: int = 2, fit_rate: float = 0.5,
+                strength: float = 1.0, source=None) -> np.ndarray:
+    """Trajectory control: windows that walk the root path of ``x [B, N, C, F]`` (the root's horizontal
+    position at every frame, window frame), generated with ``labels [B, n_keys]`` by reconstruction
+    guidance on the decoded root alone (:func:`.flow.reconstruction_cost`, weight on the root joint's
+    horizontal coordinates); ``source`` (standardized latents): start from it noised to ``1 − strength``
+    (None: from noise)."""
+    g = s.config.generation
+    target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
+    weight = np.zeros(target.shape, np.float32)
+    weight[:, :, 0] = 1.0  # the root joint
+    weight[..., s.info.skeleton.up_axis] = 0.0  # its path on the floor, not its height
+    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source,
+                    strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
+                    fit_steps=fit_steps, fit_rate=fit_rate)
     return s.codec.decode(s.stats.raw(z))
 
 

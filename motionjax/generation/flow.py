@@ -209,13 +209,51 @@ def train_generator(g, latents, labels, classes, *, seed: int, physics=None, log
     return model, {"steps_per_s": rate, "history": history}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from", "start"))
+def reconstruction_cost(codec, codec_state, stats: LatentStats, info) -> PhysicsCost:
+    """``cost(params, z [B, L, D], target [B, T, J, 3], weight [B, T, J, 3]) -> [B]``: per window, the
+    weighted mean squared distance (cm²) between the joint positions that ``z`` (standardized latents)
+    decodes to, on the skeleton's bones, and ``target`` (m), ``weight`` 0 where nothing is given:
+    in-betweening weighs every joint of the given frames, trajectory control the root's horizontal path.
+    Positions, not standardized features: a few near-constant features have a std of ~0.003 and would
+    outweigh the rest."""
+    sk = info.skeleton
+    params = {"codec": codec_state, "z_mean": np.asarray(stats.mean), "z_std": np.asarray(stats.std),
+              "mean": np.asarray(info.mean, np.float32), "std": np.asarray(info.std, np.float32)}
+
+    def cost(p, z, target, weight):
+        x = codec.decode_fn(p["codec"], z * p["z_std"] + p["z_mean"])  # [B, N, C, F]
+        x = destandardize(x.reshape(x.shape[0], -1, x.shape[-1]), p["mean"], p["std"])
+        root, rotations = unpack(sk, x)
+        pos = forward_kinematics(sk, rotations, root)[0]  # [B, T, J, 3]
+        axes = tuple(range(1, pos.ndim))
+        return jnp.sum(weight * (100 * (pos - target)) ** 2, axes) / jnp.maximum(jnp.sum(weight, axes), 1e-9)
+
+    return PhysicsCost(cost, params)
+
+
+def fit_step(fit, params, z, target, weight, rate, max_step: float = 0.02):
+    """One Polyak step per window on ``cost = fit(params, z, target, weight) [B]``: ``z − rate · cost /
+    ‖∇cost‖² · ∇cost``, the step that removes ``rate`` of each window's cost where the cost is linear (its
+    least value 0: the given frames met). Scale-free: the same rate for any decoder and any units. Its
+    RMS is capped at ``max_step`` (standardized latent units): where the decoder cannot meet the target,
+    the gradient vanishes at a nonzero cost and the uncapped step would grow without bound."""
+    cost, vjp = jax.vjp(lambda z: fit(params, z, target, weight), z)
+    grad = vjp(jnp.ones_like(cost))[0]  # [B, L, D]: each window's cost depends on its own latent only
+    norm = jnp.sum(grad**2, axis=(1, 2), keepdims=True)
+    step = rate * cost[:, None, None] / (norm + 1e-12) * grad
+    rms = jnp.sqrt(jnp.mean(step**2, axis=(1, 2), keepdims=True))
+    return z - step * jnp.minimum(1.0, max_step / (rms + 1e-12))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from", "start", "fit",
+                                             "fit_steps"))
 def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, guide_params=None,
-            guide_scale=0.0, guide_from=0.5, start: int = 0, source=None, known=None):
+            guide_scale=0.0, guide_from=0.5, start: int = 0, source=None, known=None, fit=None,
+            fit_params=None, target=None, weight=None, fit_steps: int = 0, fit_rate=0.0):
     model = nnx.merge(graphdef, params)
     # Editing (:func:`sample`'s ``source``): the flow's state at t = start / steps on the straight path
     # from this noise to the source, and the ``known`` latent frames [B, L] held on that path every step.
-    on_path = lambda x, t: x if source is None else jnp.where(  # noqa: E731
+    on_path = lambda x, t: x if source is None or known is None else jnp.where(  # noqa: E731
         known[..., None], (1 - t) * noise + t * source, x)
     b, n_keys = labels.shape
     none = jnp.asarray(model.classes, labels.dtype)
@@ -239,17 +277,25 @@ def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, gui
 
             on = i >= int(np.ceil(guide_from * steps))
             guided = guided - guide_scale * jax.lax.cond(on, push, jnp.zeros_like, x1_hat)
-        return x + guided / steps
+        if fit is None:
+            return x + guided / steps
+        # Reconstruction guidance (DiffPIR's step, Zhu et al. 2023, on the flow's straight paths): the
+        # clean estimate x̂₁ is moved down the gradient of the given frames' decoding error (``fit_steps``
+        # of :func:`fit_step`), the noise estimate x̂₀ = x − t·v kept, and the state put back on the
+        # straight path between them at the next time.
+        x0_hat, x1_hat = x - (i / steps) * guided, x + (1 - i / steps) * guided
+        x1_fit = jax.lax.fori_loop(0, fit_steps, lambda _, z: fit_step(fit, fit_params, z, target, weight,
+                                                                       fit_rate), x1_hat)
+        return (1 - (i + 1) / steps) * x0_hat + (i + 1) / steps * x1_fit
 
-    if source is None:
-        return jax.lax.fori_loop(start, steps, body, noise)
-    x = jax.lax.fori_loop(start, steps, body, (1 - start / steps) * noise + start / steps * source)
-    return on_path(x, 1.0)
+    x = noise if source is None else (1 - start / steps) * noise + start / steps * source
+    return on_path(jax.lax.fori_loop(start, steps, body, x), 1.0)
 
 
 def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128, guide=None,
            guide_scale: float = 0.0, guide_from: float = 0.5, source=None, strength: float = 1.0,
-           known=None) -> np.ndarray:
+           known=None, fit=None, target=None, weight=None, fit_steps: int = 0,
+           fit_rate: float = 0.0) -> np.ndarray:
     """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: Euler steps of the guided flow
     from Gaussian noise (``key``); ``scales`` one guidance scale per label key; ``guide``
     (:func:`physics_cost`, the same object each call: it is part of the compiled program's key) with
@@ -259,8 +305,13 @@ def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int =
     (standardized latents) is noised to flow time ``1 − strength`` (``x_t = (1 − t) ε + t·source``) and the
     flow integrated from there to 1 with the labels asked for (style transfer: the source's content, another
     style); ``known [B, L]`` (bool): latent frames held on the source's path at every step and equal to it at
-    the end (inpainting, as RePaint's replacement, Lugmayr et al. 2022: in-betweening, a given root path),
-    the others generated to fit them."""
+    the end (inpainting, as RePaint's replacement, Lugmayr et al. 2022), the others generated to fit them.
+
+    Reconstruction guidance (``fit``: :func:`reconstruction_cost`, the same object each call, with
+    ``fit_steps > 0``: that many :func:`fit_step` of ``fit_rate``, 0 to 1) at every step the clean estimate is
+    pulled toward decoding to ``target [B, T, J, 3]``
+    (joint positions, m) where ``weight [B, T, J, 3]`` is nonzero, per window (in-betweening: the given
+    frames; trajectory control: a root path; :func:`reconstruction_cost`)."""
     labels = np.asarray(labels, np.int32)
     graphdef, params = nnx.split(model)
     length, d = model.position.shape[0], model.head.out_features
@@ -268,12 +319,21 @@ def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int =
     scales = jnp.asarray(scales, jnp.float32)
     fn, guide_params = (guide.fn, guide.params) if guide is not None and guide_scale > 0 else (None, None)
     start = int(round((1.0 - strength) * steps)) if source is not None else 0
-    if source is not None and known is None:
-        known = np.zeros((len(labels), length), bool)
-    run = lambda x, y, src=None, kn=None: _sample(  # noqa: E731
-        graphdef, params, x, y, scales, steps, fn, guide_params, jnp.float32(guide_scale), float(guide_from),
-        start, None if src is None else jnp.asarray(src, jnp.float32),
-        None if kn is None else jnp.asarray(kn))
-    return generative.in_batches(run, batch, noise, labels,
-                                 None if source is None else np.asarray(source, np.float32),
-                                 None if known is None else np.asarray(known, bool))
+    fitting = fit is not None and fit_steps > 0
+    if fitting and (target is None or weight is None):
+        raise ValueError("reconstruction guidance needs a target and its weight")
+    arrays = {"x": noise, "y": labels, "src": source, "kn": known, "target": target if fitting else None,
+              "weight": weight if fitting else None}
+    names = [k for k, a in arrays.items() if a is not None]
+    dtypes = {"y": np.int32, "kn": bool}
+
+    def run(*parts):
+        a = dict(zip(names, parts, strict=True))
+        return _sample(graphdef, params, jnp.asarray(a["x"]), jnp.asarray(a["y"]), scales, steps, fn,
+                       guide_params, jnp.float32(guide_scale), float(guide_from), start, a.get("src"),
+                       a.get("kn"), fit.fn if fitting else None, fit.params if fitting else None,
+                       a.get("target"), a.get("weight"), int(fit_steps) if fitting else 0,
+                       jnp.float32(fit_rate))
+
+    return generative.in_batches(run, batch, *(np.asarray(arrays[k], dtypes.get(k, np.float32))
+                                               for k in names))

@@ -82,6 +82,11 @@ class Setup:
         return flow.physics_cost(self.codec, self.codec.state, self.stats, self.info, float(self.info.fps),
                                  self.feet)
 
+    @functools.cached_property
+    def fit(self):
+        """:func:`.flow.reconstruction_cost` of this experiment (one object: it keys the compiled sampler)."""
+        return flow.reconstruction_cost(self.codec, self.codec.state, self.stats, self.info)
+
     def score(self, x, offsets=None, valid=None) -> dict:
         """Evaluator features, predicted classes and plausibility window sums of standardized features
         ``[K, N, C, F]`` (on ``offsets``; None: the skeleton's bones) over the frames ``valid [K, T]`` (None:
