@@ -145,14 +145,34 @@ def read_window(root_span, rot_span, length, window: int, speed=None):
     valid = (f <= length - 1).astype(np.float32)
     f = xp.minimum(f, (length - 1).astype(np.float32))
     i0 = xp.floor(f).astype(np.int32)
-    i1 = xp.minimum(i0 + 1, root_span.shape[-2] - 1)
-    frac = (f - i0).astype(root_span.dtype)[..., None]
-    take = lambda x, i: xp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - i.ndim)),  # noqa: E731
-                                           axis=i.ndim - 1)
-    root = take(root_span, i0) * (1 - frac) + take(root_span, i1) * frac
-    quats = rot.quat_nlerp(take(rot_span, i0), take(rot_span, i1),
-                           xp.broadcast_to(frac, i0.shape + (rot_span.shape[-2],)))
+    root, quats = lerp_frames(root_span, rot_span, i0, xp.minimum(i0 + 1, root_span.shape[-2] - 1), f - i0)
     return root, quats.astype(rot_span.dtype), valid
+
+
+def lerp_frames(root_position, rotations, i0, i1, frac):
+    """Windows ``[..., S, 3]``, ``[..., S, J, 4]`` at fractional frames: frame ``t`` of the result is
+    ``(1 - frac)·x[i0] + frac·x[i1]`` (``i0``, ``i1`` ``[..., T]`` int with ``i1 - i0`` 0 or 1, ``frac
+    [..., T]``), the root lerped and the rotations nlerped (:func:`rot.quat_nlerp`).
+
+    One batched matmul by the ``[..., T, S]`` interpolation weights, not two gathers and an nlerp: on
+    XLA:CPU a fifth of the augmentation program's time went to those. The lerp is linear once every
+    frame's quaternions lie on the previous frame's hemisphere (a running product of the signs of
+    neighbours' dot products; ``q`` and ``-q`` are one rotation), which is nlerp's shortest-arc flip.
+    Returns ``(root [..., T, 3], rotations [..., T, J, 4])``; a rotation may come back as ``-q`` of
+    nlerp's (the same rotation)."""
+    xp = rot._xp(root_position, rotations, i0, i1, frac)
+    dtype, (s, j) = root_position.dtype, rotations.shape[-3:-1]
+    dot = rot.component_sum(rotations[..., 1:, :, :] * rotations[..., :-1, :, :])  # [..., S-1, J]
+    sign = xp.cumprod(xp.where(dot < 0, -1.0, 1.0).astype(dtype), axis=-2)
+    sign = xp.concatenate([xp.ones_like(sign[..., :1, :]), sign], axis=-2)[..., None]
+    x = xp.concatenate([root_position, (rotations * sign).reshape(*rotations.shape[:-3], s, j * 4)], -1)
+    frames = np.arange(s)
+    frac = xp.asarray(frac).astype(dtype)[..., None]
+    w = (i0[..., None] == frames) * (1 - frac) + (i1[..., None] == frames) * frac  # [..., T, S]
+    # Full float32 on every backend (a GPU's default may round the inputs to TF32's 10 bits).
+    kw = {} if xp is np else {"precision": "highest"}
+    y = xp.einsum("...ts,...sf->...tf", w.astype(dtype), x, **kw)
+    return y[..., :3], rot.quat_normalize(y[..., 3:].reshape(*y.shape[:-1], j, 4))
 
 
 def reverse_window(root_position, rotations, valid, flip):
@@ -476,7 +496,7 @@ def rotation_noise(skeleton: Skeleton, rotations, eps):
     hinges (they stay on their axis) and zero for fixed joints."""
     ball = skeleton.ball_mask.astype(eps.dtype)[:, None]
     hinge_axes = skeleton.hinge_axes.astype(eps.dtype)
-    eps = eps * ball + (eps * hinge_axes).sum(axis=-1, keepdims=True) * hinge_axes
+    eps = eps * ball + rot.component_sum(eps * hinge_axes, keepdims=True) * hinge_axes
     return rot.quat_mul(rotations, rot.axis_angle_to_quat(eps))
 
 
@@ -488,12 +508,7 @@ def time_warp(root_position, rotations, delta):
     shift = xp.asarray(delta, np.float32)[..., None] * np.sin(np.pi * base / max(t - 1, 1)).astype(np.float32)
     u = xp.clip(base + shift, 0, t - 1)  # [..., T]
     i0 = xp.minimum(xp.floor(u).astype(np.int32), t - 2)
-    frac = (u - i0).astype(root_position.dtype)[..., None]  # [..., T, 1]
-    take = lambda x, i: xp.take_along_axis(x, i.reshape(i.shape + (1,) * (x.ndim - i.ndim)), axis=i.ndim - 1)  # noqa: E731
-    root = take(root_position, i0) * (1 - frac) + take(root_position, i0 + 1) * frac
-    frac_j = xp.broadcast_to(frac, i0.shape + (rotations.shape[-2],))
-    quats = rot.quat_nlerp(take(rotations, i0), take(rotations, i0 + 1), frac_j)
-    return root, quats
+    return lerp_frames(root_position, rotations, i0, i0 + 1, u - i0)
 
 
 def hold_last(x, observed: int):
