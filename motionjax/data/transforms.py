@@ -154,24 +154,21 @@ def lerp_frames(root_position, rotations, i0, i1, frac):
     ``(1 - frac)·x[i0] + frac·x[i1]`` (``i0``, ``i1`` ``[..., T]`` int with ``i1 - i0`` 0 or 1, ``frac
     [..., T]``), the root lerped and the rotations nlerped (:func:`rot.quat_nlerp`).
 
-    One batched matmul by the ``[..., T, S]`` interpolation weights, not two gathers and an nlerp: on
-    XLA:CPU a fifth of the augmentation program's time went to those. The lerp is linear once every
-    frame's quaternions lie on the previous frame's hemisphere (a running product of the signs of
-    neighbours' dot products; ``q`` and ``-q`` are one rotation), which is nlerp's shortest-arc flip.
-    Returns ``(root [..., T, 3], rotations [..., T, J, 4])``; a rotation may come back as ``-q`` of
-    nlerp's (the same rotation)."""
+    Every frame's quaternions are first put on the previous frame's hemisphere (a running product of
+    the signs of neighbours' dot products; ``q`` and ``-q`` are one rotation), which is nlerp's
+    shortest-arc flip done once per frame; then whole frames are gathered and lerped together. On
+    XLA:CPU the per-pair flip and the per-joint gathers of :func:`rot.quat_nlerp` took a fifth of the
+    augmentation program. Returns ``(root [..., T, 3], rotations [..., T, J, 4])``; a rotation may
+    come back as ``-q`` of nlerp's (the same rotation)."""
     xp = rot._xp(root_position, rotations, i0, i1, frac)
     dtype, (s, j) = root_position.dtype, rotations.shape[-3:-1]
     dot = rot.component_sum(rotations[..., 1:, :, :] * rotations[..., :-1, :, :])  # [..., S-1, J]
     sign = xp.cumprod(xp.where(dot < 0, -1.0, 1.0).astype(dtype), axis=-2)
     sign = xp.concatenate([xp.ones_like(sign[..., :1, :]), sign], axis=-2)[..., None]
     x = xp.concatenate([root_position, (rotations * sign).reshape(*rotations.shape[:-3], s, j * 4)], -1)
-    frames = np.arange(s)
     frac = xp.asarray(frac).astype(dtype)[..., None]
-    w = (i0[..., None] == frames) * (1 - frac) + (i1[..., None] == frames) * frac  # [..., T, S]
-    # Full float32 on every backend (a GPU's default may round the inputs to TF32's 10 bits).
-    kw = {} if xp is np else {"precision": "highest"}
-    y = xp.einsum("...ts,...sf->...tf", w.astype(dtype), x, **kw)
+    take = lambda i: xp.take_along_axis(x, i[..., None], axis=-2)  # noqa: E731  (whole frames [..., T, F])
+    y = take(i0) * (1 - frac) + take(i1) * frac
     return y[..., :3], rot.quat_normalize(y[..., 3:].reshape(*y.shape[:-1], j, 4))
 
 
