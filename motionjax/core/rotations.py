@@ -53,6 +53,15 @@ def component_sum(x, keepdims: bool = False):
     return s[..., None] if keepdims else s
 
 
+def materialize(x):
+    """``x``, computed once as its own pass (jax: an optimization barrier; numpy: ``x`` itself).
+
+    XLA fuses a cheap producer into each of its consumers and recomputes it there; where the
+    consumers read ``[..., 3]`` / ``[..., 4]`` components apart (an exp map, a quaternion product)
+    that is one recomputation per component, which costs more on XLA:CPU than one pass to memory."""
+    return x if _xp(x) is np else jax.lax.optimization_barrier(x)
+
+
 def _safe_norm(v, axis=-1, keepdims=False):
     """Norm with a finite gradient at zero."""
     xp = _xp(v)
