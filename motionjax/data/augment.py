@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from motionjax.core import features
+from motionjax.core import rotations as rot
 from motionjax.data import transforms
 from motionjax.data.info import DatasetInfo
 
@@ -41,6 +42,15 @@ def purpose(keys, which: int):
     return jax.vmap(lambda k: jax.random.fold_in(k, which))(keys)
 
 
+def draw(sample, key, shape: tuple, **kw):
+    """``sample(key, shape, **kw)`` (a ``jax.random`` draw), drawn flat and reshaped: the same numbers
+    (the counters of a draw are its row-major indices), ~4x cheaper on XLA:CPU for an ``[..., 3]``
+    shape. Drawn as ``shape``, or fused into an ``[..., 3]`` consumer, every element's counter is
+    rebuilt from its multi-dimensional index in 2x32-bit arithmetic; the barrier keeps the draw its
+    own flat loop (46k normals: 1.6 -> 0.3 ms)."""
+    return rot.materialize(sample(key, (int(np.prod(shape)),), **kw)).reshape(shape)
+
+
 def sample_noise(keys, noise: transforms.Noise, frames: int, skeleton) -> dict:
     """The draws of :meth:`transforms.Noise.sample` for windows ``[B, frames]``, one key each: the same
     distributions, drawn with jax. A draw whose probability or scale is 0 is left out, so
@@ -52,11 +62,11 @@ def sample_noise(keys, noise: transforms.Noise, frames: int, skeleton) -> dict:
         k = jax.random.split(key, 7)
         d = {}
         if noise.rot_std:
-            d["rot"] = jax.random.normal(k[0], (frames, j, 3)) * noise.rot_std
+            d["rot"] = draw(jax.random.normal, k[0], (frames, j, 3)) * noise.rot_std
         if noise.pos_std:
-            d["pos"] = jax.random.normal(k[1], (frames, 3)) * noise.pos_std
+            d["pos"] = draw(jax.random.normal, k[1], (frames, 3)) * noise.pos_std
         if noise.joint_mask_prob:
-            d["joint_mask"] = jax.random.uniform(k[2], (frames, r)) < noise.joint_mask_prob
+            d["joint_mask"] = draw(jax.random.uniform, k[2], (frames, r)) < noise.joint_mask_prob
         if noise.frame_mask_prob:
             d["frame_mask"] = jax.random.uniform(k[3], (frames,)) < noise.frame_mask_prob
         if noise.time_warp:
@@ -104,7 +114,7 @@ class Augment:
             root, rots, valid = transforms.reverse_window(root, rots, valid, flip)
         if self.pose_offset:
             j = self.skeleton.num_joints
-            eps = jax.vmap(lambda k: jax.random.normal(k, (j, 3)))(purpose(keys, _POSE))
+            eps = jax.vmap(lambda k: draw(jax.random.normal, k, (j, 3)))(purpose(keys, _POSE))
             rots = transforms.offset_pose(self.skeleton, rots, eps * self.pose_offset)
         draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
         out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std,
