@@ -191,7 +191,7 @@ def markdown(result: dict) -> str:
                  _ms(host, "dispatch_ms"),
                  f"{100 * r['cpu_before_overhead']['value']:.1f}% / "
                  f"{100 * r['cpu_input_overhead']['value']:.1f}%",
-                 f"{c['figure']} <= {100 * c['threshold']:.0f}%: {'ok' if c['ok'] else 'PASSED'}"]
+                 f"{c['figure']} <= {100 * c['threshold']:.0f}%: {'ok' if c['ok'] else 'NOT MET'}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
