@@ -61,12 +61,10 @@ def env():
 # tests, which put the few-test, minutes-long files such as the notebooks and the cluster runs last,
 # the run's tail). Longest first, the two workers finish together. Seconds per file: the profile of
 # docs/history.md ("`make test` and `make bench` on a fresh clone"); test_multiprocess.py moved down
-# when its four-process launches became two-process ones (2026-12-06), and again below
-# test_gpu_check.py so that it does not run beside test_slurm.py (two two-process runs at once on 2
-# cores: the gloo hang of docs/multihost.md came in both, twice).
+# when its four-process launches became two-process ones (2026-12-06).
 COSTLIEST_FIRST = (
     "test_train.py", "test_faults.py", "test_notebooks.py", "test_generate.py", "test_slurm.py",
-    "test_your_data.py", "test_gpu_check.py", "test_multiprocess.py", "test_evaluate.py", "test_predict.py",
+    "test_multiprocess.py", "test_your_data.py", "test_gpu_check.py", "test_evaluate.py", "test_predict.py",
     "test_dynamics.py", "test_package.py", "test_efficiency.py", "test_time_to_target.py", "test_bench.py",
     "test_grad_reduce.py", "test_apply.py",
 )
