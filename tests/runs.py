@@ -65,21 +65,15 @@ def children(pid: int) -> list[int]:
     return sorted(int(p) for p in found)
 
 
-def finish_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> tuple[str, bool]:
-    """``(output, hung)`` of ``proc`` (a launcher of trainer processes, in its own session). When it
-    has not ended after ``timeout`` s it is hung: its trainers print their stacks
-    (:func:`dump_stacks`), the session is killed, and the output carries the stacks and ``logs()``."""
+def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> str:
+    """``proc``'s output (a launcher of trainer processes, in its own session). When it has not ended
+    after ``timeout`` s it is hung: its trainers print their stacks (:func:`dump_stacks`), the session
+    is killed, and the test fails with the stacks and ``logs()``."""
     try:
-        return proc.communicate(timeout=timeout)[0].decode(), False
+        return proc.communicate(timeout=timeout)[0].decode()
     except subprocess.TimeoutExpired:
         dump_stacks(children(proc.pid))
         os.killpg(proc.pid, signal.SIGKILL)
         out = proc.communicate()[0].decode()
-        return f"no exit after {timeout} s; output and stacks:\n{out[-12000:]}\n{logs()}", True
-
-
-def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "") -> str:
-    """:func:`finish_or_dump` that fails the test, with the stacks, when ``proc`` hung."""
-    out, hung = finish_or_dump(proc, timeout, logs)
-    assert not hung, out
-    return out
+        raise AssertionError(f"no exit after {timeout} s; output and stacks:\n{out[-12000:]}\n"
+                             f"{logs()}") from None
