@@ -151,31 +151,29 @@ def read_window(root_span, rot_span, length, window: int, speed=None):
 
 def lerp_frames(root_position, rotations, i0, i1, frac):
     """Windows ``[..., S, 3]``, ``[..., S, J, 4]`` at fractional frames: frame ``t`` of the result is
-    ``(1 - frac)·x[i0] + frac·x[i1]`` (``i0``, ``i1`` ``[..., T]`` int with ``i1 - i0`` 0 or 1, ``frac
-    [..., T]``), the root lerped and the rotations nlerped (:func:`rot.quat_nlerp`).
+    ``(1 - frac)·x[i0] + frac·x[i1]`` (``i0``, ``i1`` ``[..., T]`` int, ``frac [..., T]``), the root
+    lerped and the rotations nlerped (:func:`rot.quat_nlerp`: ``q1`` negated where its dot product
+    with ``q0`` is negative, the shortest arc). Returns ``(root [..., T, 3], rotations [..., T, J, 4])``.
 
-    Every frame's quaternions are first put on the previous frame's hemisphere (negated where the
-    count of negative dot products between neighbours up to that frame is odd; ``q`` and ``-q`` are
-    one rotation), which is nlerp's shortest-arc flip done once per frame; then whole frames are gathered and lerped together. On
-    XLA:CPU the per-pair flip and the per-joint gathers of :func:`rot.quat_nlerp` took a fifth of the
-    augmentation program. Returns ``(root [..., T, 3], rotations [..., T, J, 4])``; a rotation may
-    come back as ``-q`` of nlerp's (the same rotation)."""
+    Whole frames (root and every joint's quaternion, ``[..., 3 + 4J]`` rows) are gathered, each once,
+    and the pair's sign is folded into the lerp weight: on XLA:CPU per-joint gathers, and a sign
+    flip that every quaternion component recomputes, cost a fifth of the augmentation program; so
+    did aligning every frame to its predecessor's hemisphere (a cumulative count of sign flips) before
+    a single lerp, which this replaces (docs/input.md). The same numbers bit for bit up to a
+    rotation's sign, which no feature sees."""
     xp = rot._xp(root_position, rotations, i0, i1, frac)
     dtype, (s, j) = root_position.dtype, rotations.shape[-3:-1]
-    dot = rot.component_sum(rotations[..., 1:, :, :] * rotations[..., :-1, :, :])  # [..., S-1, J]
-    # The sign flips up to each frame, counted by a lower-triangular matmul (0/1 products and small
-    # integer sums: exact at any matmul precision); a cumprod is a reduce-window on XLA:CPU, ~10% slower.
-    flips = xp.einsum("ts,...sj->...tj", np.tril(np.ones((s - 1, s - 1), dtype)), (dot < 0).astype(dtype))
-    sign = 1 - 2 * (flips % 2)
-    sign = xp.concatenate([xp.ones_like(sign[..., :1, :]), sign], axis=-2)[..., None]
-    # Each pass once (rot.materialize): the aligned frames, then their lerp, which the normalization
-    # reads per component (3-15% of the program on XLA:CPU).
-    aligned = (rotations * sign).reshape(*rotations.shape[:-3], s, j * 4)
-    x = rot.materialize(xp.concatenate([root_position, aligned], -1))  # [..., S, 3 + 4J]
-    frac = xp.asarray(frac).astype(dtype)[..., None]
-    take = lambda i: xp.take_along_axis(x, i[..., None], axis=-2)  # noqa: E731  (whole frames [..., T, F])
-    y = rot.materialize(take(i0) * (1 - frac) + take(i1) * frac)
-    return y[..., :3], rot.quat_normalize(y[..., 3:].reshape(*y.shape[:-1], j, 4))
+    x = xp.concatenate([root_position, rotations.reshape(*rotations.shape[:-3], s, j * 4)], -1)
+    # Each gather once (rot.materialize): fused into the lerp, every component would redo it.
+    take = lambda i: rot.materialize(xp.take_along_axis(x, i[..., None], axis=-2))  # noqa: E731
+    x0, x1 = take(i0), take(i1)  # [..., T, 3 + 4J]
+    q0, q1 = (y[..., 3:].reshape(*y.shape[:-1], j, 4) for y in (x0, x1))
+    frac = xp.asarray(frac).astype(dtype)[..., None]  # [..., T, 1]
+    f = frac[..., None]
+    w1 = xp.where(rot.component_sum(q0 * q1, keepdims=True) < 0, -f, f)  # [..., T, J, 1]
+    # The lerp computed once: the normalization reads it per component.
+    q = rot.materialize(q0 * (1 - f) + q1 * w1)
+    return x0[..., :3] * (1 - frac) + x1[..., :3] * frac, rot.quat_normalize(q)
 
 
 def reverse_window(root_position, rotations, valid, flip):
