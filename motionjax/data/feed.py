@@ -200,7 +200,7 @@ class Feed(grain.DatasetIterator):
 
             width = sum(packed.widths.values())
             args = (np.int32(0),
-                    {"packed": jax.ShapeDtypeStruct((b, width), np.uint32, sharding=packed.sharding)})
+                    {"packed": jax.ShapeDtypeStruct((b, width), np.float32, sharding=packed.sharding)})
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
         self._program = jitted.lower(*args).compile()
