@@ -25,6 +25,10 @@ For each case and residency tier, in one process:
    the fixed step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and
    syncs (negative where the step hides part of the input's compute).
 
+The streamed tier's host cache is filled before anything is timed (:func:`warm_host_cache`): the
+figures are a long run's steady state, as compilation is left out; the warm-up's batches and the
+cache's hits are in the row (``host_cache_warmup``, ``host_cache``).
+
 Cases: the headline autoencoder (``experiments/autoencoder.py``, its default corpus), the DeepMimic
 denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes a
 few ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
@@ -48,6 +52,7 @@ import jax.numpy as jnp
 from motionjax import configs, parallel, timing, train
 from motionjax.data import pipeline
 from motionjax.train import loop
+from motionjax.train import step as train_step
 
 ROUNDS = 10  # a block moves +-15% between rounds on a shared 2-core VM: 3 could not tell 2% (docs/input.md)
 
@@ -100,6 +105,27 @@ def read_late(call):
     return f
 
 
+def warm_host_cache(it, block: int = 50, most: int = 2000) -> dict | None:
+    """The streamed tier: draw span batches until a block of ``block`` of them reads every segment
+    from the host cache (at most ``most``), so the timed blocks see the steady state a training run
+    reaches after its first few hundred steps (Bandai-2: ~150 batches; a fresh iterator's first 100
+    cost ~5x the CPU of a warm one's, docs/input.md), as compilation is left out by warming each way
+    first. Returns the cache's statistics with the batches drawn, or None where the cache is not
+    in this process (the resident tier; Grain workers)."""
+    stats, drawn = it.stats(), 0
+    if stats is None:
+        return None
+    while drawn < most:
+        misses = stats["misses"]
+        for _ in range(block):
+            it.inputs()
+        drawn += block
+        stats = it.stats()
+        if stats["misses"] == misses:
+            break
+    return dict(stats, batches=drawn)
+
+
 def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
             steps: int | None = None) -> dict:
     """Case ``name`` on ``tier``: a trainer run, then fixed / fed / separate blocks round-robin."""
@@ -112,8 +138,12 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
         f"({time.perf_counter() - t:.0f} s)")
     info, mesh = pipeline.dataset_info(config.data), parallel.make_mesh(config.mesh)
     step, state, _, _ = train.build_train_step(config, info, mesh)
-    it = loop.make_iterator(config, info, mesh)
+    # As the trainer: the stream tier's workers chosen against this step's measured time (not the
+    # 4 ms default for an unknown step, which a cold host cache on a loaded host passes).
+    step_ms = lambda: train_step.step_ms(step, state, train_step.abstract_batch(config, info, mesh))  # noqa: E731
+    it = loop.make_iterator(config, info, mesh, step_ms=step_ms)
     try:
+        row["host_cache_warmup"] = warm_host_cache(it)
         fixed_batch = jax.block_until_ready(next(it))
         # "input": the input program alone, its batches in flight as the step's would be (the state
         # passes through untouched).
@@ -125,6 +155,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
                  "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))}
         cpu = {}
         seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu)
+        row["host_cache"] = it.stats()  # after the timed blocks: their hits
     finally:
         it.close()
     # Each figure from the mean over the rounds, with its 95% interval over rounds
