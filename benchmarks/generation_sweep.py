@@ -13,9 +13,15 @@ root residual force at <= +5% FID against weight 0.
 
 ``--physics-guidance 0,0.5,1,2`` sweeps the other place the issue names instead, sampling-time physics
 guidance (``generation.physics_guidance``, :func:`motionjax.generation.flow.physics_cost`): nothing is
-trained; the run's own generator (``WORKDIR/generator.npz``) samples validation at each scale, one
-sampling seed per ``--seeds``, each scale's change against scale 0 of the same seed
-(``--out docs/results/generation_guidance_sweep``).
+trained; the run's own generator (``WORKDIR/generator.npz``) samples validation at each scale (x each
+foot term of ``--physics-foot`` x each start of ``--physics-from``), one sampling seed per ``--seeds``
+(the same noise for every setting), each setting's change against scale 0 of the same seed, every
+figure with its 95% interval over clips, and a verdict per setting against ``--criteria`` (skating ratio
+change, FID interval overlapping scale 0's, contact change); ``OUT.png`` then plots the skating ratio
+against FID (``--out docs/results/generation_guidance_sweep``).
+
+The run's own ``WORKDIR/config.json`` is the config when there is one (its autoencoder and data), else
+``--config``.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ def main(argv=None) -> dict:
     from motionjax.generation import run
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="experiments/generate.py")
+    p.add_argument("--config", default="", help="default: WORKDIR/config.json when there, else "
+                   "experiments/generate.py")
     p.add_argument(
         "--workdir",
         default="runs/generate",
@@ -74,6 +81,12 @@ def main(argv=None) -> dict:
     p.add_argument("--guidance", default="", help="content,style guidance scales (default: the run's choice)")
     p.add_argument("--physics-guidance", default="", help="physics guidance scales to sweep at sampling "
                    "time with the run's generator (then --weights, --steps, --dim, --depth do not apply)")
+    p.add_argument("--physics-foot", default="", help="foot terms of the physics cost to sweep "
+                   "(contact, band: flow.physics_cost; default: the config's)")
+    p.add_argument("--physics-from", default="", help="flow times the guidance starts at, comma-separated "
+                   "(default: the config's physics_guidance_from)")
+    p.add_argument("--criteria", default="-0.35,-0.08", help="skating ratio change (at most) and contact "
+                   "change (at least) a setting must meet, with its FID interval overlapping scale 0's")
     p.add_argument("--splits", default="validation", help="comma-separated splits scored; choose on "
                    "validation, then score test / unseen_pairs once with the chosen setting and 0")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
@@ -84,11 +97,27 @@ def main(argv=None) -> dict:
         out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
         plot_tradeoff([json.loads(Path(f).read_text()) for f in args.tradeoff], out.with_suffix(".png"))
         return {}
-    config = configs.load(args.config)
+    workdir = Path(args.workdir)
+    if args.config or not (workdir / "config.json").exists():
+        config = configs.load(args.config or "experiments/generate.py")
+    else:  # the run's own config: its autoencoder (generation.autoencoder), data and sizes
+        import ml_collections
+
+        config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
     sampling = bool(args.physics_guidance)
     weights = [float(w) for w in (args.physics_guidance if sampling else args.weights).split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    workdir = Path(args.workdir)
+    criteria = [float(x) for x in args.criteria.split(",")]
+    g0 = config.generation
+    foots = args.physics_foot.split(",") if args.physics_foot else [g0.get("physics_foot", "contact")]
+    froms = [float(f) for f in args.physics_from.split(",")] if args.physics_from else [
+        float(g0.get("physics_guidance_from", 0.5))]
+    # (weight, foot term, from): scale 0 once (it samples without guidance), every other scale per term and
+    # start; the dynamics sweep has one foot term and start (unused).
+    settings = [(w, foot, f) for w in weights for foot in (foots if w else foots[:1])
+                for f in (froms if w else froms[:1])]
+    if not sampling:
+        settings = [(w, foots[0], froms[0]) for w in weights]
     s = run.setup(config, workdir)
     (workdir / "sweep").mkdir(exist_ok=True)
     if args.guidance:
@@ -103,10 +132,10 @@ def main(argv=None) -> dict:
         g = config.generation
         args.steps, args.dim, args.depth = g.steps, g.dim, g.depth
     for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
-        for w in weights:
+        for w, foot, start in settings:
             clock = time.perf_counter()
             if sampling:
-                model, report = (trained, w), {}
+                model, report = (trained, w, foot, start), {}
             else:
                 g = run.generator_config(config, w)
                 g.update(steps=args.steps, dynamics_batch=args.dynamics_batch, dim=args.dim, depth=args.depth)
@@ -127,9 +156,13 @@ def main(argv=None) -> dict:
                     references=False,
                 )
                 row = {k: rows["generator"][k] for k in METRICS}
+                row.update({k + "_ci": rows["generator"].get(k + "_ci") for k in METRICS})
+                row.update(windows=rows["generator"]["windows"], fid_windows=rows["generator"]["fid_windows"])
                 runs.append(
                     {
                         "weight": w,
+                        "foot": foot if sampling else None,
+                        "from": start if sampling else None,
                         "seed": seed,
                         "split": split,
                         "steps": args.steps,
@@ -147,6 +180,8 @@ def main(argv=None) -> dict:
     for r in runs:
         base = next(b for b in runs if (b["seed"], b["split"], b["weight"]) == (r["seed"], r["split"], 0))
         r["change"] = {k: r[k] / base[k] - 1 if base[k] else float("nan") for k in METRICS}
+        if sampling and r["weight"]:
+            r["meets"] = meets(r, base, criteria)
     summary = {
         "command": "python benchmarks/generation_sweep.py " + " ".join(argv or sys.argv[1:]),
         "splits": args.splits.split(","),
@@ -160,30 +195,105 @@ def main(argv=None) -> dict:
         "dynamics_terms": dict(config.loss.dynamics),
         "target": TARGET,
         "runs": runs,
+        "settings": [{"weight": w, "foot": foot, "from": f} for w, foot, f in settings] if sampling else None,
+        "criteria": {"skate_ratio_change_at_most": criteria[0], "contact_change_at_least": criteria[1],
+                     "fid_interval_overlaps_scale_0": True} if sampling else None,
         "mean_change": {  # {split: {setting: {metric: mean change over seeds}}}
             split: {
-                f"{w:g}": {k: float(np.mean([r["change"][k] for r in rs if r["weight"] == w]))
-                           for k in METRICS}
-                for w in weights
+                label(w, foot, f, sampling): {
+                    k: float(np.mean([r["change"][k] for r in rs
+                                      if (r["weight"], r["foot"], r["from"]) == ((w, foot, f) if sampling
+                                                                                 else (w, None, None))]))
+                    for k in METRICS}
+                for w, foot, f in settings
                 if w
             }
             for split in args.splits.split(",")
             for rs in [[r for r in runs if r["split"] == split]]
         },
     }
-    lines = [f"{'split':12s} {'weight':>7s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
+    lines = [f"{'split':12s} {'setting':>18s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
     for r in runs:
         lines.append(
-            f"{r['split']:12s} {r['weight']:7g} {r['seed']:4d} "
+            f"{r['split']:12s} {label(r['weight'], r['foot'], r['from'], sampling):>18s} {r['seed']:4d} "
             + " ".join(f"{r[k]:8.3f} {100 * r['change'][k]:+4.0f}%" for k in METRICS)
+            + ("" if r.get("meets") is None else f"  meets: {r['meets']}")
         )
+    if sampling:  # the figures the choice reads, with their intervals
+        lines.append("")
+        for r in runs:
+            name = label(r["weight"], r["foot"], r["from"], sampling)
+            lines.append(f"{r['split']} {name} seed {r['seed']}: "
+                         + ", ".join(f"{k} {r[k]:.3f} {fmt_ci(r.get(k + '_ci'))}"
+                                     for k in ("fid", "skate_ratio", "contact", "accuracy_content")))
     summary["table"] = lines
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
-    plot(summary, out.with_suffix(".png"))
+    (plot_ratio if sampling else plot)(summary, out.with_suffix(".png"))
     print("\n".join(lines), flush=True)
     return summary
+
+
+def label(w: float, foot, start, sampling: bool) -> str:
+    """A setting's name: ``"0"`` (no guidance), ``"1 band from 0.5"`` (a physics guidance setting) or the
+    dynamics weight."""
+    return f"{w:g} {foot} from {start:g}" if sampling and w else f"{w:g}"
+
+
+def fmt_ci(ci) -> str:
+    return "[-]" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def overlaps(a, b) -> bool:
+    """Whether two intervals ``[lo, hi]`` share a point (a missing one: no)."""
+    return bool(a and b and a[0] <= b[1] and b[0] <= a[1])
+
+
+def meets(r: dict, base: dict, criteria) -> dict:
+    """The verdict of one guided setting against scale 0 of the same seed and split: skating ratio change
+    at most ``criteria[0]``, contact change at least ``criteria[1]``, FID intervals overlapping."""
+    verdict = {"skate_ratio": r["change"]["skate_ratio"] <= criteria[0],
+               "contact": r["change"]["contact"] >= criteria[1],
+               "fid_overlap": overlaps(r.get("fid_ci"), base.get("fid_ci"))}
+    verdict["all"] = all(verdict.values())
+    return verdict
+
+
+def plot_ratio(summary: dict, path) -> None:
+    """The skating ratio against FID of every setting (95% intervals over clips both ways), per split and
+    seed, the scale-0 point and the criterion's skating line marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = summary["splits"]
+    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4.2), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        rs = [r for r in summary["runs"] if r["split"] == split]
+        foots = sorted({r["foot"] for r in rs if r["weight"]})
+        for r in rs:
+            color = "k" if not r["weight"] else f"C{foots.index(r['foot'])}"
+            x, y = r["skate_ratio"], r["fid"]
+            xe, ye = r.get("skate_ratio_ci"), r.get("fid_ci")
+            ax.errorbar(x, y, xerr=None if not xe else [[max(x - xe[0], 0)], [max(xe[1] - x, 0)]],
+                        yerr=None if not ye else [[max(y - ye[0], 0)], [max(ye[1] - y, 0)]], fmt="o",
+                        color=color, ms=4, lw=0.8, capsize=2)
+            ax.annotate(label(r["weight"], r["foot"], r["from"], True), (x, y), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+            if not r["weight"]:
+                crit = summary["criteria"]["skate_ratio_change_at_most"]
+                ax.axvline(x * (1 + crit), color="C3", ls="--", lw=1, label=f"{100 * crit:+.0f}% skating")
+        for i, foot in enumerate(foots):
+            ax.plot([], [], "o", color=f"C{i}", label=f"foot term: {foot}")
+        ax.set(xlabel="skating ratio (papers', 95% interval)", ylabel="FID (95% interval over clips)",
+               title=f"{split}: physics guidance settings")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(summary: dict, path) -> None:

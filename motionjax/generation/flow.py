@@ -110,17 +110,44 @@ class PhysicsCost:
         return self.fn(self.params, z)
 
 
-def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet) -> PhysicsCost:
+def band_skating(foot, up: int, fps: float, band_m: float):
+    """``foot [B, T, K, 3]`` (m, the floor at height 0) -> ``[B]``: a smooth version of the papers' skating
+    ratio (:func:`motionjax.evaluation.plausibility.skating_pairs`), the mean over frame pairs ``(t, t+1)``
+    and joints of ``w · |Δx_h · fps|² / (1 m/s)²``: the squared horizontal speed of the step, weighted by
+    ``w = σ((band_m − h_t) / s) · σ((band_m − h_{t+1}) / s)``, ``s = band_m / 4``, a soft "in the band in both
+    frames", the pairs the ratio counts when they are faster than 0.5 m/s.
+
+    ``w`` carries no gradient (the heights are held): the guidance slows a foot in the band instead of
+    lifting it out, which would also lower the ratio but by lowering the contact frames."""
+    h = jax.lax.stop_gradient(foot[..., up])  # [B, T, K]
+    inside = jax.nn.sigmoid((band_m - h) / (band_m / 4))
+    w = inside[:, 1:] * inside[:, :-1]  # [B, T-1, K]
+    speed = jnp.delete(foot[:, 1:] - foot[:, :-1], up, axis=-1) * fps  # [B, T-1, K, 2]
+    return jnp.mean(w * jnp.sum(speed**2, -1), (1, 2))
+
+
+FOOT_TERMS = ("contact", "band")
+
+
+def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet,
+                 foot_term: str = "contact") -> PhysicsCost:
     """``z [B, L, D]`` (standardized latents) -> ``[B]``: what a decoded sample must answer for physically,
     with no real motion to compare with. Per window, the mean over inner frames of
 
     * ``‖τ_root − g·up‖² / g²``: the root residual force (the root's part of ``τ = Jᵀ m (a − g)``,
       :func:`motionjax.core.dynamics.generalized_forces`, blocked) beyond the 9.81 N/kg that standing
       needs, i.e. the body's centre-of-mass acceleration, which only contact can supply;
-    * ``c · |v_h|² / (1 m/s)²`` over ``feet``: the horizontal speed of each foot joint weighted by a soft
-      contact ``c = σ((contact_m − lift) / (contact_m / 4))`` (``lift``: height above its planted height,
-      :class:`motionjax.evaluation.plausibility.Feet`): sliding while planted.
+    * the foot term, ``foot_term``:
+
+      - ``"contact"`` (ours): ``c · |v_h|² / (1 m/s)²`` over ``feet.joints``: the horizontal speed of each
+        foot joint weighted by a soft contact ``c = σ((contact_m − lift) / (contact_m / 4))`` (``lift``:
+        height above its planted height, :class:`motionjax.evaluation.plausibility.Feet`): sliding while
+        planted, a smooth version of ``foot_skate`` (cm/s);
+      - ``"band"`` (the papers'): :func:`band_skating` of ``feet.standard`` within ``feet.band_m`` of the
+        floor, a smooth version of ``skate_ratio``.
     """
+    if foot_term not in FOOT_TERMS:
+        raise ValueError(f"physics cost foot term {foot_term!r}: one of {FOOT_TERMS}")
     sk, up, joints = info.skeleton, info.skeleton.up_axis, np.asarray(feet.joints)
     params = {"codec": codec_state, "z_mean": jnp.asarray(stats.mean), "z_std": jnp.asarray(stats.std),
               "mean": jnp.asarray(info.mean, jnp.float32), "std": jnp.asarray(info.std, jnp.float32),
@@ -134,6 +161,8 @@ def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet)
         fk = forward_kinematics(sk, rotations, root)  # once, for the forces and the feet
         tau = dynamics.generalized_forces(sk, root, rotations, fps, fk=fk)[:, 1:-1, 0]  # [B, T-2, 3]: inner
         force = jnp.mean(jnp.sum((tau - standing) ** 2, -1), -1) / dynamics.GRAVITY**2
+        if foot_term == "band":
+            return force + band_skating(fk[0][:, :, np.asarray(feet.standard)], up, fps, feet.band_m)
         foot = fk[0][:, :, joints]  # [B, T, K, 3]
         speed = jnp.delete((foot[:, 2:] - foot[:, :-2]) * (fps / 2), up, axis=-1)  # [B, T-2, K, 2]
         lift = foot[:, 1:-1, :, up] - p["floor"]
