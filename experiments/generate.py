@@ -188,6 +188,10 @@ def get_config(arg: str | None = None):
     # also samples the same generator without it (the no_physics rows).
     g.physics_guidance = 0.5
     g.physics_guidance_from = 0.5
+    # The cost's terms (flow.physics_cost): "force" (root residual force beyond standing), "contact" (ours:
+    # Foot/Toes speed on a soft contact near each one's planted height), "band" (the papers' skating ratio
+    # smoothed: the skating joints' step speed in the band in both frames).
+    g.physics_terms = ("force", "contact")
     # The evaluator (motionjax.evaluation.generative): a temporal conv classifier of both labels.
     g.evaluator = ml_collections.ConfigDict(
         dict(dim=128, features=32, steps=2000, batch_size=64, learning_rate=1e-3, stride=4)

@@ -242,7 +242,7 @@ def test_physics_guidance_lowers_the_physics_cost_of_the_same_noise(setup, run, 
     np.testing.assert_allclose(before, force + skate, rtol=2e-3, atol=1e-5)
     # The band foot term (the papers' skating ratio, smoothed) in its place: the standard joints, the
     # floor at 0, the step between frames, in the band in both frames.
-    band = s.guide_of("band")
+    band = s.guide_of(("force", "band"))
     toes = positions[:, :, list(feet.standard)].astype(np.float64)
     inside = 1 / (1 + np.exp(-(feet.band_m - toes[..., sk.up_axis]) / (feet.band_m / 4)))
     step = np.delete(toes[:, 1:] - toes[:, :-1], sk.up_axis, axis=-1) * fps

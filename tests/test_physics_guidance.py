@@ -104,5 +104,5 @@ def test_guidance_on_band_skating_lowers_the_papers_ratio_not_the_contact():
 def test_physics_cost_names_its_foot_terms():
     from motionjax.generation import flow
 
-    with pytest.raises(ValueError, match="foot term 'ratio'.*contact.*band"):
-        flow.physics_cost(None, None, None, None, 30.0, None, "ratio")
+    with pytest.raises(ValueError, match="'ratio'.*force.*contact.*band"):
+        flow.physics_cost(None, None, None, None, 30.0, None, ("force", "ratio"))

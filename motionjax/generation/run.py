@@ -78,17 +78,18 @@ class Setup:
 
     @property
     def guide(self):
-        """:func:`.flow.physics_cost` of this experiment (``generation.physics_foot``'s foot term)."""
-        return self.guide_of(self.config.generation.get("physics_foot", "contact"))
+        """:func:`.flow.physics_cost` of this experiment (``generation.physics_terms``)."""
+        return self.guide_of(self.config.generation.get("physics_terms", ("force", "contact")))
 
-    def guide_of(self, foot_term: str):
-        """:func:`.flow.physics_cost` with that foot term, one object per term (it keys the compiled
-        sampler)."""
+    def guide_of(self, terms):
+        """:func:`.flow.physics_cost` of those terms (a tuple, or names joined by "+"), one object per set
+        of terms (it keys the compiled sampler)."""
+        terms = tuple(terms.split("+")) if isinstance(terms, str) else tuple(terms)
         cache = self.__dict__.setdefault("_guides", {})
-        if foot_term not in cache:
-            cache[foot_term] = flow.physics_cost(self.codec, self.codec.state, self.stats, self.info,
-                                                 float(self.info.fps), self.feet, foot_term)
-        return cache[foot_term]
+        if terms not in cache:
+            cache[terms] = flow.physics_cost(self.codec, self.codec.state, self.stats, self.info,
+                                             float(self.info.fps), self.feet, terms)
+        return cache[terms]
 
     @functools.cached_property
     def fit(self):
@@ -303,15 +304,15 @@ def fit_generator(s: Setup, g, seed: int, path: Path | None = None):
     return model, report
 
 
-def generate(s: Setup, model, labels, scales, key, physics: float | None = None, foot_term: str | None = None,
+def generate(s: Setup, model, labels, scales, key, physics: float | None = None, terms=None,
              guide_from: float | None = None) -> np.ndarray:
     """Standardized features ``[B, N, C, F]`` of samples for class ids ``labels [B, n_keys]``; ``physics``:
-    the physics guidance scale, ``foot_term`` its cost's foot term (:func:`.flow.physics_cost`),
-    ``guide_from`` the flow time it starts at (None: ``generation.physics_guidance``, ``physics_foot``,
-    ``physics_guidance_from``)."""
+    the physics guidance scale, ``terms`` its cost's terms (:func:`.flow.physics_cost`,
+    :meth:`Setup.guide_of`), ``guide_from`` the flow time it starts at (None: ``generation.physics_guidance``,
+    ``physics_terms``, ``physics_guidance_from``)."""
     g = s.config.generation
     physics = g.get("physics_guidance", 0.0) if physics is None else physics
-    guide = s.guide if foot_term is None else s.guide_of(foot_term)
+    guide = s.guide if terms is None else s.guide_of(terms)
     guide_from = g.get("physics_guidance_from", 0.5) if guide_from is None else guide_from
     z = flow.sample(model, labels, scales, g.sample_steps, key, guide=guide if physics > 0 else None,
                     guide_scale=physics, guide_from=guide_from)
@@ -410,7 +411,7 @@ def evaluate_split(
     scored_out: dict | None = None,
 ) -> dict:
     """``{method: row}`` on ``split`` (:func:`_row`): each generator (``{name: model}``, or ``{name: (model,
-    physics guidance scale[, foot term, from])}``, :func:`generate`'s arguments) and (``references``)
+    physics guidance scale[, cost terms, from])}``, :func:`generate`'s arguments) and (``references``)
     ``real`` (the split's own windows: FID the real reference at the same sample sizes, accuracy the
     evaluator's ceiling), ``retrieval`` and ``autoencoder``. A generator samples one window per real
     window of the split, with its labels,
