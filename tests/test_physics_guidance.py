@@ -1,7 +1,7 @@
-"""The band foot term of the physics guidance (motionjax.generation.flow.band_skating): its value against an
+"""The band term of the physics guidance (motionjax.generation.flow.band_skating): its value against an
 independent numpy reference, its gradient against finite differences, and that descending it lowers the
-papers' skating ratio (motionjax.evaluation.plausibility.skating_pairs) without lifting a foot out of the
-band, on joint positions built by hand (no model: seconds)."""
+papers' skating ratio (motionjax.evaluation.plausibility.skating_pairs) and leaves a planted foot alone,
+on joint positions built by hand (no model: seconds)."""
 
 import jax
 import jax.numpy as jnp
@@ -39,25 +39,20 @@ def test_band_skating_matches_a_numpy_reference_and_finite_differences():
     np.testing.assert_allclose(np.asarray(cost(jnp.asarray(foot))), _reference(foot.astype(np.float64)),
                                rtol=1e-5)
     grad = np.asarray(jax.grad(lambda x: jnp.sum(cost(x)))(jnp.asarray(foot)))
-    # Horizontal coordinates: the cost is quadratic in them (the weight depends on heights only), so a
-    # central difference is exact up to rounding. Every coordinate of one window, others spot-checked.
-    eps = 1e-3
+    # Central differences of the float64 reference: every coordinate of one window, others spot-checked.
     rng = np.random.default_rng(1)
-    picks = [(0, i, k, c) for i in range(foot.shape[1]) for k in range(2) for c in (0, 2)]
-    picks += [(b, int(rng.integers(foot.shape[1])), int(rng.integers(2)), int(rng.choice([0, 2])))
-              for b in (1, 2) for _ in range(10)]
+    picks = [(0, i, k, c) for i in range(foot.shape[1]) for k in range(2) for c in range(3)]
+    picks += [(b, int(rng.integers(foot.shape[1])), int(rng.integers(2)), int(rng.integers(3)))
+              for b in (1, 2) for _ in range(12)]
     for b, i, k, c in picks:
+        eps = 1e-6 if c == UP else 1e-4  # heights: the sigmoid's width is 5 mm
         plus, minus = foot.astype(np.float64).copy(), foot.astype(np.float64).copy()
         plus[b, i, k, c] += eps
         minus[b, i, k, c] -= eps
         numeric = (_reference(plus)[b] - _reference(minus)[b]) / (2 * eps)
         assert grad[b, i, k, c] == pytest.approx(numeric, rel=2e-3, abs=2e-3), (b, i, k, c)
-    # Heights: the weight is held on purpose (the guidance slows a foot instead of lifting it out of the
-    # band), although the value does depend on them.
-    assert np.all(grad[..., UP] == 0)
-    lifted = foot.astype(np.float64).copy()
-    lifted[..., UP] += 0.01
-    assert np.all(_reference(lifted) < _reference(foot.astype(np.float64)))
+    # Higher is never costlier: descending the cost lifts a foot, never presses it into the floor.
+    assert np.all(grad[..., UP] <= 0) and np.any(grad[..., UP] < 0)
 
 
 def _ratio_and_contact(foot) -> tuple[float, float]:
@@ -72,33 +67,32 @@ def _ratio_and_contact(foot) -> tuple[float, float]:
     return float(skating.sum() / pair.sum()), float(np.mean(np.asarray(foot[..., UP]) < BAND))
 
 
-def test_guidance_on_band_skating_lowers_the_papers_ratio_not_the_contact():
+def test_guidance_on_band_skating_lowers_the_papers_ratio():
     """Steps down the gradient normalized per window to unit RMS (as the sampler's guidance does) on a
-    window whose left toe slides through the band at 1 m/s while the right one swings above it: the
-    papers' ratio falls (by more than half here), the contact share is unchanged, and the swing foot is
-    left where it was."""
+    window with three toes: one sliding through the band at 1 m/s, one planted and still in it, one
+    swinging 10 cm above it at 2 m/s. The papers' ratio falls (by more than half) and the planted toe stays
+    exactly where it was (no speed: no push, no lift). (The swinging toe's weight is ~1e-7, but once the
+    sliding one has left the band the unit-RMS normalization magnifies what is left: it moves too.)"""
     from motionjax.generation import flow
 
     t = 32
-    foot = np.zeros((1, t, 2, 3), np.float32)
-    foot[0, :, 0, 0] = np.arange(t) / FPS * 1.0  # left toe: 1 m/s along x, 0.5 cm up: skating
+    foot = np.zeros((1, t, 3, 3), np.float32)
+    foot[0, :, 0, 0] = np.arange(t) / FPS * 1.0  # sliding: 1 m/s along x, 0.5 cm up
     foot[0, :, 0, UP] = 0.005
-    foot[0, :, 1, 0] = np.arange(t) / FPS * 2.0  # right toe: 2 m/s, 10 cm up: a swing, not counted
-    foot[0, :, 1, UP] = 0.10
+    foot[0, :, 1, UP] = 0.003  # planted, still
+    foot[0, :, 2, 0] = np.arange(t) / FPS * 2.0  # swinging: 2 m/s, 10 cm up
+    foot[0, :, 2, UP] = 0.10
     before, contact_before = _ratio_and_contact(foot)
-    assert before == 1.0 and contact_before == 0.5
+    assert before == 1.0 and contact_before == pytest.approx(2 / 3)
 
     grad_fn = jax.jit(jax.grad(lambda x: jnp.sum(flow.band_skating(x, UP, FPS, BAND))))
     x = jnp.asarray(foot)
     for _ in range(100):
         g = grad_fn(x)
-        x = x - 0.005 * g / jnp.sqrt(jnp.mean(g**2, axis=(1, 2, 3), keepdims=True))
-    after, contact_after = _ratio_and_contact(x)
+        x = x - 0.005 * g / (jnp.sqrt(jnp.mean(g**2, axis=(1, 2, 3), keepdims=True)) + 1e-12)
+    after, _ = _ratio_and_contact(x)
     assert after < 0.5 * before, (before, after)
-    assert contact_after == contact_before
-    # the swing foot, 8 cm above the band, weighs sigma(-16) ~ 1e-7: it stays where it was
-    np.testing.assert_allclose(np.asarray(x)[0, :, 1], foot[0, :, 1], atol=1e-4)
-    np.testing.assert_array_equal(np.asarray(x)[..., UP], foot[..., UP])
+    np.testing.assert_array_equal(np.asarray(x)[0, :, 1], foot[0, :, 1])
 
 
 def test_physics_cost_names_its_foot_terms():
