@@ -94,6 +94,8 @@ def main(argv=None) -> dict:
     p.add_argument("--then", default="", help="with --physics-guidance: splits scored once after the sweep "
                    "(e.g. test,unseen_test) with scale 0 and the setting chosen on the first of --splits "
                    "(:func:`choose`)")
+    p.add_argument("--then-if-met", action="store_true", help="score the --then splits only when a setting "
+                   "meets every criterion on the first split")
     p.add_argument("--out", default="docs/results/generation_dynamics_sweep")
     p.add_argument("--tradeoff", nargs="*", default=None, help="only plot the FID change against the physics "
                    "change of these sweep JSON files into OUT.png (no training)")
@@ -180,7 +182,8 @@ def main(argv=None) -> dict:
         first = args.splits.split(",")[0]
         chosen = choose([r for r in runs if r["split"] == first and r["seed"] == seeds[0]], criteria)
         print(f"chosen on {first}: {chosen}", flush=True)
-        for split in args.then.split(","):
+        met = chosen["rule"].startswith("meets")
+        for split in args.then.split(",") if met or not args.then_if_met else []:
             for w, foot, start in ((0.0, foots[0], froms[0]),
                                    (chosen["weight"], chosen["terms"], chosen["from"])):
                 score((trained, w, foot, start), w, foot, start, seeds[0], split, {}, None)
@@ -256,8 +259,8 @@ def paired(s, split: str, mine: dict, base: dict, seed: int) -> dict:
 
     w = s.splits[split]
     out = {}
-    for k in ("skate_ratio", "contact", "foot_skate", "root_force"):
-        (sa, ca), (sb, cb) = mine["plausibility"][k], base["plausibility"][k]
+    for k in ("skate_ratio", "contact", "root_force"):  # counted over the same frames in both (foot_skate's
+        (sa, ca), (sb, cb) = mine["plausibility"][k], base["plausibility"][k]  # contact frames differ)
         r = intervals.ratio_interval(sa / np.maximum(ca, 1), sb / np.maximum(cb, 1), w.clip, ca, seed=seed)
         out[k + "_ratio"] = [r["value"], r["lo"], r["hi"]]
     a, b, _ = run.halves(w, seed)
@@ -317,36 +320,41 @@ def meets(r: dict, base: dict, criteria) -> dict:
 
 
 def plot_ratio(summary: dict, path) -> None:
-    """The skating ratio against FID of every setting (95% intervals over clips both ways), per split and
-    seed, the scale-0 point and the criterion's skating line marked."""
+    """FID and the contact share against the skating ratio of every setting (95% intervals over clips),
+    one row per split, the criteria's lines (skating, contact) from the scale-0 point."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    splits = summary["splits"]
-    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4.2), squeeze=False)
-    for ax, split in zip(axes[0], splits, strict=True):
+    splits, crit = summary["splits"], summary["criteria"]
+    fig, axes = plt.subplots(len(splits), 2, figsize=(11, 4.2 * len(splits)), squeeze=False)
+    for row, split in zip(axes, splits, strict=True):
         rs = [r for r in summary["runs"] if r["split"] == split]
-        foots = sorted({r["terms"] for r in rs if r["weight"]})
-        for r in rs:
-            color = "k" if not r["weight"] else f"C{foots.index(r['terms'])}"
-            x, y = r["skate_ratio"], r["fid"]
-            xe, ye = r.get("skate_ratio_ci"), r.get("fid_ci")
-            ax.errorbar(x, y, xerr=None if not xe else [[max(x - xe[0], 0)], [max(xe[1] - x, 0)]],
-                        yerr=None if not ye else [[max(y - ye[0], 0)], [max(ye[1] - y, 0)]], fmt="o",
-                        color=color, ms=4, lw=0.8, capsize=2)
-            ax.annotate(label(r["weight"], r["terms"], r["from"], True), (x, y), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-            if not r["weight"]:
-                crit = summary["criteria"]["skate_ratio_change_at_most"]
-                ax.axvline(x * (1 + crit), color="C3", ls="--", lw=1, label=f"{100 * crit:+.0f}% skating")
-        for i, foot in enumerate(foots):
-            ax.plot([], [], "o", color=f"C{i}", label=f"cost: {foot}")
-        ax.set(xlabel="skating ratio (papers', 95% interval)", ylabel="FID (95% interval over clips)",
-               title=f"{split}: physics guidance settings")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        terms = sorted({r["terms"] for r in rs if r["weight"]})
+        for ax, k, name in zip(row, ("fid", "contact"), ("FID", "contact share (toes in the band)"),
+                               strict=True):
+            for r in rs:
+                color = "k" if not r["weight"] else f"C{terms.index(r['terms'])}"
+                x, y = r["skate_ratio"], r[k]
+                xe, ye = r.get("skate_ratio_ci"), r.get(k + "_ci")
+                ax.errorbar(x, y, xerr=None if not xe else [[max(x - xe[0], 0)], [max(xe[1] - x, 0)]],
+                            yerr=None if not ye else [[max(y - ye[0], 0)], [max(ye[1] - y, 0)]], fmt="o",
+                            color=color, ms=4, lw=0.8, capsize=2)
+                ax.annotate(f"{r['weight']:g}" if r["weight"] else "no guidance", (x, y), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+                if not r["weight"]:
+                    c = crit["skate_ratio_change_at_most"]
+                    ax.axvline(x * (1 + c), color="C3", ls="--", lw=1, label=f"{100 * c:+.0f}% skating")
+                    if k == "contact":
+                        c = crit["contact_change_at_least"]
+                        ax.axhline(y * (1 + c), color="C3", ls=":", lw=1, label=f"{100 * c:+.0f}% contact")
+            for i, name_ in enumerate(terms):
+                ax.plot([], [], "o", color=f"C{i}", label=f"cost: {name_}")
+            ax.set(xlabel="skating ratio (papers', 95% interval)", ylabel=f"{name} (95% interval)",
+                   title=f"{split}: physics guidance, scale by each point")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
