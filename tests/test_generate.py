@@ -240,6 +240,15 @@ def test_physics_guidance_lowers_the_physics_cost_of_the_same_noise(setup, run, 
     contact = 1 / (1 + np.exp(-(feet.contact_m - lift) / (feet.contact_m / 4)))
     skate = (contact * (speed**2).sum(-1)).mean((1, 2))
     np.testing.assert_allclose(before, force + skate, rtol=2e-3, atol=1e-5)
+    # The band foot term (the papers' skating ratio, smoothed) in its place: the standard joints, the
+    # floor at 0, the step between frames, in the band in both frames.
+    band = s.guide_of(("force", "band"))
+    toes = positions[:, :, list(feet.standard)].astype(np.float64)
+    inside = 1 / (1 + np.exp(-(feet.band_m - toes[..., sk.up_axis]) / (feet.band_m / 4)))
+    step = np.delete(toes[:, 1:] - toes[:, :-1], sk.up_axis, axis=-1) * fps
+    ratio_term = (inside[:, 1:] * inside[:, :-1] * (step**2).sum(-1)).mean((1, 2))
+    np.testing.assert_allclose(np.asarray(jax.jit(band.fn)(band.params, plain)), force + ratio_term,
+                               rtol=2e-3, atol=1e-5)
 
 
 def _gmd_skating_ratio(feet_xyz, fps, band, up=1):

@@ -76,11 +76,20 @@ class Setup:
             out.append([index[v] for v in windows.labels[key]])
         return np.array(out, np.int32).T
 
-    @functools.cached_property
+    @property
     def guide(self):
-        """:func:`.flow.physics_cost` of this experiment (one object: it keys the compiled sampler)."""
-        return flow.physics_cost(self.codec, self.codec.state, self.stats, self.info, float(self.info.fps),
-                                 self.feet)
+        """:func:`.flow.physics_cost` of this experiment (``generation.physics_terms``)."""
+        return self.guide_of(self.config.generation.get("physics_terms", ("force", "contact")))
+
+    def guide_of(self, terms):
+        """:func:`.flow.physics_cost` of those terms (a tuple, or names joined by "+"), one object per set
+        of terms (it keys the compiled sampler)."""
+        terms = tuple(terms.split("+")) if isinstance(terms, str) else tuple(terms)
+        cache = self.__dict__.setdefault("_guides", {})
+        if terms not in cache:
+            cache[terms] = flow.physics_cost(self.codec, self.codec.state, self.stats, self.info,
+                                             float(self.info.fps), self.feet, terms)
+        return cache[terms]
 
     @functools.cached_property
     def fit(self):
@@ -295,13 +304,18 @@ def fit_generator(s: Setup, g, seed: int, path: Path | None = None):
     return model, report
 
 
-def generate(s: Setup, model, labels, scales, key, physics: float | None = None) -> np.ndarray:
+def generate(s: Setup, model, labels, scales, key, physics: float | None = None, terms=None,
+             guide_from: float | None = None) -> np.ndarray:
     """Standardized features ``[B, N, C, F]`` of samples for class ids ``labels [B, n_keys]``; ``physics``:
-    the physics guidance scale (None: ``generation.physics_guidance``)."""
+    the physics guidance scale, ``terms`` its cost's terms (:func:`.flow.physics_cost`,
+    :meth:`Setup.guide_of`), ``guide_from`` the flow time it starts at (None: ``generation.physics_guidance``,
+    ``physics_terms``, ``physics_guidance_from``)."""
     g = s.config.generation
     physics = g.get("physics_guidance", 0.0) if physics is None else physics
-    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=s.guide if physics > 0 else None,
-                    guide_scale=physics, guide_from=g.get("physics_guidance_from", 0.5))
+    guide = s.guide if terms is None else s.guide_of(terms)
+    guide_from = g.get("physics_guidance_from", 0.5) if guide_from is None else guide_from
+    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=guide if physics > 0 else None,
+                    guide_scale=physics, guide_from=guide_from)
     return s.codec.decode(s.stats.raw(z))
 
 
@@ -397,9 +411,10 @@ def evaluate_split(
     scored_out: dict | None = None,
 ) -> dict:
     """``{method: row}`` on ``split`` (:func:`_row`): each generator (``{name: model}``, or ``{name: (model,
-    physics guidance scale)}``) and (``references``) ``real`` (the split's own windows: FID the real
-    reference at the same sample sizes, accuracy the evaluator's ceiling), ``retrieval`` and
-    ``autoencoder``. A generator samples one window per real window of the split, with its labels,
+    physics guidance scale[, cost terms, from])}``, :func:`generate`'s arguments) and (``references``)
+    ``real`` (the split's own windows: FID the real reference at the same sample sizes, accuracy the
+    evaluator's ceiling), ``retrieval`` and ``autoencoder``. A generator samples one window per real
+    window of the split, with its labels,
     scored over that window's valid frames (the same frames as the real one); multimodality from
     ``multimodality_samples`` samples of each condition.
     ``physics``: the guidance scale of a bare model (None: the config's). ``scored_out``: filled with each
@@ -414,13 +429,12 @@ def evaluate_split(
     rows, scored_all = {}, {} if scored_out is None else scored_out
     key = jax.random.key(seed)
     for name, model in generators.items():
-        model, guidance = model if isinstance(model, tuple) else (model, physics)
-        scored = s.score(generate(s, model, labels, scales, key, guidance), None, w.valid)
+        model, *guidance = model if isinstance(model, tuple) else (model, physics)
+        scored = s.score(generate(s, model, labels, scales, key, *guidance), None, w.valid)
         mm = float("nan")
         if multimodality:
-            f = s.score(generate(s, model, per_condition, scales, jax.random.fold_in(key, 10_000), guidance))[
-                "features"
-            ]
+            x = generate(s, model, per_condition, scales, jax.random.fold_in(key, 10_000), *guidance)
+            f = s.score(x)["features"]
             mm = generative.multimodality(f, mm_ids, g.multimodality_size, rng)
         scored_all[name] = scored
         rows[name] = _row(s, split, scored, labels, mm, seed, cut)
