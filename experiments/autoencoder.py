@@ -101,7 +101,7 @@ def get_config(arg: str | None = None):
         # folder run: 69 -> 34 CPU s); the head and Muon have tests of their own (test_models.py,
         # test_train.py).
         c.model.update(dim=16, depth=1, kernel=3, position_head=False)
-        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2, optimizer="adamw",
-                       input_check_steps=0)  # the input check compiles a second step: not in tests
+        c.train.update(steps=6, warmup_steps=2, log_every=1, eval_every=3, checkpoint_every=2,
+                       optimizer="adamw", input_check_steps=0)  # the input check compiles a 2nd step
         c.evals.clip.video_s = 0.0  # the tests train many runs: no video each
     return c

@@ -680,8 +680,9 @@ def test_ctrl_c_twice_exits_at_once_without_a_thread_dump(tmp_path, data_dir, en
                  "def slow(run, done, interrupted, stopped_early):\n"
                  "    if interrupted:\n        time.sleep(20)\n"
                  "    return finish(run, done, interrupted, stopped_early)\nloop._finish = slow\n")
-    proc = subprocess.Popen(_patched_train(slow_stop, workdir, data_dir, *FAST[1:], "--config.train.steps=400"),
-                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = _patched_train(slow_stop, workdir, data_dir, *FAST[1:], "--config.train.steps=400")
+    proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     wait_for_checkpoint(proc, workdir, after=0)
     # Ctrl-C every half second until it exits: signals that come while the main thread is inside a
     # long C call reach Python's handler as one; the first handled starts the stop, the next ends it.
