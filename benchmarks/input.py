@@ -52,7 +52,6 @@ import jax.numpy as jnp
 from motionjax import configs, parallel, timing, train
 from motionjax.data import pipeline
 from motionjax.train import loop
-from motionjax.train import step as train_step
 
 ROUNDS = 10  # a block moves +-15% between rounds on a shared 2-core VM: 3 could not tell 2% (docs/input.md)
 
@@ -140,8 +139,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
     step, state, _, _ = train.build_train_step(config, info, mesh)
     # As the trainer: the stream tier's workers chosen against this step's measured time (not the
     # 4 ms default for an unknown step, which a cold host cache on a loaded host passes).
-    step_ms = lambda: train_step.step_ms(step, state, train_step.abstract_batch(config, info, mesh))  # noqa: E731
-    it = loop.make_iterator(config, info, mesh, step_ms=step_ms)
+    it = loop.make_iterator(config, info, mesh, step_ms=loop.step_timer(config, info, mesh, step, state))
     try:
         row["host_cache_warmup"] = warm_host_cache(it)
         fixed_batch = jax.block_until_ready(next(it))

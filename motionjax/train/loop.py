@@ -29,6 +29,12 @@ from motionjax.evaluation import artifacts, evaluators
 from motionjax.train import batch_finder, checkpoints, checks, compile_cache, faults, logs, step
 
 
+def step_timer(config: ml_collections.ConfigDict, info, mesh, train_step, state):
+    """:func:`make_iterator`'s ``step_ms`` for the step the trainer runs: a function that measures
+    ``train_step``'s milliseconds on ``state`` (:func:`.step.step_ms`) when the feed first asks."""
+    return lambda: step.step_ms(train_step, state, step.abstract_batch(config, info, mesh))
+
+
 def make_iterator(config: ml_collections.ConfigDict, info, mesh, step_ms=None):
     """Training batches as global arrays on ``mesh`` (the keys :func:`.step.batch_keys` names): the
     feed (:mod:`motionjax.data.feed`: the corpus on the devices or streamed by Grain, windows augmented
@@ -121,8 +127,7 @@ def _start(config, workdir: Path, cleanup: contextlib.ExitStack) -> _Run:
     train_step, state, shardings, eval_graphdef = step.build_train_step(config, info, mesh)
     if main:
         print(step.gradient_reduction(config, mesh, state["params"])[1].describe(), flush=True)
-    step_ms = lambda: step.step_ms(train_step, state, step.abstract_batch(config, info, mesh))  # noqa: E731
-    iterator = make_iterator(config, info, mesh, step_ms=step_ms)
+    iterator = make_iterator(config, info, mesh, step_ms=step_timer(config, info, mesh, train_step, state))
     cleanup.callback(faults.quietly, getattr(iterator, "close", None))
     mngr = checkpoints.make_checkpoint_manager(workdir, cfg)
     cleanup.callback(faults.quietly, mngr.close)
