@@ -312,10 +312,10 @@ def generate(s: Setup, model, labels, scales, key, physics: float | None = None,
     ``physics_terms``, ``physics_guidance_from``)."""
     g = s.config.generation
     physics = g.get("physics_guidance", 0.0) if physics is None else physics
-    guide = s.guide if terms is None else s.guide_of(terms)
+    guide = None if physics <= 0 else s.guide if terms is None else s.guide_of(terms)  # built when used
     guide_from = g.get("physics_guidance_from", 0.5) if guide_from is None else guide_from
-    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=guide if physics > 0 else None,
-                    guide_scale=physics, guide_from=guide_from)
+    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=guide, guide_scale=physics,
+                    guide_from=guide_from)
     return s.codec.decode(s.stats.raw(z))
 
 
