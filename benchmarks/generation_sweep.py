@@ -236,10 +236,9 @@ def main(argv=None) -> dict:
         for r in runs:
             name = label(r["weight"], r["terms"], r["from"], sampling)
             lines.append(f"{r['split']} {name} seed {r['seed']}: "
-                         + ", ".join(f"{k} {r[k]:.3f} {fmt_ci(r.get(k + '_ci'))}"
+                         + ", ".join(f"{k} {fmt_ci(r[k], r.get(k + '_ci'))}"
                                      for k in ("fid", "skate_ratio", "contact", "accuracy_content"))
-                         + "".join(f"; {k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
-                                   for k, v in r.get("paired", {}).items()))
+                         + "".join(f"; {k} {fmt_ci(v[0], v[1:])}" for k, v in r.get("paired", {}).items()))
     summary["table"] = lines
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -299,8 +298,12 @@ def label(w: float, foot, start, sampling: bool) -> str:
     return f"{w:g} {foot} from {start:g}" if sampling and w else f"{w:g}"
 
 
-def fmt_ci(ci) -> str:
-    return "[-]" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+def fmt_ci(value: float, ci) -> str:
+    """``"0.278 [0.220, 0.339]"`` (:func:`motionjax.evaluation.intervals.fmt`); ``"0.278 [-]"`` without
+    ``ci``."""
+    from motionjax.evaluation import intervals
+
+    return intervals.fmt({"value": value, "lo": ci[0], "hi": ci[1]}, 3) if ci else f"{value:.3f} [-]"
 
 
 def overlaps(a, b) -> bool:
