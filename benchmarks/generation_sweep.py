@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
 
     malloc.configure()
     from motionjax import configs
-    from motionjax.generation import run
+    from motionjax.generation import flow, run
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="", help="default: WORKDIR/config.json when there, else "
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
     criteria = [float(x) for x in args.criteria.split(",")]
     g0 = config.generation
     foots = (args.physics_terms.split(",") if args.physics_terms
-             else ["+".join(g0.get("physics_terms", ("force", "contact")))])
+             else ["+".join(g0.get("physics_terms", flow.UNNAMED_TERMS))])
     froms = [float(f) for f in args.physics_from.split(",")] if args.physics_from else [
         float(g0.get("physics_guidance_from", 0.5))]
     # (weight, cost terms, from): scale 0 once (it samples without guidance), every other scale per set of

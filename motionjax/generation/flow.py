@@ -129,10 +129,11 @@ def band_skating(foot, up: int, fps: float, band_m: float):
 
 
 TERMS = ("force", "contact", "band")
+UNNAMED_TERMS = ("force", "contact")  # the terms of a config without generation.physics_terms (older runs)
 
 
 def physics_cost(codec, codec_state, stats: LatentStats, info, fps: float, feet,
-                 terms=("force", "contact")) -> PhysicsCost:
+                 terms=UNNAMED_TERMS) -> PhysicsCost:
     """``z [B, L, D]`` (standardized latents) -> ``[B]``: what a decoded sample must answer for physically,
     with no real motion to compare with. Per window, the sum of the ``terms`` (any of :data:`TERMS`):
 

@@ -79,7 +79,7 @@ class Setup:
     @property
     def guide(self):
         """:func:`.flow.physics_cost` of this experiment (``generation.physics_terms``)."""
-        return self.guide_of(self.config.generation.get("physics_terms", ("force", "contact")))
+        return self.guide_of(self.config.generation.get("physics_terms", flow.UNNAMED_TERMS))
 
     def guide_of(self, terms):
         """:func:`.flow.physics_cost` of those terms (a tuple, or names joined by "+"), one object per set
