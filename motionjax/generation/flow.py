@@ -3,7 +3,8 @@ with classifier-free guidance on every label, and the dynamics loss on decoded s
 
 Flow (Liu et al. 2023, "Flow Straight and Fast"; Lipman et al. 2023): noise ``x₀ ~ N(0, I)``, data ``x₁``
 (standardized latents ``[B, L, D]``), ``x_t = (1 − t) x₀ + t x₁``; the network learns the velocity ``x₁ −
-x₀`` (mean squared error), and sampling integrates ``dx/dt = v(x, t)`` from ``t = 0`` to 1 (Euler).
+x₀`` (mean squared error), and sampling integrates ``dx/dt = v(x, t)`` from ``t = 0`` to 1 (Euler steps, or
+Heun's or the midpoint's second-order ones: ``generation.sampler``).
 
 Guidance (Ho & Salimans 2022, composed over the label keys in order, as in InstructPix2Pix's two-scale
 form): ``v = v(∅, ∅) + s_content (v(c, ∅) − v(∅, ∅)) + s_style (v(c, s) − v(c, ∅))``; scales 0 sample the
