@@ -265,7 +265,10 @@ def main(argv=None) -> dict:
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
-    (plot_ratio if sampling else plot)(summary, out.with_suffix(".png"))
+    if sampling and not any(weights):
+        plot_sampling(summary, out.with_suffix(".png"))
+    else:
+        (plot_ratio if sampling else plot)(summary, out.with_suffix(".png"))
     print("\n".join(lines), flush=True)
     return summary
 
@@ -370,6 +373,33 @@ def meets(r: dict, base: dict, criteria) -> dict:
                "fid_overlap": overlaps(r.get("fid_ci"), base.get("fid_ci"))}
     verdict["all"] = all(verdict.values())
     return verdict
+
+
+def plot_sampling(summary: dict, path) -> None:
+    """A sweep of sampling settings alone (no physics guidance): each setting's FID difference against the
+    first (paired over clips, 95% interval), one panel per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = summary["splits"]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 3.6), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        rs = [r for r in summary["runs"] if r["split"] == split]
+        for y, r in enumerate(rs):
+            d = r.get("paired", {}).get("fid_difference", [0.0, 0.0, 0.0])
+            ax.errorbar(d[0], y, xerr=[[d[0] - d[1]], [d[2] - d[0]]], fmt="o", color="k", capsize=3)
+        ax.axvline(0, color="C3", lw=1)
+        ax.set_yticks(range(len(rs)), [r["sampling"] + (" (reference)" if not i else "")
+                                       for i, r in enumerate(rs)])
+        ax.invert_yaxis()
+        ax.set(xlabel="FID − reference's, paired over clips (95% interval)",
+               title=f"{split}: sampler:steps:content,style guidance")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_ratio(summary: dict, path) -> None:
