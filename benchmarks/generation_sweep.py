@@ -22,6 +22,12 @@ change); ``--then test,unseen_test`` scores those splits once with scale 0 and t
 (:func:`choose`); ``OUT.png`` plots the skating ratio against FID
 (``--out docs/results/generation_physics_bandai2``).
 
+``--sampling "euler:32:2,2;heun:16:2,2;euler:32:1.5,1.5"`` crosses those settings with the physics ones:
+each the ODE sampler (``generation.sampler``), its steps and the (content, style) guidance scales, the
+first the reference every other setting is paired with (the same noise; ``--physics-guidance 0`` alone
+sweeps sampling without physics guidance). ``--choose fid``: of the settings whose paired FID difference
+against the first lies below 0 (its whole interval), the one of lowest FID, else the first.
+
 The run's own ``WORKDIR/config.json`` is the config when there is one (its autoencoder and data), else
 ``--config``.
 """
@@ -42,6 +48,7 @@ if str(REPO) not in sys.path:
 
 METRICS = (
     "fid",
+    "fid_ratio",
     "accuracy_content",
     "accuracy_style",
     "skate_ratio",
@@ -87,6 +94,10 @@ def main(argv=None) -> dict:
                    "names joined by + (force, contact, band: flow.physics_cost; default: the config's)")
     p.add_argument("--physics-from", default="", help="flow times the guidance starts at, comma-separated "
                    "(default: the config's physics_guidance_from)")
+    p.add_argument("--sampling", default="", help="with --physics-guidance: sampler:steps:content,style "
+                   "settings separated by ';' (the first the reference; default: the run's)")
+    p.add_argument("--choose", default="physics", choices=("physics", "fid"), help="the rule of --then: "
+                   "physics (:func:`choose`) or fid (:func:`choose_fid`)")
     p.add_argument("--criteria", default="-0.35,-0.08", help="skating ratio change (at most) and contact "
                    "change (at least) a setting must meet, with its FID interval overlapping scale 0's")
     p.add_argument("--splits", default="validation", help="comma-separated splits scored; choose on "
@@ -122,10 +133,6 @@ def main(argv=None) -> dict:
         float(g0.get("physics_guidance_from", 0.5))]
     # (weight, cost terms, from): scale 0 once (it samples without guidance), every other scale per set of
     # terms and start; the dynamics sweep has one of each (unused).
-    settings = [(w, foot, f) for w in weights for foot in (foots if w else foots[:1])
-                for f in (froms if w else froms[:1])]
-    if not sampling:
-        settings = [(w, foots[0], froms[0]) for w in weights]
     s = run.setup(config, workdir)
     (workdir / "sweep").mkdir(exist_ok=True)
     if args.guidance:
@@ -134,26 +141,39 @@ def main(argv=None) -> dict:
         scales = tuple(json.loads((workdir / "summary.json").read_text())["guidance"])
     else:
         scales = (config.generation.content_scale, config.generation.style_scale)
+    samplings = (args.sampling.split(";") if sampling and args.sampling else
+                 [f"{g0.get('sampler', 'euler')}:{g0.sample_steps}:" + ",".join(f"{x:g}" for x in scales)])
+    for spec in samplings:
+        parse_sampling(spec)  # a malformed one fails before any sampling
+    # The first setting is the reference (scale 0 of a physics sweep) every other one is paired with.
+    settings = [(w, foot, f, spec) for spec in samplings for w in weights
+                for foot in (foots if w else foots[:1]) for f in (froms if w else froms[:1])]
+    if not sampling:
+        settings = [(w, foots[0], froms[0], samplings[0]) for w in weights]
     runs, unguided = [], {}
     if sampling:  # the run's generator, as trained by make train
         trained, _ = run.fit_generator(s, config.generation, config.seed, workdir / "generator")
         g = config.generation
         args.steps, args.dim, args.depth = g.steps, g.dim, g.depth
-    def score(model, w, foot, start, seed, split, report, train_s):
+    def score(model, w, foot, start, spec, seed, split, report, train_s):
         """One setting on one split: its row (values, intervals, paired changes) appended to ``runs``."""
         clock = time.perf_counter()
         scored = {}
-        rows = run.evaluate_split(s, split, {"generator": model}, scales, seed=100 + seed,
+        sampler, steps, scales_ = parse_sampling(spec)
+        if sampling:
+            model = (*model, sampler, steps)
+        rows = run.evaluate_split(s, split, {"generator": model}, scales_, seed=100 + seed,
                                   multimodality=False, references=False, scored_out=scored)
         row = {k: rows["generator"][k] for k in METRICS}
         row.update({k + "_ci": rows["generator"].get(k + "_ci") for k in METRICS})
         row.update(windows=rows["generator"]["windows"], fid_windows=rows["generator"]["fid_windows"])
-        if sampling and not w:  # scale 0's windows: what each setting is paired with
+        if sampling and (seed, split) not in unguided:  # the first setting's windows: the reference
             unguided[(seed, split)] = scored["generator"]
-        elif sampling and (seed, split) in unguided:
+        elif sampling:
             row["paired"] = paired(s, split, scored["generator"], unguided[(seed, split)], 100 + seed)
         runs.append({"weight": w, "terms": foot if sampling else None, "from": start if sampling else None,
-                     "seed": seed, "split": split, "steps": args.steps,
+                     "sampling": spec if sampling else None, "seed": seed, "split": split,
+                     "steps": args.steps,
                      "train_s": None if sampling else train_s, "evaluation_s": time.perf_counter() - clock,
                      "steps_per_s": report.get("steps_per_s"), **row})
         print(json.dumps(runs[-1]), flush=True)
@@ -163,7 +183,7 @@ def main(argv=None) -> dict:
         partial.write_text(json.dumps(runs, indent=1))  # what a run cut short still leaves
 
     for seed in seeds:  # seed by seed: a change of load on the shared machine hits every weight alike
-        for w, foot, start in settings:
+        for w, foot, start, spec in settings:
             clock = time.perf_counter()
             if sampling:
                 model, report = (trained, w, foot, start), {}
@@ -176,19 +196,20 @@ def main(argv=None) -> dict:
                 )
             train_s = time.perf_counter() - clock
             for split in args.splits.split(","):
-                score(model, w, foot, start, seed, split, report, train_s)
+                score(model, w, foot, start, spec, seed, split, report, train_s)
     chosen = None
     if sampling and args.then:  # the choice on the first split (validation), then the other splits once
         first = args.splits.split(",")[0]
-        chosen = choose([r for r in runs if r["split"] == first and r["seed"] == seeds[0]], criteria)
+        rs = [r for r in runs if r["split"] == first and r["seed"] == seeds[0]]
+        chosen = choose(rs, criteria) if args.choose == "physics" else choose_fid(rs)
         print(f"chosen on {first}: {chosen}", flush=True)
         met = chosen["rule"].startswith("meets")
         for split in args.then.split(",") if met or not args.then_if_met else []:
-            for w, foot, start in ((0.0, foots[0], froms[0]),
-                                   (chosen["weight"], chosen["terms"], chosen["from"])):
-                score((trained, w, foot, start), w, foot, start, seeds[0], split, {}, None)
-    for r in runs:
-        base = next(b for b in runs if (b["seed"], b["split"], b["weight"]) == (r["seed"], r["split"], 0))
+            for w, foot, start, spec in (settings[0], (chosen["weight"], chosen["terms"], chosen["from"],
+                                                       chosen.get("sampling", samplings[0]))):
+                score((trained, w, foot, start), w, foot, start, spec, seeds[0], split, {}, None)
+    for r in runs:  # each against the first setting of its seed and split
+        base = next(b for b in runs if (b["seed"], b["split"]) == (r["seed"], r["split"]))
         r["change"] = {k: r[k] / base[k] - 1 if base[k] else float("nan") for k in METRICS}
         if sampling and r["weight"]:
             r["meets"] = meets(r, base, criteria)
@@ -206,19 +227,18 @@ def main(argv=None) -> dict:
         "dynamics_terms": dict(config.loss.dynamics),
         "target": TARGET,
         "runs": runs,
-        "settings": ([{"weight": w, "terms": foot, "from": f} for w, foot, f in settings] if sampling
-                     else None),
+        "settings": ([{"weight": w, "terms": foot, "from": f, "sampling": spec}
+                      for w, foot, f, spec in settings] if sampling else None),
         "criteria": {"skate_ratio_change_at_most": criteria[0], "contact_change_at_least": criteria[1],
                      "fid_interval_overlaps_scale_0": True} if sampling else None,
         "mean_change": {  # {split: {setting: {metric: mean change over seeds}}}
             split: {
-                label(w, foot, f, sampling): {
+                label(w, foot, f, sampling, spec): {
                     k: float(np.mean([r["change"][k] for r in rs
-                                      if (r["weight"], r["terms"], r["from"]) == ((w, foot, f) if sampling
-                                                                                 else (w, None, None))]))
+                                      if (r["weight"], r["terms"], r["from"], r["sampling"])
+                                      == ((w, foot, f, spec) if sampling else (w, None, None, None))]))
                     for k in METRICS}
-                for w, foot, f in settings
-                if w
+                for w, foot, f, spec in settings[1:]
             }
             for split in args.splits.split(",")
             for rs in [[r for r in runs if r["split"] == split]]
@@ -227,23 +247,28 @@ def main(argv=None) -> dict:
     lines = [f"{'split':12s} {'setting':>18s} {'seed':>4s} " + " ".join(f"{k:>14s}" for k in METRICS)]
     for r in runs:
         lines.append(
-            f"{r['split']:12s} {label(r['weight'], r['terms'], r['from'], sampling):>18s} {r['seed']:4d} "
+            f"{r['split']:12s} {label(r['weight'], r['terms'], r['from'], sampling, r['sampling']):>18s} "
+            f"{r['seed']:4d} "
             + " ".join(f"{r[k]:8.3f} {100 * r['change'][k]:+4.0f}%" for k in METRICS)
             + ("" if r.get("meets") is None else f"  meets: {r['meets']}")
         )
     if sampling:  # the figures the choice reads, with their intervals
         lines.append("")
         for r in runs:
-            name = label(r["weight"], r["terms"], r["from"], sampling)
+            name = label(r["weight"], r["terms"], r["from"], sampling, r["sampling"])
             lines.append(f"{r['split']} {name} seed {r['seed']}: "
                          + ", ".join(f"{k} {fmt_ci(r[k], r.get(k + '_ci'))}"
-                                     for k in ("fid", "skate_ratio", "contact", "accuracy_content"))
+                                     for k in ("fid", "fid_ratio", "skate_ratio", "contact",
+                                               "accuracy_content", "accuracy_style"))
                          + "".join(f"; {k} {fmt_ci(v[0], v[1:])}" for k, v in r.get("paired", {}).items()))
     summary["table"] = lines
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
-    (plot_ratio if sampling else plot)(summary, out.with_suffix(".png"))
+    if sampling and not any(weights):
+        plot_sampling(summary, out.with_suffix(".png"))
+    else:
+        (plot_ratio if sampling else plot)(summary, out.with_suffix(".png"))
     print("\n".join(lines), flush=True)
     return summary
 
@@ -292,10 +317,38 @@ def choose(rs: list, criteria) -> dict:
     return {"weight": r["weight"], "terms": r["terms"], "from": r["from"], "rule": rule}
 
 
-def label(w: float, foot, start, sampling: bool) -> str:
+def label(w: float, foot, start, sampling: bool, spec=None) -> str:
     """A setting's name: ``"0"`` (no guidance), ``"1 band from 0.5"`` (a physics guidance setting) or the
-    dynamics weight."""
-    return f"{w:g} {foot} from {start:g}" if sampling and w else f"{w:g}"
+    dynamics weight; then its sampling setting (``"heun:16:2,2"``) when given."""
+    name = f"{w:g} {foot} from {start:g}" if sampling and w else f"{w:g}"
+    return f"{name} {spec}" if sampling and spec else name
+
+
+def parse_sampling(spec: str) -> tuple[str, int, tuple[float, ...]]:
+    """``"heun:16:2,1.5"`` -> ``("heun", 16, (2.0, 1.5))``: the sampler (:data:`flow.SAMPLERS`), its steps
+    and the label guidance scales; anything else is an error naming the setting."""
+    from motionjax.generation import flow
+
+    parts = spec.split(":")
+    try:
+        sampler, steps, scales = parts[0], int(parts[1]), tuple(float(x) for x in parts[2].split(","))
+    except (IndexError, ValueError):
+        raise ValueError(f"--sampling setting {spec!r}: sampler:steps:content,style, e.g. heun:16:2,2"
+                         ) from None
+    if sampler not in flow.SAMPLERS or steps < 1 or len(parts) != 3:
+        raise ValueError(f"--sampling setting {spec!r}: sampler one of {flow.SAMPLERS}, steps >= 1")
+    return sampler, steps, scales
+
+
+def choose_fid(rs: list) -> dict:
+    """The setting chosen among the runs ``rs`` of one split and seed by FID alone: of those whose paired FID
+    difference against the first (the reference) has its whole 95% interval below 0, the one of lowest
+    FID; if none, the reference. Returns ``{"weight", "terms", "from", "sampling", "rule"}``."""
+    lower = [r for r in rs[1:] if r.get("paired") and r["paired"]["fid_difference"][2] < 0]
+    r, rule = ((min(lower, key=lambda r: r["fid"]), "meets: FID lower than the reference's (paired), lowest")
+               if lower else (rs[0], "meets: none lower than the reference (paired): the reference"))
+    return {"weight": r["weight"], "terms": r["terms"], "from": r["from"], "sampling": r["sampling"],
+            "rule": rule}
 
 
 def fmt_ci(value: float, ci) -> str:
@@ -320,6 +373,33 @@ def meets(r: dict, base: dict, criteria) -> dict:
                "fid_overlap": overlaps(r.get("fid_ci"), base.get("fid_ci"))}
     verdict["all"] = all(verdict.values())
     return verdict
+
+
+def plot_sampling(summary: dict, path) -> None:
+    """A sweep of sampling settings alone (no physics guidance): each setting's FID difference against the
+    first (paired over clips, 95% interval), one panel per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = summary["splits"]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 3.6), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        rs = [r for r in summary["runs"] if r["split"] == split]
+        for y, r in enumerate(rs):
+            d = r.get("paired", {}).get("fid_difference", [0.0, 0.0, 0.0])
+            ax.errorbar(d[0], y, xerr=[[d[0] - d[1]], [d[2] - d[0]]], fmt="o", color="k", capsize=3)
+        ax.axvline(0, color="C3", lw=1)
+        ax.set_yticks(range(len(rs)), [r["sampling"] + (" (reference)" if not i else "")
+                                       for i, r in enumerate(rs)])
+        ax.invert_yaxis()
+        ax.set(xlabel="FID − reference's, paired over clips (95% interval)",
+               title=f"{split}: sampler:steps:content,style guidance")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_ratio(summary: dict, path) -> None:

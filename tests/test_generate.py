@@ -97,6 +97,45 @@ def test_fid_against_closed_forms():
     assert generative.fid(x, x + 1.0) == pytest.approx(d, rel=1e-9)  # a shift by 1 in every dimension
 
 
+def test_second_order_samplers_integrate_the_flow_ode_against_closed_forms():
+    """``flow.sample``'s samplers on a stand-in network whose velocity is known in closed form (labels
+    ignored, so guidance changes nothing): ``v = c·t`` (x(1) = x(0) + c/2) is integrated exactly by Heun's
+    and the midpoint steps and missed by Euler's by c/(2N); ``v = a·x`` (x(1) = x(0)·e^a) gives each
+    step's own recursion, Euler ``(1 + a/N)^N``, Heun and midpoint ``(1 + a/N + a²/(2N²))^N`` (second
+    order: at 8 steps already closer than Euler at 32)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from motionjax.generation import flow
+
+    class Known(nnx.Module):  # what flow.sample reads of a FlowTransformer: classes, position, head
+        def __init__(self, kind: str, k: float):
+            self.classes, self.kind, self.k = (2, 3), kind, k
+            self.position = nnx.Param(jnp.zeros((5, 4)))
+            self.head = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+
+        def __call__(self, x, t, labels):
+            return self.k * (x if self.kind == "x" else jnp.ones_like(x) * t[:, None, None])
+
+    labels, key, scales = np.array([[0, 1], [1, 2]]), jax.random.key(3), (2.0, 2.0)
+    x0 = np.asarray(jax.random.normal(key, (2, 5, 3)))  # flow.sample's own noise of that key and shape
+    run = lambda m, steps, sampler: flow.sample(m, labels, scales, steps, key, sampler=sampler)  # noqa: E731
+    c, n = 1.5, 4
+    for sampler in ("heun", "midpoint"):
+        np.testing.assert_allclose(run(Known("t", c), n, sampler), x0 + c / 2, atol=1e-5)
+    np.testing.assert_allclose(run(Known("t", c), n, "euler"), x0 + c * (n - 1) / (2 * n), atol=1e-5)
+    a = -1.2
+    errors = {}
+    for sampler, n in (("euler", 32), ("heun", 8), ("midpoint", 8)):
+        growth = 1 + a / n + (0 if sampler == "euler" else a**2 / (2 * n**2))
+        z = run(Known("x", a), n, sampler)
+        np.testing.assert_allclose(z, x0 * growth**n, rtol=1e-4, atol=1e-6)
+        errors[sampler] = np.abs(z - x0 * np.exp(a)).max()
+    assert errors["heun"] < errors["euler"] / 2 and errors["midpoint"] < errors["euler"] / 2, errors
+    with pytest.raises(ValueError, match="sampler 'rk4'"):
+        run(Known("t", c), n, "rk4")
+
+
 def test_evaluator_tells_motion_from_noise_at_the_same_n(setup):
     """FID of decoded noise latents against real windows is far above the real reference at the same
     sample sizes (two halves of the clips, :func:`run.halves`), whose halves share no clip."""

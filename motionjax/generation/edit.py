@@ -60,7 +60,8 @@ def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarr
     content and another style) from their own latents noised to ``1 − strength``."""
     g = s.config.generation
     source = s.stats.standardize(s.codec.encode(x))
-    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength)
+    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength,
+                    sampler=g.get("sampler", "euler"))
     return s.codec.decode(s.stats.raw(z))
 
 
@@ -88,7 +89,7 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
         draw = key if samples == 1 else jax.random.fold_in(key, k)
         z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
                         known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
-                        fit_steps=fit_steps, fit_rate=fit_rate)
+                        fit_steps=fit_steps, fit_rate=fit_rate, sampler=g.get("sampler", "euler"))
         made = made + s.codec.decode(s.stats.raw(z)) / samples
     return join(x, made, known) if join_ends else made
 
@@ -130,7 +131,7 @@ def follow_path(s, model, x, labels, scales, key, fit_steps: int = 2, fit_rate: 
     weight[..., s.info.skeleton.up_axis] = 0.0  # its path on the floor, not its height
     z = flow.sample(model, labels, scales, g.sample_steps, key, source=source,
                     strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
-                    fit_steps=fit_steps, fit_rate=fit_rate)
+                    fit_steps=fit_steps, fit_rate=fit_rate, sampler=g.get("sampler", "euler"))
     return s.codec.decode(s.stats.raw(z))
 
 

@@ -3,7 +3,8 @@ with classifier-free guidance on every label, and the dynamics loss on decoded s
 
 Flow (Liu et al. 2023, "Flow Straight and Fast"; Lipman et al. 2023): noise ``x₀ ~ N(0, I)``, data ``x₁``
 (standardized latents ``[B, L, D]``), ``x_t = (1 − t) x₀ + t x₁``; the network learns the velocity ``x₁ −
-x₀`` (mean squared error), and sampling integrates ``dx/dt = v(x, t)`` from ``t = 0`` to 1 (Euler).
+x₀`` (mean squared error), and sampling integrates ``dx/dt = v(x, t)`` from ``t = 0`` to 1 (Euler steps, or
+Heun's or the midpoint's second-order ones: ``generation.sampler``).
 
 Guidance (Ho & Salimans 2022, composed over the label keys in order, as in InstructPix2Pix's two-scale
 form): ``v = v(∅, ∅) + s_content (v(c, ∅) − v(∅, ∅)) + s_style (v(c, s) − v(c, ∅))``; scales 0 sample the
@@ -282,11 +283,15 @@ def fit_step(fit, params, z, target, weight, rate, max_step: float = 0.02):
     return z - step * jnp.minimum(1.0, max_step / (rms + 1e-12))
 
 
+SAMPLERS = ("euler", "heun", "midpoint")  # generation.sampler: how :func:`sample` steps the flow's ODE
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from", "start", "fit",
-                                             "fit_steps"))
+                                             "fit_steps", "sampler"))
 def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, guide_params=None,
             guide_scale=0.0, guide_from=0.5, start: int = 0, source=None, known=None, fit=None,
-            fit_params=None, target=None, weight=None, fit_steps: int = 0, fit_rate=0.0):
+            fit_params=None, target=None, weight=None, fit_steps: int = 0, fit_rate=0.0,
+            sampler: str = "euler"):
     model = nnx.merge(graphdef, params)
     # Editing (:func:`sample`'s ``source``): the flow's state at t = start / steps on the straight path
     # from this noise to the source, and the ``known`` latent frames [B, L] held on that path every step.
@@ -300,20 +305,33 @@ def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, gui
     )  # [K+1, B, n]
     chain = chain.reshape(-1, n_keys)
 
-    def body(i, x):
-        x = on_path(x, i / steps)
-        t = jnp.full(((n_keys + 1) * b,), i / steps, jnp.float32)
-        v = model(jnp.tile(x, (n_keys + 1, 1, 1)), t, chain).reshape(n_keys + 1, b, *x.shape[1:])
+    def velocity(x, at):
+        """The guided velocity at ``x``, flow time ``at / steps`` (``at``: steps done, maybe a fraction)."""
+        t = at / steps
+        v = model(jnp.tile(x, (n_keys + 1, 1, 1)), jnp.full(((n_keys + 1) * b,), t, jnp.float32), chain)
+        v = v.reshape(n_keys + 1, b, *x.shape[1:])
         guided = v[0] + sum(scales[k] * (v[k + 1] - v[k]) for k in range(n_keys))
         if guide is not None:  # physics guidance at the one-step estimate of the clean latent
-            x1_hat = x + (1 - i / steps) * guided
+            x1_hat = x + (1 - t) * guided
 
             def push(z):
                 grad = jax.grad(lambda z: jnp.sum(guide(guide_params, z)))(z)
                 return grad / (jnp.sqrt(jnp.mean(grad**2, axis=(1, 2), keepdims=True)) + 1e-12)
 
-            on = i >= int(np.ceil(guide_from * steps))
+            on = at >= guide_from * steps
             guided = guided - guide_scale * jax.lax.cond(on, push, jnp.zeros_like, x1_hat)
+        return guided
+
+    def body(i, x):
+        x = on_path(x, i / steps)
+        guided = velocity(x, i)
+        # Second-order steps (the slope of the step from two evaluations, 2 per step): Heun's (the mean of
+        # the slopes at both ends, the end's at the Euler step's point) and the midpoint's (the slope at
+        # the half step's point).
+        if sampler == "heun":
+            guided = (guided + velocity(x + guided / steps, i + 1)) / 2
+        elif sampler == "midpoint":
+            guided = velocity(x + guided / (2 * steps), i + 0.5)
         if fit is None:
             return x + guided / steps
         # Reconstruction guidance (DiffPIR's step, Zhu et al. 2023, on the flow's straight paths): the
@@ -332,9 +350,11 @@ def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, gui
 def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int = 128, guide=None,
            guide_scale: float = 0.0, guide_from: float = 0.5, source=None, strength: float = 1.0,
            known=None, fit=None, target=None, weight=None, fit_steps: int = 0,
-           fit_rate: float = 0.0) -> np.ndarray:
-    """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: Euler steps of the guided flow
-    from Gaussian noise (``key``); ``scales`` one guidance scale per label key; ``guide``
+           fit_rate: float = 0.0, sampler: str = "euler") -> np.ndarray:
+    """Standardized latents ``[B, L, D]`` for integer ``labels [B, n_keys]``: ``steps`` steps of the guided
+    flow from Gaussian noise (``key``), each of ``sampler`` (:data:`SAMPLERS`: ``"euler"``, one network
+    evaluation a step; ``"heun"`` or ``"midpoint"``, second order, two); ``scales`` one guidance scale per
+    label key; ``guide``
     (:func:`physics_cost`, the same object each call: it is part of the compiled program's key) with
     ``guide_scale > 0``: physics guidance from ``t = guide_from`` on.
 
@@ -349,6 +369,8 @@ def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int =
     pulled toward decoding to ``target [B, T, J, 3]``
     (joint positions, m) where ``weight [B, T, J, 3]`` is nonzero, per window (in-betweening: the given
     frames; trajectory control: a root path; :func:`reconstruction_cost`)."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler {sampler!r}: one of {', '.join(SAMPLERS)}")
     labels = np.asarray(labels, np.int32)
     graphdef, params = nnx.split(model)
     length, d = model.position.shape[0], model.head.out_features
@@ -370,7 +392,7 @@ def sample(model: FlowTransformer, labels, scales, steps: int, key, batch: int =
                        guide_params, jnp.float32(guide_scale), float(guide_from), start, a.get("src"),
                        a.get("kn"), fit.fn if fitting else None, fit.params if fitting else None,
                        a.get("target"), a.get("weight"), int(fit_steps) if fitting else 0,
-                       jnp.float32(fit_rate))
+                       jnp.float32(fit_rate), sampler)
 
     return generative.in_batches(run, batch, *(np.asarray(arrays[k], dtypes.get(k, np.float32))
                                                for k in names))

@@ -305,17 +305,19 @@ def fit_generator(s: Setup, g, seed: int, path: Path | None = None):
 
 
 def generate(s: Setup, model, labels, scales, key, physics: float | None = None, terms=None,
-             guide_from: float | None = None) -> np.ndarray:
+             guide_from: float | None = None, sampler: str | None = None,
+             steps: int | None = None) -> np.ndarray:
     """Standardized features ``[B, N, C, F]`` of samples for class ids ``labels [B, n_keys]``; ``physics``:
     the physics guidance scale, ``terms`` its cost's terms (:func:`.flow.physics_cost`,
-    :meth:`Setup.guide_of`), ``guide_from`` the flow time it starts at (None: ``generation.physics_guidance``,
-    ``physics_terms``, ``physics_guidance_from``)."""
+    :meth:`Setup.guide_of`), ``guide_from`` the flow time it starts at, ``sampler`` and ``steps`` the ODE
+    steps (:func:`.flow.sample`; None: ``generation.physics_guidance``, ``physics_terms``,
+    ``physics_guidance_from``, ``sampler``, ``sample_steps``)."""
     g = s.config.generation
     physics = g.get("physics_guidance", 0.0) if physics is None else physics
     guide = None if physics <= 0 else s.guide if terms is None else s.guide_of(terms)  # built when used
     guide_from = g.get("physics_guidance_from", 0.5) if guide_from is None else guide_from
-    z = flow.sample(model, labels, scales, g.sample_steps, key, guide=guide, guide_scale=physics,
-                    guide_from=guide_from)
+    z = flow.sample(model, labels, scales, steps or g.sample_steps, key, guide=guide, guide_scale=physics,
+                    guide_from=guide_from, sampler=sampler or g.get("sampler", "euler"))
     return s.codec.decode(s.stats.raw(z))
 
 
@@ -411,12 +413,11 @@ def evaluate_split(
     scored_out: dict | None = None,
 ) -> dict:
     """``{method: row}`` on ``split`` (:func:`_row`): each generator (``{name: model}``, or ``{name: (model,
-    physics guidance scale[, cost terms, from])}``, :func:`generate`'s arguments) and (``references``)
-    ``real`` (the split's own windows: FID the real reference at the same sample sizes, accuracy the
-    evaluator's ceiling), ``retrieval`` and ``autoencoder``. A generator samples one window per real
-    window of the split, with its labels,
-    scored over that window's valid frames (the same frames as the real one); multimodality from
-    ``multimodality_samples`` samples of each condition.
+    physics guidance scale[, cost terms, from, sampler, steps])}``, :func:`generate`'s arguments) and
+    (``references``) ``real`` (the split's own windows: FID the real reference at the same sample sizes,
+    accuracy the evaluator's ceiling), ``retrieval`` and ``autoencoder``. A generator samples one window
+    per real window of the split, with its labels, scored over that window's valid frames (the same
+    frames as the real one); multimodality from ``multimodality_samples`` samples of each condition.
     ``physics``: the guidance scale of a bare model (None: the config's). ``scored_out``: filled with each
     method's per-window scores (:meth:`Setup.score`) for :func:`per_content`."""
     g, w = s.config.generation, s.splits[split]
