@@ -333,17 +333,15 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
 
-    # The last session also measures its input's cost (fed vs fixed batch) after training.
-    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN, "--config.train.input_check_steps=4"),
-                          env=env, check=True, capture_output=True, cwd=REPO, text=True)
+    # (The input check after training, fed vs fixed batch, compiles a second step: the GPU check's dry
+    # run measures it with this trainer, tests/test_gpu_check.py.)
+    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
+                          cwd=REPO, text=True)
     # No terminal: plain progress lines (train.progress_every, and the last step), no tqdm bar.
     assert "\r" not in done.stderr and re.search(r"^interrupted: step 40/40  loss \S+  [\d.]+ steps/s  "
                                                  r"host wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr
     final = json.loads((interrupted / "summary.json").read_text())
     assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
-    assert -1 < final["input_overhead"] < 1 and final["input_check"]["steps"] == 4
-    assert re.search(r"^speed: .* input overhead -?[\d.]+% \[-?[\d.]+, -?[\d.]+\] \(fed vs fixed batch\)",
-                     done.stdout, re.M)
     assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 
@@ -354,7 +352,9 @@ def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(tmp_path, data_dir
     from motionjax.train import batch_finder
 
     config = runlocal_config(data_dir)
-    config.train.update(steps=2, eval_every=2, checkpoint_every=2)
+    # The schedule of test_nonfinite_steps_in_a_row_...'s run (8 steps): its plain step is this probe's at
+    # per-device batch 1, compiled once for both (the session's compilation cache).
+    config.train.update(steps=8, eval_every=8, checkpoint_every=8)
     config.evals.final.splits = ("validation",)
     info = pipeline.dataset_info(config.data)
     probe = batch_finder.StepProbe.for_trainer(config, info)
