@@ -137,7 +137,7 @@ def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir
 def test_train_without_workdir_runs_in_runs_config_name(deepmimic_dir, tmp_path, env):
     proc = subprocess.run([sys.executable, "-m", "motionjax", "train", "--config",
                            str(REPO / "experiments/deepmimic_denoise.py") + ":runlocal",
-                           f"--config.data.dir={deepmimic_dir}", "--config.train.steps=2"],
+                           f"--config.data.dir={deepmimic_dir}"],  # run_dir's programs: compiled
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "run directory: runs/deepmimic_denoise_runlocal" in proc.stdout

@@ -269,8 +269,8 @@ def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env)
     shutil.copytree(trained, workdir)
     newest = max(committed(workdir))
     DAMAGE["manifest"](workdir / "checkpoints" / str(newest))
-    more = [*FAST[1:], "--config.train.steps=8"]
-    result = subprocess.run(train_cmd(workdir, data_dir, *more), env=env, cwd=REPO, capture_output=True,
+    # The same command: it trains steps 5 and 6 again, and saves step 6 where the damaged one was.
+    result = subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]  # the old trainer: 36 TensorStore tracebacks
     previous = max(s for s in committed(trained) if s < newest)
@@ -279,7 +279,7 @@ def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env)
     assert "Traceback" not in result.stderr
     assert len(list((workdir / "checkpoints_unreadable").iterdir())) == 1
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["status"] == "done" and summary["steps"] == 8
+    assert summary["status"] == "done" and summary["steps"] == 6 and newest in committed(workdir)
     # 2. the best step named in the summary is on disk, after a restart
     assert summary["best_step"] in committed(workdir)
 
@@ -675,12 +675,16 @@ def test_resuming_another_model_shape_names_what_differs(tmp_path, trained, data
 def test_ctrl_c_twice_exits_at_once_without_a_thread_dump(tmp_path, data_dir, env):
     workdir = tmp_path / "run"
     # The stop the first Ctrl-C starts takes 20 s more here, so the next surely comes during it (a
-    # tiny run otherwise can save and exit between two).
+    # tiny run otherwise can save and exit between two); each step takes 1.5 s more, so the FAST run
+    # (its 6 steps: the programs the other runs here compiled) is still training when the Ctrl-Cs come.
     slow_stop = ("import time\nfrom motionjax.train import loop\nfinish = loop._finish\n"
                  "def slow(run, done, interrupted, stopped_early):\n"
                  "    if interrupted:\n        time.sleep(20)\n"
-                 "    return finish(run, done, interrupted, stopped_early)\nloop._finish = slow\n")
-    command = _patched_train(slow_stop, workdir, data_dir, *FAST[1:], "--config.train.steps=400")
+                 "    return finish(run, done, interrupted, stopped_early)\nloop._finish = slow\n"
+                 "stepper = loop._stepper\n"
+                 "def slow_steps(run):\n    advance = stepper(run)\n"
+                 "    return lambda: (time.sleep(1.5), advance())[1]\nloop._stepper = slow_steps\n")
+    command = _patched_train(slow_stop, workdir, data_dir, *FAST)
     proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     wait_for_checkpoint(proc, workdir, after=0)

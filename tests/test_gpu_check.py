@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py: its package logic, and its CPU dry run end to end (so the GPU check
 cannot rot between GPU runs)."""
 import json
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -67,6 +68,10 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic
     assert ae["steps"] == gpu_check.MODES["cpu"].steps and ae["steps_per_s"] > 0 and ae["compile_s"] > 0
     # The input's cost measured where it runs (fed vs fixed batch), and the host's time per step.
     assert -1 < ae["input_overhead"] < 1 and ae["input_check"]["fixed_steps_per_s"] > 0
+    assert ae["input_check"]["steps"] == gpu_check.MODES["cpu"].input_check_steps
+    # The trainer's own speed line (motionjax train's stdout, in the part's log) says it with its interval.
+    assert re.search(r"^speed: .* input overhead -?[\d.]+% \[-?[\d.]+, -?[\d.]+\] \(fed vs fixed batch\)",
+                     (out / "logs" / "autoencoder.log").read_text(), re.M)
     assert ae["host"]["dispatch_ms_p50"] > 0 and "input overhead" in (out / "gpu_check.md").read_text()
     assert 0 < parts["mfu"]["mfu"] < 1 and parts["mfu"]["flops_per_step"] > 0
     assert parts["dynamics"]["blocked_compile_s"] > 0 and parts["dynamics"]["jvp_ms"] > 0

@@ -61,13 +61,13 @@ def test_motionjax_train_from_the_wheel_in_another_folder(installed, tmp_path, d
                            capture_output=True, text=True)
     assert shown.returncode == 0 and "deepmimic_denoise" in shown.stdout, shown.stdout
     config = f"{REPO / 'experiments/deepmimic_denoise.py'}:runlocal"
+    # The runlocal schedule as it is (6 steps): the programs the suite's other runlocal runs compile.
     trained = subprocess.run([installed / "bin" / "motionjax", "train", "--config", config,
-                              f"--config.data.dir={deepmimic_dir}", "--config.train.steps=2",
-                              "--config.train.eval_every=2", "--config.evals.final.splits=('test',)"],
+                              f"--config.data.dir={deepmimic_dir}", "--config.evals.final.splits=('test',)"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stderr[-3000:]
     summary = json.loads((tmp_path / "runs/deepmimic_denoise_runlocal/summary.json").read_text())
-    assert summary["status"] == "done" and summary["evaluated_step"] == 2, summary
+    assert summary["status"] == "done" and summary["evaluated_step"] == 6, summary
     assert summary["results"]["test"]  # trained and evaluated (the final table's test split)
     # By name, the experiment is the copy inside the wheel (the command resolves it so, then trains as above).
     probe = "from motionjax import configs; print(configs.resolve('deepmimic_denoise:runlocal'))"
