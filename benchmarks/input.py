@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from motionjax import configs, parallel, timing, train
-from motionjax.data import pipeline
+from motionjax.data import feed, pipeline
 from motionjax.train import loop
 
 ROUNDS = 10  # a block moves +-15% between rounds on a shared 2-core VM: 3 could not tell 2% (docs/input.md)
@@ -105,24 +105,15 @@ def read_late(call):
 
 
 def warm_host_cache(it, block: int = 50, most: int = 2000) -> dict | None:
-    """The streamed tier: draw span batches until a block of ``block`` of them reads every segment
-    from the host cache (at most ``most``), so the timed blocks see the steady state a training run
-    reaches after its first few hundred steps (Bandai-2: ~150 batches; a fresh iterator's first 100
-    cost ~5x the CPU of a warm one's, docs/input.md), as compilation is left out by warming each way
-    first. Returns the cache's statistics with the batches drawn, or None where the cache is not
-    in this process (the resident tier; Grain workers)."""
-    stats, drawn = it.stats(), 0
-    if stats is None:
+    """The streamed tier: the feed's host cache warmed (:func:`motionjax.data.feed.warm_host_cache`), so
+    the timed blocks see the steady state a training run reaches after its first few hundred steps
+    (Bandai-2: ~150 batches), as compilation is left out by warming each way first. Returns the cache's
+    statistics with the batches drawn, or None where the cache is not in this process (the resident
+    tier; Grain workers)."""
+    if it.stats() is None:
         return None
-    while drawn < most:
-        misses = stats["misses"]
-        for _ in range(block):
-            it.inputs()
-        drawn += block
-        stats = it.stats()
-        if stats["misses"] == misses:
-            break
-    return dict(stats, batches=drawn)
+    drawn = feed.warm_host_cache(it.inputs, it.stats, block, most)
+    return dict(it.stats(), batches=drawn)
 
 
 def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,

@@ -266,3 +266,24 @@ def test_loss_aware_streaming_keeps_its_host_cache_across_blocks(cfg, info):
     it.close()
     segments = len(info.splits[info.train_split])
     assert stats["misses"] <= segments < 6 * 8 and stats["hits"] >= 6 * 8 - segments, stats
+
+
+def test_warming_the_host_cache_stops_once_a_block_reads_every_segment_from_it(cfg, info):
+    """:func:`feed.warm_host_cache` (what data.worker_count = -1 and the input benchmark measure after):
+    it stops at the first block of draws that reads no segment from the shards (each one decoded once,
+    nothing evicted), and its cap stops it short of that."""
+    c = cfg.copy_and_resolve_references()
+    c.update(worker_count=0, prefetch=0)
+    sampler = []
+    it = pipeline.make_train_iterator(c, info, seed=0, sampler=sampler)
+    stats = sampler[0].cache.stats
+    try:
+        assert feed.warm_host_cache(lambda: next(it), stats, block=1, most=1) == 1  # capped
+        misses = [stats()["misses"]]
+        drawn = feed.warm_host_cache(lambda: (next(it), misses.append(stats()["misses"])), stats, block=4)
+    finally:
+        it.close()
+    assert drawn % 4 == 0 and misses[-1] == misses[-5] and len(set(misses[-9:-4])) > 1  # the last block only
+    windows = [n for n, _ in info.train_windows]
+    assert stats()["misses"] == stats()["segments"] <= sum(n > 0 for n in windows)
+    assert stats()["evictions"] == 0

@@ -77,20 +77,38 @@ AUTO_WORKER_MS = 4.0     # host CPU ms per batch the main process may spend, whe
 AUTO_WORKER_SHARE = 0.5  # ... or this share of the train step's time, when the trainer measured it
 
 
-def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None = None) -> int:
+def warm_host_cache(draw, stats, block: int = 50, most: int = 2000) -> int:
+    """Call ``draw()`` (one span batch) in blocks of ``block`` until a whole block reads every segment
+    from the host cache (``stats()``: :meth:`~pipeline.SegmentCache.stats`), or ``most`` calls: the steady
+    state of a long run (a fresh Bandai-2 iterator's first ~150 batches read their segments from the
+    shards, at ~10x the host CPU of a warm one's, docs/input.md). Returns the calls made."""
+    drawn = 0
+    while drawn < most:
+        misses = stats()["misses"]
+        for _ in range(block):
+            draw()
+        drawn += block
+        if stats()["misses"] == misses:
+            break
+    return drawn
+
+
+def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None = None,
+                 most: int = 512) -> int:
     """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
-    process makes ``batches`` span batches after as many to warm its cache, and its CPU time per batch
-    (not wall time: other load on the host does not count) decides against the budget: a share
-    (:data:`AUTO_WORKER_SHARE`) of the train step's ``step_ms`` when the trainer measured it (the
-    prefetch thread must keep ahead of the accelerator's clock, not a fixed one), else
+    process warms its host cache (:func:`warm_host_cache`, blocks of ``batches``, at most ``most``
+    batches: the run's steady state, not its first cold batches), then makes ``batches`` span batches,
+    and its CPU time per batch (not wall time: other load on the host does not count) decides against
+    the budget: a share (:data:`AUTO_WORKER_SHARE`) of the train step's ``step_ms`` when the trainer
+    measured it (the prefetch thread must keep ahead of the accelerator's clock, not a fixed one), else
     :data:`AUTO_WORKER_MS`. Within it, the main process keeps the work (its prefetch thread runs beside
     the device program; a worker costs a process start and a copy of every batch); else enough
     workers to bring each one's share under it, leaving one core to the main process."""
     c = cfg.copy_and_resolve_references()
     c.update(worker_count=0, prefetch=0)
-    it = pipeline.make_train_iterator(c, info, seed=0)
-    for _ in range(batches):  # opens the shards, fills the host cache
-        next(it)
+    sampler = []
+    it = pipeline.make_train_iterator(c, info, seed=0, sampler=sampler)
+    warm = warm_host_cache(lambda: next(it), sampler[0].cache.stats, batches, most)
     start = time.process_time()
     for _ in range(batches):
         next(it)
@@ -102,8 +120,8 @@ def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None =
     if log:
         against = (f"{AUTO_WORKER_SHARE:.0%} of the {step_ms:.1f} ms train step" if step_ms
                    else f"{AUTO_WORKER_MS:g} ms (step time not measured)")
-        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process against "
-            f"{against} -> {workers} Grain worker(s) ({cores} cores)")
+        log(f"data.worker_count=-1: {ms:.1f} ms of host CPU per batch in the main process (after {warm} "
+            f"batches warmed its host cache) against {against} -> {workers} Grain worker(s) ({cores} cores)")
     return workers
 
 

@@ -301,10 +301,11 @@ class SampleWindow:
     def __call__(self, slot, rng: np.random.Generator):
         return self.draw(slot, rng.random())
 
-    def draw(self, slot, u: float):
-        """The span of ``slot`` whose start is the ``u``-quantile (``u`` in [0, 1)) of the slot
-        segment's start distribution."""
-        first, clip_id, begin, end = (int(v) for v in slot)
+    def locate(self, slot, u: float):
+        """``(segment, start)`` of ``slot``'s draw whose start is the ``u``-quantile (``u`` in [0, 1))
+        of the slot segment's start distribution (``segment``: :meth:`_segment`'s), or None for a bad
+        record (skipped and counted)."""
+        clip_id, begin, end = int(slot[1]), int(slot[2]), int(slot[3])
         try:
             segment = self._segment(clip_id, begin, end)
         except records.BadRecordError as e:
@@ -312,21 +313,46 @@ class SampleWindow:
             return None
         cdf = segment["cdf"]
         # Inverse-CDF draw (Generator.choice re-validates p on every call, ~10x slower).
-        start = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.size - 1)
-        root, rotations = transforms.read_span(segment["root_position"], segment["rotations"], start,
-                                               end - begin, self.span)
-        out = {"root_position": root, "rotations": rotations, "length": np.int32(end - begin - start)}
+        return segment, min(int(cdf.searchsorted(u * cdf[-1], side="right")), cdf.size - 1)
+
+    def gather(self, found, slots) -> dict:
+        """The spans of ``found`` (:meth:`locate`'s ``(segment, start)`` of each row) and ``slots [b,
+        4]`` (their first column names the segment, with ``name_segment``), stacked: each row's frames
+        are copied once, straight into the batch's arrays (a slice, and past the segment's end its last
+        frame repeated: :func:`transforms.read_span`'s frames), with no per-row arrays between."""
+        n, s = len(found), self.span
+        j = found[0][0]["rotations"].shape[1]
+        root = np.empty((n, s, 3), np.float32)
+        rotations = np.empty((n, s, j, 4), np.float32)
+        length = np.empty(n, np.int32)
+        for r, (segment, start) in enumerate(found):
+            frames = segment["root_position"].shape[0]
+            k = min(s, frames - start)  # real frames in the span; the rest repeat the last one
+            root[r, :k] = segment["root_position"][start:start + k]
+            rotations[r, :k] = segment["rotations"][start:start + k]
+            if k < s:
+                root[r, k:] = segment["root_position"][frames - 1]
+                rotations[r, k:] = segment["rotations"][frames - 1]
+            length[r] = frames - start
+        out = {"root_position": root, "rotations": rotations, "length": length}
         if self.bones is not None:
-            out["offsets"] = segment["offsets"]
+            out["offsets"] = np.stack([segment["offsets"] for segment, _ in found])
         if self.name_segment:  # rows of segment_rows: the first column is the segment
-            out["segment"] = np.int32(first)
+            out["segment"] = np.asarray(slots, np.int64)[:, 0].astype(np.int32)
         return out
+
+    def draw(self, slot, u: float):
+        """The span of ``slot`` whose start is the ``u``-quantile (``u`` in [0, 1)) of the slot
+        segment's start distribution (None for a bad record): one row of :meth:`gather`."""
+        found = self.locate(slot, u)
+        return None if found is None else {k: v[0] for k, v in self.gather([found], [slot]).items()}
 
 
 class SampleBatch:
     """``(slots [B, 4], rng) -> spans``: rows ``[index·b, (index+1)·b)`` of a global batch of slots
-    (``b = B / count``, process ``index`` of ``count``), each drawn by :class:`SampleWindow` and stacked
-    (``[b, ...]`` leaves).
+    (``b = B / count``, process ``index`` of ``count``), each located by :class:`SampleWindow` (its
+    segment and start), then gathered into the batch's arrays at once (``[b, ...]`` leaves,
+    :meth:`SampleWindow.gather`).
 
     Every process draws the whole batch's uniforms from the batch's generator and uses its rows', so
     the blocks, concatenated in process order (the mesh's ``data`` axis), are the one-process batch.
@@ -342,18 +368,20 @@ class SampleBatch:
         u = rng.random(len(slots))
         spare = int(rng.integers(2**62))  # the replacement draws' seed
         b = len(slots) // self._count
-        rows = []
-        for r in range(self._index * b, (self._index + 1) * b):
-            span, attempt = self.sample.draw(slots[r], u[r]), 0
-            while span is None:  # a bad record: skipped and counted by SampleWindow
+        rows = slots[self._index * b:(self._index + 1) * b].copy()
+        found = []
+        for i, r in enumerate(range(self._index * b, (self._index + 1) * b)):
+            hit, attempt = self.sample.locate(rows[i], u[r]), 0
+            while hit is None:  # a bad record: skipped and counted by SampleWindow
                 attempt += 1
                 if attempt > self.ATTEMPTS:
                     raise records.BadRecordError(f"{self.ATTEMPTS} training draws in a row found no readable "
                                                  f"record (see the warnings above)")
                 draw = np.random.default_rng((spare, r, attempt))
-                span = self.sample.draw(self.table[draw.integers(len(self.table))], draw.random())
-            rows.append(span)
-        return {k: np.stack([span[k] for span in rows]) for k in rows[0]}
+                rows[i] = self.table[draw.integers(len(self.table))]
+                hit = self.sample.locate(rows[i], draw.random())
+            found.append(hit)
+        return self.sample.gather(found, rows)
 
 
 def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
