@@ -1,8 +1,8 @@
 """Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
 
 ``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.4,...,0.8]
-[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--inbetween-samples 8] [--choose-at 15]
-[--tasks transfer,inbetweening] [--inbetween-limit 0] [--limit 0]
+[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--inbetween-shares 0] [--inbetween-samples 8]
+[--choose-at 15] [--tasks transfer,inbetweening] [--inbetween-limit 0] [--limit 0]
 [--out docs/results/generation_tasks]`` reads a finished run of
 ``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
 
@@ -20,7 +20,9 @@ whole window (no padding) removed at a random place and generated with the windo
 interpolated window's latent noised to flow time ``1 - strength`` (chosen on validation among
 ``--inbetween-strengths``, at ``--choose-at`` missing frames or at each gap's own); the result is the
 mean of ``--inbetween-samples`` samples joined to the given frames (:func:`motionjax.generation.edit.join`),
-one sample joined beside it; against linear root / slerp rotation interpolation
+moved a share of the way to the interpolation (chosen with the strength among ``--inbetween-shares``:
+:func:`motionjax.generation.edit.toward`; the unmoved mean beside it), one sample joined beside it;
+against linear root / slerp rotation interpolation
 (:func:`motionjax.generation.edit.interpolate`). Scored by MPJPE (cm, on the skeleton's bones, in the
 window frame) at the given frames and at the missing ones, and the skating ratio; 95% intervals over
 clips, and the paired difference per clip. ``--tasks`` runs one of the two; ``--inbetween-limit`` scores
@@ -139,13 +141,23 @@ def transfer(s, model, split: str, scales, strength: float, seed: int, limit: in
     return out
 
 
+def generator_name(samples: int, share: float = 0.0) -> str:
+    """The in-betweening table's name of the generator's result (mean of ``samples``, moved ``share`` of
+    the way to the interpolation)."""
+    return f"generator (mean of {samples})" + (f", {share:g} toward interpolation" if share else "")
+
+
 def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: int = 0,
-                 strength: float = 1.0, samples: int = 8, single: bool = True) -> dict:
+                 strength: float = 1.0, samples: int = 8, single: bool = True, share: float = 0.0,
+                 shares=()) -> dict:
     """The in-betweening table for ``missing`` frames: ``{method: {metric: {"value", "ci"}}}`` and the
     paired per-clip differences of MPJPE on the missing frames; ``strength``: how much of the flow the
     generator runs from the interpolated window's latent (1: the missing frames from noise); ``samples``:
     the generator's result is the mean of that many samples, joined to the given frames
-    (:func:`motionjax.generation.edit.join`); ``single``: one sample, joined, beside it."""
+    (:func:`motionjax.generation.edit.join`), moved ``share`` of the way to the interpolation
+    (:func:`motionjax.generation.edit.toward`; with ``share > 0`` the unmoved mean beside it); ``shares``:
+    rows for these shares too, from the same samples (the choice on validation); ``single``: one sample,
+    joined, beside it."""
     import jax
 
     from motionjax.evaluation import intervals
@@ -163,10 +175,12 @@ def inbetweening(s, model, split: str, scales, missing: int, seed: int, limit: i
     key = jax.random.key(seed + missing)
     run = lambda k: edit.inbetween(s, model, w.features, known, labels, scales, key, strength,  # noqa: E731
                                    join_ends=True, samples=k)
-    made = {f"generator (mean of {samples})": run(samples)}
+    baseline, mean = edit.interpolate(s.info, w.features, known), run(samples)
+    made = {generator_name(samples, x): edit.toward(mean, baseline, x)
+            for x in dict.fromkeys((share, 0.0, *shares))}  # the reported share first
     if single and samples > 1:
         made["generator (one sample)"] = run(1)
-    made["interpolation"] = edit.interpolate(s.info, w.features, known)
+    made["interpolation"] = baseline
     out, errors = {}, {}
     given, free = known.sum(1), (~known).sum(1)
     for name, x in made.items():
@@ -208,6 +222,9 @@ def main(argv=None) -> dict:
     p.add_argument("--inbetween-samples", type=int, default=8,
                    help="in-betweening: the result is the mean of this many samples, joined to the given "
                    "frames")
+    p.add_argument("--inbetween-shares", default="0",
+                   help="in-betweening: shares of the way from the generator's result to the interpolation "
+                   "(several: one chosen on --choose-split with the strength, from the same samples)")
     p.add_argument("--inbetween-limit", type=int, default=0,
                    help="in-betweening: at most this many windows of the reported split (0: all)")
     p.add_argument("--choose-at", default="15",
@@ -257,33 +274,42 @@ def inbetween_task(result: dict, s, model, scales, args) -> None:
     """In-betweening: the strength chosen on ``--choose-split`` (at ``--choose-at`` missing frames, or at
     each gap's own), the table on ``--split``."""
     strengths = [float(x) for x in args.inbetween_strengths.split(",")]
+    shares = [float(x) for x in args.inbetween_shares.split(",")]
     k = args.inbetween_samples
 
     def choose(m: int):
-        # The lowest MPJPE on the missing frames, on at most 400 windows of validation (never the
-        # reported split).
-        name = f"generator (mean of {k})"
-        tried = {str(x): inbetweening(s, model, args.choose_split, scales, m, args.seed + 1,
-                                      args.limit or 400, x, k, single=False)[name]["mpjpe_missing_cm"]
-                 for x in strengths} if len(strengths) > 1 else {}
-        chosen = min(strengths, key=lambda x: tried[str(x)]["value"]) if tried else strengths[0]
-        print(f"in-betweening strength {chosen} (on {args.choose_split}, {m} missing frames: "
-              + ", ".join(f"{x}: {v['value']:.2f} cm" for x, v in tried.items()) + ")", flush=True)
+        # The (strength, share) of the lowest MPJPE on the missing frames, on at most 400 windows of
+        # validation (never the reported split); the shares from the same samples.
+        if len(strengths) == 1 and len(shares) == 1:
+            return (strengths[0], shares[0]), {}
+        tried = {}
+        for x in strengths:
+            rows = inbetweening(s, model, args.choose_split, scales, m, args.seed + 1, args.limit or 400,
+                                x, k, single=False, shares=shares)
+            tried.update({f"{x}/{y}": rows[generator_name(k, y)]["mpjpe_missing_cm"] for y in shares})
+        best = min(tried, key=lambda key: tried[key]["value"])
+        chosen = tuple(map(float, best.split("/")))
+        print(f"in-betweening strength / share toward interpolation {best} (on {args.choose_split}, {m} "
+              "missing frames: " + ", ".join(f"{x}: {v['value']:.2f} cm" for x, v in tried.items()) + ")",
+              flush=True)
         return chosen, tried
 
     gaps = list(map(int, args.missing.split(",")))
     each = args.choose_at == "each"
     if not each:
-        result["inbetween_strength"], result["inbetween_strength_choice"] = choose(int(args.choose_at))
+        (result["inbetween_strength"], result["inbetween_share"]), result["inbetween_strength_choice"] = \
+            choose(int(args.choose_at))
     result["inbetweening"] = {}
     for m in gaps:
-        chosen = result.get("inbetween_strength")
+        chosen, share = result.get("inbetween_strength"), result.get("inbetween_share", 0.0)
         if each:
-            chosen, tried = choose(m)
-            result.setdefault("inbetween_strength_each", {})[str(m)] = {"chosen": chosen, "tried": tried}
+            (chosen, share), tried = choose(m)
+            result.setdefault("inbetween_strength_each", {})[str(m)] = {"chosen": chosen, "share": share,
+                                                                        "tried": tried}
         result["inbetweening"][str(m)] = inbetweening(s, model, args.split, scales, m, args.seed,
-                                                      args.inbetween_limit or args.limit, chosen, k)
-        result["inbetweening"][str(m)]["strength"] = chosen
+                                                      args.inbetween_limit or args.limit, chosen, k,
+                                                      share=share)
+        result["inbetweening"][str(m)].update(strength=chosen, share=share)
         print(m, json.dumps(result["inbetweening"][str(m)], indent=1), flush=True)
 
 
@@ -319,8 +345,8 @@ def table(result: dict) -> list[str]:
             if isinstance(row, dict) and "mpjpe_missing_cm" in row or name == "real":
                 cells = [_cell(row.get(c), 3 if c == "skate_ratio" else 2) for c in cols]
                 lines.append(f"| {m} ({rows['windows']} windows, {rows.get('clips', '?')} clips, strength "
-                             f"{rows.get('strength', strength)}) | {name} | "
-                             + " | ".join(cells) + " |")
+                             f"{rows.get('strength', strength)}, share {rows.get('share', 0.0):g}) | "
+                             f"{name} | " + " | ".join(cells) + " |")
         for name, d in rows.items():
             if name.endswith("missing frames (cm)"):
                 method = name.split(", missing")[0]

@@ -460,6 +460,30 @@ def test_join_keeps_the_given_frames_and_carries_the_residual_across_the_gap():
         edit.join(x, made, np.zeros((b, t), bool))
 
 
+def test_toward_moves_the_result_a_share_of_the_way_and_keeps_what_both_hold():
+    """edit.toward against closed forms: share 0 is the result, 1 the baseline; a result and a baseline
+    that err in opposite directions by the same amount meet the truth at 0.5 (why a blend can beat both);
+    the error of any blend is at most the larger of the two's (convexity); frames where both hold the same
+    values keep them; a share outside [0, 1] is refused."""
+    from motionjax.generation import edit
+
+    rng = np.random.default_rng(1)
+    truth = rng.normal(size=(2, 4, 4, 5)).astype(np.float32)
+    error = rng.normal(size=truth.shape).astype(np.float32)
+    made, base = truth + error, truth - error
+    np.testing.assert_array_equal(edit.toward(made, base, 0.0), made)
+    np.testing.assert_allclose(edit.toward(made, base, 1.0), base, atol=1e-6)
+    np.testing.assert_allclose(edit.toward(made, base, 0.5), truth, atol=1e-5)
+    other = truth + rng.normal(size=truth.shape).astype(np.float32)
+    rms = lambda y: float(np.sqrt(np.mean((y - truth) ** 2)))  # noqa: E731
+    for share in (0.25, 0.5, 0.75):
+        assert rms(edit.toward(made, other, share)) <= max(rms(made), rms(other)) + 1e-6
+    other[:, :2] = made[:, :2]  # frames both hold (the given ones, after join)
+    np.testing.assert_allclose(edit.toward(made, other, 0.3)[:, :2], made[:, :2], atol=1e-6)
+    with pytest.raises(ValueError, match="share"):
+        edit.toward(made, base, 1.5)
+
+
 def test_reconstruction_guidance_reproduces_the_given_frames(setup, run, config):
     """Reconstruction guidance (flow.reconstruction_cost through flow.sample's fit): the cost equals a
     numpy reference (weighted mean squared joint distance, cm², from the decoded motion's positions),

@@ -14,7 +14,8 @@ replacement, Lugmayr et al. 2022):
   so the encoder sees a whole window, its latent noised to ``1 − strength`` and integrated; the result
   meets the given frames by replacement of the latent frames they cover, by reconstruction guidance
   (:func:`.flow.reconstruction_cost`) and/or by :func:`join` (given frames exact, the residual at each
-  gap's ends blended across it), optionally the mean of several samples.
+  gap's ends blended across it), optionally the mean of several samples, optionally moved part of the way
+  to the interpolation (:func:`toward`).
 
 All features are standardized ``[B, N, C, F]`` windows of the experiment (:class:`.run.Setup`).
 """
@@ -67,7 +68,7 @@ def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarr
 
 def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
               fit_steps: int = 0, fit_rate: float = 0.0, join_ends: bool = False,
-              samples: int = 1) -> np.ndarray:
+              samples: int = 1, share: float = 0.0) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` with the frames ``known [B, T]`` given, the others generated (labels
     ``[B, n_keys]``: the source's), from the interpolated window's latent noised to ``1 − strength``.
     ``hold``: the latent frames whose frames are all given held on the source's path (replacement);
@@ -75,7 +76,8 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
     (:func:`.flow.reconstruction_cost`); ``join_ends``: the result :func:`join`-ed to the given frames;
     ``samples``: the mean of that many samples' features (each of its own noise; a Monte Carlo estimate
     of the posterior mean, which the error against one true motion rewards, at the cost of the
-    samples' variety: a mean of motions moves less than each)."""
+    samples' variety: a mean of motions moves less than each); ``share``: the result moved that share of
+    the way to the interpolation (:func:`toward`)."""
     g = s.config.generation
     filled = interpolate(s.info, x, known)
     source = s.stats.standardize(s.codec.encode(filled))
@@ -91,7 +93,21 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
                         known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
                         fit_steps=fit_steps, fit_rate=fit_rate, sampler=g.get("sampler", "euler"))
         made = made + s.codec.decode(s.stats.raw(z)) / samples
-    return join(x, made, known) if join_ends else made
+    return toward(join(x, made, known) if join_ends else made, filled, share)
+
+
+def toward(made, base, share: float) -> np.ndarray:
+    """``made`` moved ``share`` (in [0, 1]) of the way to ``base`` (both ``[B, N, C, F]`` standardized
+    features; in-betweening: the generator's result toward the interpolation). Where the two err in
+    different directions, the blend errs less than either (a shrinkage of the generator's estimate of the
+    missing frames toward the baseline's, its share chosen on validation). Given frames that both hold
+    exactly stay exact (the blend is affine: weights sum to 1)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share {share}: a share of the way, in [0, 1]")
+    made = np.asarray(made, np.float32)
+    if share == 0:
+        return made
+    return ((1 - share) * made + share * np.asarray(base, np.float32)).astype(np.float32)
 
 
 def join(x, made, known) -> np.ndarray:
