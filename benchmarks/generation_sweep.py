@@ -142,7 +142,7 @@ def main(argv=None) -> dict:
     else:
         scales = (config.generation.content_scale, config.generation.style_scale)
     samplings = (args.sampling.split(";") if sampling and args.sampling else
-                 [f"{g0.get('sampler', 'euler')}:{g0.sample_steps}:" + ",".join(f"{x:g}" for x in scales)])
+                 [f"{flow.sampler_of(g0)}:{g0.sample_steps}:" + ",".join(f"{x:g}" for x in scales)])
     for spec in samplings:
         parse_sampling(spec)  # a malformed one fails before any sampling
     # The first setting is the reference (scale 0 of a physics sweep) every other one is paired with.

@@ -14,8 +14,8 @@ replacement, Lugmayr et al. 2022):
   so the encoder sees a whole window, its latent noised to ``1 − strength`` and integrated; the result
   meets the given frames by replacement of the latent frames they cover, by reconstruction guidance
   (:func:`.flow.reconstruction_cost`) and/or by :func:`join` (given frames exact, the residual at each
-  gap's ends blended across it), optionally the mean of several samples, optionally moved part of the way
-  to the interpolation (:func:`toward`).
+  gap's ends blended across it), optionally the mean of several samples; :func:`toward` moves such a result
+  part of the way to the interpolation.
 
 All features are standardized ``[B, N, C, F]`` windows of the experiment (:class:`.run.Setup`).
 """
@@ -62,13 +62,13 @@ def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarr
     g = s.config.generation
     source = s.stats.standardize(s.codec.encode(x))
     z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength,
-                    sampler=g.get("sampler", "euler"))
+                    sampler=flow.sampler_of(g))
     return s.codec.decode(s.stats.raw(z))
 
 
 def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
               fit_steps: int = 0, fit_rate: float = 0.0, join_ends: bool = False,
-              samples: int = 1, share: float = 0.0) -> np.ndarray:
+              samples: int = 1) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` with the frames ``known [B, T]`` given, the others generated (labels
     ``[B, n_keys]``: the source's), from the interpolated window's latent noised to ``1 − strength``.
     ``hold``: the latent frames whose frames are all given held on the source's path (replacement);
@@ -76,8 +76,7 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
     (:func:`.flow.reconstruction_cost`); ``join_ends``: the result :func:`join`-ed to the given frames;
     ``samples``: the mean of that many samples' features (each of its own noise; a Monte Carlo estimate
     of the posterior mean, which the error against one true motion rewards, at the cost of the
-    samples' variety: a mean of motions moves less than each); ``share``: the result moved that share of
-    the way to the interpolation (:func:`toward`)."""
+    samples' variety: a mean of motions moves less than each)."""
     g = s.config.generation
     filled = interpolate(s.info, x, known)
     source = s.stats.standardize(s.codec.encode(filled))
@@ -91,9 +90,9 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
         draw = key if samples == 1 else jax.random.fold_in(key, k)
         z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
                         known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
-                        fit_steps=fit_steps, fit_rate=fit_rate, sampler=g.get("sampler", "euler"))
+                        fit_steps=fit_steps, fit_rate=fit_rate, sampler=flow.sampler_of(g))
         made = made + s.codec.decode(s.stats.raw(z)) / samples
-    return toward(join(x, made, known) if join_ends else made, filled, share)
+    return join(x, made, known) if join_ends else made
 
 
 def toward(made, base, share: float) -> np.ndarray:
@@ -147,7 +146,7 @@ def follow_path(s, model, x, labels, scales, key, fit_steps: int = 2, fit_rate: 
     weight[..., s.info.skeleton.up_axis] = 0.0  # its path on the floor, not its height
     z = flow.sample(model, labels, scales, g.sample_steps, key, source=source,
                     strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
-                    fit_steps=fit_steps, fit_rate=fit_rate, sampler=g.get("sampler", "euler"))
+                    fit_steps=fit_steps, fit_rate=fit_rate, sampler=flow.sampler_of(g))
     return s.codec.decode(s.stats.raw(z))
 
 

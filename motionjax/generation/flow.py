@@ -286,6 +286,12 @@ def fit_step(fit, params, z, target, weight, rate, max_step: float = 0.02):
 SAMPLERS = ("euler", "heun", "midpoint")  # generation.sampler: how :func:`sample` steps the flow's ODE
 
 
+def sampler_of(g) -> str:
+    """The ``generation`` config's :data:`SAMPLERS` entry; ``"euler"`` for a run's config from before
+    ``generation.sampler`` existed (its samples were Euler's)."""
+    return g.get("sampler", SAMPLERS[0])
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "guide", "guide_from", "start", "fit",
                                              "fit_steps", "sampler"))
 def _sample(graphdef, params, noise, labels, scales, steps: int, guide=None, guide_params=None,

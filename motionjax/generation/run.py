@@ -317,7 +317,7 @@ def generate(s: Setup, model, labels, scales, key, physics: float | None = None,
     guide = None if physics <= 0 else s.guide if terms is None else s.guide_of(terms)  # built when used
     guide_from = g.get("physics_guidance_from", 0.5) if guide_from is None else guide_from
     z = flow.sample(model, labels, scales, steps or g.sample_steps, key, guide=guide, guide_scale=physics,
-                    guide_from=guide_from, sampler=sampler or g.get("sampler", "euler"))
+                    guide_from=guide_from, sampler=sampler or flow.sampler_of(g))
     return s.codec.decode(s.stats.raw(z))
 
 
