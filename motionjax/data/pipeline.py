@@ -318,8 +318,8 @@ class SampleWindow:
     def gather(self, found, slots) -> dict:
         """The spans of ``found`` (:meth:`locate`'s ``(segment, start)`` of each row) and ``slots [b,
         4]`` (their first column names the segment, with ``name_segment``), stacked: each row's frames
-        are copied once, straight into the batch's arrays (a slice, and past the segment's end its last
-        frame repeated: :func:`transforms.read_span`'s frames), with no per-row arrays between."""
+        are copied once, straight into the batch's arrays (:func:`transforms.read_span` into the row),
+        with no per-row arrays between."""
         n, s = len(found), self.span
         j = found[0][0]["rotations"].shape[1]
         root = np.empty((n, s, 3), np.float32)
@@ -327,12 +327,8 @@ class SampleWindow:
         length = np.empty(n, np.int32)
         for r, (segment, start) in enumerate(found):
             frames = segment["root_position"].shape[0]
-            k = min(s, frames - start)  # real frames in the span; the rest repeat the last one
-            root[r, :k] = segment["root_position"][start:start + k]
-            rotations[r, :k] = segment["rotations"][start:start + k]
-            if k < s:
-                root[r, k:] = segment["root_position"][frames - 1]
-                rotations[r, k:] = segment["rotations"][frames - 1]
+            transforms.read_span(segment["root_position"], segment["rotations"], start, frames, s,
+                                 out=(root[r], rotations[r]))
             length[r] = frames - start
         out = {"root_position": root, "rotations": rotations, "length": length}
         if self.bones is not None:
