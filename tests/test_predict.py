@@ -225,7 +225,8 @@ def test_someone_elses_bvh_folder_is_scored_whole_and_says_what_each_horizon_ave
                          "predicted frames, not at 320 ms, 400 ms",
                          "short: tiny: 15 frames, fewer than the run's 32-frame window, no more than the 20 "
                          "it observes: nothing to forecast, not scored"]
-    results = runs.evaluate(run, info, "test", references=workdir, log=lines.append)["test"]["clean"]
+    results = runs.evaluate(run, info, "test", trained.references(run.config, workdir, log=lines.append))
+    results = results["test"]["clean"]
     assert {"model", "simlpe", "zero_velocity", "truth"} <= set(results) and len(lines) == 3
     counts = {k: v for k, v in results["model"].items() if k.startswith("clips")}
     assert counts == {"clips_80ms": 3, "clips_160ms": 3, "clips_320ms": 2, "clips_400ms": 2, "clips": 3}

@@ -47,7 +47,7 @@ def _run(argv):
     try:
         run = trained.load(_WORKDIR.value, step)
         info = runs.corpus_for(run, _DATA.value, _SPLIT.value, _CACHE.value, dedup=_DEDUP.value)
-        results = runs.evaluate(run, info, _SPLIT.value, references=_WORKDIR.value)
+        results = runs.evaluate(run, info, _SPLIT.value, trained.references(run.config, _WORKDIR.value))
     except (FileNotFoundError, ValueError, MotionFormatError, inference.SkeletonMismatchError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -104,3 +104,25 @@ def load(workdir, step: int | str = "best") -> Trained:
     # immutable, one device; the parameters the run evaluated (its moving average, if it kept one)
     nnx.update(model, jax.tree.map(jnp.asarray, jax.device_get(train.evaluated_params(state))))
     return Trained(config, info, model, int(step))
+
+
+def reference_runs(config, workdir) -> dict:
+    """``{name: run directory}`` of the reference models trained beside the run in ``workdir``
+    (:func:`motionjax.train.loop.run_experiment`: ``train.reference_models``, and ``no_dynamics`` where
+    ``train.references`` names it and the run has the dynamics loss), whether or not they exist yet."""
+    names = list(config.train.reference_models.keys())
+    if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
+        names.insert(0, "no_dynamics")
+    return {name: Path(workdir) / name for name in names}
+
+
+def references(config, workdir, log=print) -> dict[str, Trained]:
+    """``{name: Trained}``: the reference models trained beside the run in ``workdir``
+    (:func:`reference_runs`) at their best checkpoints; one not trained is named by ``log`` and left out."""
+    loaded = {}
+    for name, path in reference_runs(config, workdir).items():
+        if not (path / "checkpoints").is_dir():
+            log(f"reference {name}: {path} holds no trained run; not in the table")
+            continue
+        loaded[name] = load(path)
+    return loaded

@@ -89,36 +89,19 @@ def coverage_notes(config, info, split: str) -> list[str]:
     return lines
 
 
-def reference_runs(config, workdir) -> dict:
-    """``{name: run directory}`` of the reference models trained beside the run in ``workdir``
-    (:func:`motionjax.train.loop.run_experiment`: ``train.reference_models``, and ``no_dynamics`` where
-    ``train.references`` names it and the run has the dynamics loss), whether or not they exist yet."""
-    names = list(config.train.reference_models.keys())
-    if "no_dynamics" in config.train.references and config.loss.dynamics_weight > 0:
-        names.insert(0, "no_dynamics")
-    return {name: Path(workdir) / name for name in names}
-
-
-def evaluate(run, info, split: str = "test", references=None, log=print) -> dict:
+def evaluate(run, info, split: str = "test", references: dict | None = None) -> dict:
     """``{split: {input: {"model" | "input" | "pca": {metric: value}}}}`` (a forecasting run's
     ``evals.final.kind = "forecast"``: ``{split: {"clean": {"model" | BASELINE | "truth": ...}}}``,
     :class:`.evaluators.Forecast`): the run's model on ``info``'s
     ``split`` as its final evaluation scores it (``config.evals.final``: inputs, noise level,
     references, labels), the features standardized with the run's statistics (whatever window
     ``info`` was prepared with: its clips are cut into the run's windows) and the PCA reference fitted
-    on the run's training frames. ``references``: the run's directory; the reference models trained
-    beside it (:func:`reference_runs`, their best checkpoints) are scored too, their ``model`` rows
-    joining as ``NAME`` (as the trainer's table has them); one not trained is named by ``log``."""
+    on the run's training data. ``references``: ``{name: run}``, the reference models trained beside
+    it (:func:`motionjax.efficiency.trained.references` loads them), scored too, their ``model`` rows
+    joining as ``name`` (as the trainer's table has them)."""
     results = _evaluate(run, info, split)
-    if references is None:
-        return results
-    from motionjax.efficiency import trained
-
-    for name, path in reference_runs(run.config, references).items():
-        if not (path / "checkpoints").is_dir():
-            log(f"reference {name}: {path} holds no trained run; not in the table")
-            continue
-        for condition, rows in _evaluate(trained.load(path), info, split)[split].items():
+    for name, reference in (references or {}).items():
+        for condition, rows in _evaluate(reference, info, split)[split].items():
             results[split][condition][name] = rows["model"]
     return results
 
