@@ -30,8 +30,10 @@ figures are a long run's steady state, as compilation is left out; the warm-up's
 cache's hits are in the row (``host_cache_warmup``, ``host_cache``).
 
 Cases: the headline autoencoder (``experiments/autoencoder.py``, its default corpus), the DeepMimic
-denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser whose step takes a
-few ms on 2 CPU cores: a stand-in for a fast accelerator, where an input cost shows first.
+denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser (the ``runlocal``
+variant at width 64, kernel 9, 16 windows) whose step takes ~7 ms on 2 CPU cores: a stand-in for a
+fast accelerator, where an input cost shows first; its figure is ``other``, the overhead less the
+input program's own compute.
 ``--check`` exits 1 when a case passes its threshold (:data:`CASES`). Writes ``input.json`` and
 prints the table. Ratios within one process are what count on a shared machine.
 """
@@ -73,8 +75,12 @@ def case_config(name: str, steps: int, tier: str):
     c.evals = {"heldout": dict(c.evals.heldout, splits=("validation",)),
                "final": dict(c.evals.final, splits=("validation",), references=(), by_label=False,
                              inputs=("clean",))}
-    if name == "standin":  # a small model on a full batch: a step of a few ms
+    if name == "standin":  # a small model: a step of ~7 ms on this 2-core host (the issue's 5-10 ms)
+        # runlocal's width 16 / kernel 3 stepped in 3.7-5.0 ms on the quiet host, below that range, where
+        # the fixed costs per step weigh more than the issue intends; width 64, kernel 9: 1.8-1.9x that
+        # (alternating, docs/input.md), ~7 ms quiet.
         c.data.batch_size = 16
+        c.model.update(dim=64, kernel=9)
         c.train.update(warmup_steps=10)
     c.train.input_check_steps = 0  # the trainer's own fed / fixed blocks: measured here instead
     c.data.residency = tier
