@@ -79,7 +79,7 @@ def case_config(name: str, steps: int, tier: str):
                "final": dict(c.evals.final, splits=("validation",), references=(), by_label=False,
                              inputs=("clean",))}
     if name == "standin":  # a small model: a step of ~7 ms on this 2-core host (the issue's 5-10 ms)
-        # runlocal's width 16 / kernel 3 stepped in 3.7-5.0 ms on the quiet host, below that range, where
+        # runlocal's width 16 / kernel 3 stepped in 3.5-5.0 ms on the quiet host, below that range, where
         # the fixed costs per step weigh more than the issue intends; width 64, kernel 9: 1.8-1.9x that
         # (alternating, docs/input.md), ~7 ms quiet.
         c.data.batch_size = 16
