@@ -75,7 +75,8 @@ def thread_cpu() -> dict:
     """``{thread id: (kind, CPU seconds so far)}`` for this process's threads (Linux's ``/proc``; empty
     elsewhere). ``kind``: ``"main"``, a Python thread's name or else the OS thread's (XLA's compute
     pool is ``tf_XLAEigen``), up to its first ``-`` (``Thread-3 (run)`` -> ``Thread``). Ticks of
-    ``SC_CLK_TCK`` (10 ms): read over blocks of steps, not one step."""
+    ``SC_CLK_TCK`` (10 ms): read over blocks of steps, not one step. A thread that starts and ends
+    between two reads is in neither (its CPU is in ``time.process_time`` only)."""
     task = Path("/proc/self/task")
     if not task.is_dir():
         return {}
