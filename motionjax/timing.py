@@ -10,9 +10,12 @@ pair of blocks shares that round's load.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -38,17 +41,21 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
     return statistics.median(times)
 
 
-def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None) -> dict:
+def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None,
+                threads: dict | None = None) -> dict:
     """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
     blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
     call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
     donated: pass a copy. ``cpu``: a dict that gets this process's CPU seconds per step the same way
-    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes)."""
+    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes).
+    ``threads``: a dict that gets ``{name: {thread kind: CPU seconds per step, mean over rounds}}``
+    (:func:`thread_cpu`: XLA's compute threads, the main thread, an input pipeline's threads)."""
     for call in calls.values():
         state = jax.block_until_ready(call(state)[0])
     seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
     for _ in range(rounds):
         for name, call in calls.items():
+            before = thread_cpu() if threads is not None else None
             keep, t, c = [], time.perf_counter(), time.process_time()
             for _ in range(block):
                 state, *rest = call(state)
@@ -56,7 +63,36 @@ def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = 
             jax.block_until_ready((state, keep))
             seconds[name].append((time.perf_counter() - t) / block)
             cpu.setdefault(name, []).append((time.process_time() - c) / block)
+            if threads is not None:
+                kinds = threads.setdefault(name, {})
+                for tid, (kind, used) in thread_cpu().items():
+                    spent = used - before.get(tid, (kind, 0.0))[1]
+                    kinds[kind] = kinds.get(kind, 0.0) + spent / block / rounds
     return seconds
+
+
+def thread_cpu() -> dict:
+    """``{thread id: (kind, CPU seconds so far)}`` for this process's threads (Linux's ``/proc``; empty
+    elsewhere). ``kind``: ``"main"``, a Python thread's name or else the OS thread's (XLA's compute
+    pool is ``tf_XLAEigen``), up to its first ``-`` (``Thread-3 (run)`` -> ``Thread``). Ticks of
+    ``SC_CLK_TCK`` (10 ms): read over blocks of steps, not one step. A thread that starts and ends
+    between two reads is in neither (its CPU is in ``time.process_time`` only)."""
+    task = Path("/proc/self/task")
+    if not task.is_dir():
+        return {}
+    named = {t.native_id: t.name for t in threading.enumerate()}
+    tick, main = os.sysconf("SC_CLK_TCK"), os.getpid()
+    out = {}
+    for entry in task.iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        tid = int(entry.name)
+        fields = stat[stat.rindex(")") + 2:].split()  # after the name, which may hold spaces
+        kind = "main" if tid == main else named.get(tid, stat[stat.index("(") + 1:stat.rindex(")")])
+        out[tid] = (kind.split("-")[0].strip() or kind, (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def overhead(seconds: dict, arm: str, base: str = "fixed") -> dict:

@@ -25,3 +25,83 @@ def test_interval_over_rounds_covers_a_known_cost_under_round_to_round_load():
         covered += cost["lo"] <= true <= cost["hi"]
         excludes_zero += cost["lo"] > 0
     assert covered >= 0.85 * 200 and excludes_zero >= 0.6 * 200
+
+
+
+def test_thread_cpu_names_the_thread_that_spent_it():
+    """A thread that spins 0.3 s of its CPU reads ~0.3 s under its name (up to the first "-"), one
+    that sleeps as long reads ~0; the main thread is "main". Linux only (``/proc``)."""
+    import sys
+    import threading
+    import time
+
+    if not sys.platform.startswith("linux"):
+        assert timing.thread_cpu() == {}
+        return
+    seen = {}
+
+    def spin():
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    def run(work):
+        work()
+        seen[threading.current_thread().name] = timing.thread_cpu()[threading.get_native_id()]
+
+    threads = [threading.Thread(target=run, args=(spin,), name="spinner-1"),
+               threading.Thread(target=run, args=(lambda: time.sleep(0.3),), name="sleeper-1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kind, used = seen["spinner-1"]
+    assert kind == "spinner" and 0.25 <= used <= 1.0
+    kind, used = seen["sleeper-1"]
+    assert kind == "sleeper" and used <= 0.05
+    assert "main" in {kind for kind, _ in timing.thread_cpu().values()}
+
+
+
+def test_time_blocks_puts_each_ways_cpu_on_the_thread_that_spent_it():
+    """One way hands each step's work to a long-lived named thread (as an input pipeline's prefetch
+    thread), the other does it on the main thread: the per-way breakdown shows the helper's CPU on
+    the first way only, and about its work (20 ms a step)."""
+    import queue
+    import sys
+    import threading
+    import time
+
+    if not sys.platform.startswith("linux"):
+        return
+
+    def spin(seconds=0.02):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    jobs, done = queue.Queue(), queue.Queue()
+
+    def serve():
+        while jobs.get() is not None:
+            spin()
+            done.put(True)
+
+    helper = threading.Thread(target=serve, name="helper-0", daemon=True)
+    helper.start()
+
+    def helped(state):
+        jobs.put(True)
+        done.get()
+        return (state + 1,)
+
+    threads, cpu = {}, {}
+    try:
+        seconds = timing.time_blocks({"helped": helped, "main": lambda s: (spin() or s + 1,)}, 0, 10, 2,
+                                     cpu=cpu, threads=threads)
+    finally:
+        jobs.put(None)
+    assert set(seconds) == set(threads) == {"helped", "main"}
+    assert 0.01 <= threads["helped"]["helper"] <= 0.05 and threads["main"].get("helper", 0) < 0.005
+    assert 0.01 <= threads["main"]["main"] <= 0.05 and threads["helped"]["main"] < 0.01
+    assert min(cpu["helped"]) >= 0.015 and min(cpu["main"]) >= 0.015  # the process's CPU counts both
