@@ -165,12 +165,12 @@ def transfer(s, model, split: str, scales, methods, seed: int, limit: int = 0, f
     real = s.real[split]["features"]
     fid_clips = np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]])
     out, kept = {}, {}
+    frames = np.maximum(w.valid.sum(1), 1)  # the root distance's weight: a window's valid frames
     for name, (feats, offsets, valid) in made.items():
         scored = s.score(feats, offsets, valid)
         kept[name] = preservation(s, source, root_src, scored, latents.motion(s.info, feats, offsets)[0],
                                   w.valid)
         predicted = scored["predicted"]
-        frames = np.maximum(w.valid.sum(1), 1)
         values = {
             "accuracy_target_style": intervals.mean_interval(predicted["style"] == target[:, 1], w.clip),
             "accuracy_content": intervals.mean_interval(predicted["content"] == target[:, 0], w.clip),
@@ -185,7 +185,6 @@ def transfer(s, model, split: str, scales, methods, seed: int, limit: int = 0, f
         sums, counts = scored["plausibility"]["skate_ratio"]
         values["skate_ratio"] = intervals.mean_interval(sums / np.maximum(counts, 1), w.clip, counts)
         out[name] = _interval_row(values)
-    frames = np.maximum(w.valid.sum(1), 1)
     for m in methods:
         diffs = {}
         for metric, weights in (("feature_distance", None), ("root_distance_cm", frames)):
