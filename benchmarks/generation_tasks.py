@@ -402,7 +402,8 @@ def table(result: dict) -> list[str]:
         if part not in result:
             continue
         st = result[part][inner] if inner else result[part]
-        what = "choice" if inner else f"method {result['transfer_method']['name']}"
+        method = result.get("transfer_method", {}).get("name", f"strength {result.get('strength')}")
+        what = "choice" if inner else f"method {method}"
         lines += [f"style transfer, {split} ({st['windows']} windows, {st.get('clips', '?')} clips), {what}",
                   "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
         for name, row in st.items():
