@@ -1,18 +1,21 @@
 """Style transfer and in-betweening with a trained generator, against their baselines (issue #62 items 4-5).
 
-``python benchmarks/generation_tasks.py --workdir runs/generate [--split test] [--strength 0.4,...,0.8]
-[--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0] [--inbetween-shares 0] [--inbetween-samples 8]
-[--choose-at 15] [--tasks transfer,inbetweening] [--inbetween-limit 0] [--limit 0]
-[--out docs/results/generation_tasks]`` reads a finished run of
+``python benchmarks/generation_tasks.py --workdir runs/generate [--split test]
+[--strength 0.6,0.65,0.7,0.75] [--choose-only] [--missing 5,15,30] [--inbetween-strengths 0.25,0.5,0.75,1.0]
+[--inbetween-shares 0] [--inbetween-samples 8] [--choose-at 15] [--tasks transfer,inbetweening]
+[--inbetween-limit 0] [--limit 0] [--out docs/results/generation_tasks]`` reads a finished run of
 ``experiments/generate.py`` (nothing is trained) and scores, on the held-out split's real windows:
 
 **Style transfer** (:func:`motionjax.generation.edit.stylize`): each window rendered in another style, one
 drawn at random among those its content has in training (so the baseline has a take to copy), with the
 run's guidance scales; against **retrieval**, the training window of the same content and the target
-style nearest to the source in the evaluator's features. Scored by the evaluator's target-style and
-content accuracy, content preservation (evaluator feature distance to the source; root trajectory
-distance, cm, mean over frames of the root's horizontal offset from the source's, both in the window's
-canonical frame), FID against the split's real windows (halves by clip, :func:`run.halves`), and the
+style nearest to the source in the evaluator's features. The method (strength, optionally sampler, mean
+of several samples, guidance: :func:`parse_methods`) is chosen on validation among ``--strength``'s
+(:func:`choose_method`: target style >= 0.75 and content >= 0.9, then the lowest feature distance).
+Scored by the evaluator's target-style and content accuracy, content preservation (evaluator feature
+distance to the source; root trajectory distance, cm, mean over frames of the root's horizontal offset
+from the source's, both in the window's canonical frame) with the paired per-clip difference of both
+against retrieval, FID against the split's real windows (halves by clip, :func:`run.halves`), and the
 skating ratio; 95% intervals over clips.
 
 **In-betweening** (:func:`motionjax.generation.edit.inbetween`): ``--missing`` consecutive frames of each
@@ -60,31 +63,86 @@ def _targets(s, labels, rng) -> np.ndarray:
     return target
 
 
-def choose_strength(s, model, split: str, scales, strengths, seed: int, count: int = 400):
-    """``(strength, {strength: (target-style accuracy, content accuracy)})`` of style transfer on
-    ``count`` random windows of ``split`` (validation): the smallest strength (the most of the source
-    kept) with target-style accuracy >= 0.7 and content accuracy >= 0.9, else the one with the best
-    lower of the two."""
-    import jax
-
-    from motionjax.generation import edit
-
-    rng = np.random.default_rng(seed)
-    w = s.splits[split]
-    w = w.take(np.sort(rng.choice(len(w), min(count, len(w)), replace=False)))
-    target = _targets(s, s.encode_labels(w), rng)
-    tried = {}
-    for x in sorted(strengths):
-        made = edit.stylize(s, model, w.features, target, scales, jax.random.key(seed), x)
-        predicted = s.score(made, None, w.valid)["predicted"]
-        tried[x] = (float(np.mean(predicted["style"] == target[:, 1])),
-                    float(np.mean(predicted["content"] == target[:, 0])))
-    good = [x for x, (st, co) in tried.items() if st >= 0.7 and co >= 0.9]
-    return (min(good) if good else max(tried, key=lambda x: min(tried[x]))), tried
+# The choice's floors: the issue's target-style accuracy 0.7 with a margin, its content accuracy 0.9.
+STYLE_MIN, CONTENT_MIN = 0.75, 0.9
 
 
-def transfer(s, model, split: str, scales, strength: float, seed: int, limit: int = 0) -> dict:
-    """The style-transfer table ``{method: {metric: {"value", "ci"}}}`` on ``split``."""
+def parse_methods(text: str) -> list[dict]:
+    """``"0.6,0.7/heun,0.7/x4,0.7/g1.5"`` -> style-transfer methods ``{"name", "strength", "sampler",
+    "samples", "guidance"}``: a strength, then optionally ``/SAMPLER`` (a :data:`flow.SAMPLERS` entry;
+    default the run's), ``/xK`` (the mean of K samples' features) and ``/gC[:S]`` (label guidance scales
+    content, style; default the run's)."""
+    from motionjax.generation import flow
+
+    methods = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        strength, *options = item.split("/")
+        m = {"name": f"style transfer {item}", "strength": float(strength), "sampler": None, "samples": 1,
+             "guidance": None}
+        if not 0.0 < m["strength"] <= 1.0:
+            raise ValueError(f"style transfer method {item!r}: its strength must be in (0, 1]")
+        for o in options:
+            if o in flow.SAMPLERS:
+                m["sampler"] = o
+            elif o[:1] == "x" and o[1:].isdigit() and int(o[1:]) > 0:
+                m["samples"] = int(o[1:])
+            elif o[:1] == "g":
+                scales = [float(v) for v in o[1:].split(":")]
+                m["guidance"] = tuple(scales * 2 if len(scales) == 1 else scales)
+            else:
+                raise ValueError(f"style transfer method {item!r}: {o!r} is none of a sampler "
+                                 f"({', '.join(flow.SAMPLERS)}), xK (samples) or gC[:S] (guidance)")
+        methods.append(m)
+    if not methods:
+        raise ValueError(f"no style transfer method in {text!r}")
+    return methods
+
+
+def choose_method(rows: dict, methods: list[dict]) -> str:
+    """The name of the method chosen from its rows of :func:`transfer` on validation: of those with
+    target-style accuracy >= :data:`STYLE_MIN` and content accuracy >= :data:`CONTENT_MIN`, the one with the
+    lowest evaluator feature distance to the source (content preservation; the retrieval baseline is the
+    same for all, on the same windows and targets); else the one with the best lower of the two
+    accuracies."""
+    acc = {m["name"]: (rows[m["name"]]["accuracy_target_style"]["value"],
+                       rows[m["name"]]["accuracy_content"]["value"]) for m in methods}
+    good = [n for n, (st, co) in acc.items() if st >= STYLE_MIN and co >= CONTENT_MIN]
+    if good:
+        return min(good, key=lambda n: rows[n]["feature_distance"]["value"])
+    return max(acc, key=lambda n: min(acc[n]))
+
+
+def retrieve(s, source, target) -> np.ndarray:
+    """Retrieval: for each source window's evaluator features ``source [B, E]`` and its target labels
+    ``target [B, n_keys]``, the index of the nearest (Euclidean, evaluator features) training window with
+    those labels, mirrored copies left out."""
+    plain = np.flatnonzero(~s.train.mirrored)
+    train_f = s.score(s.train.features[plain], s.train.offsets[plain], s.train.valid[plain])["features"]
+    pick = np.empty(len(source), np.int64)
+    for i, y in enumerate(target):
+        match = np.flatnonzero((s.labels[plain] == y).all(-1))
+        pick[i] = plain[match[np.argmin(np.linalg.norm(train_f[match] - source[i], axis=-1))]]
+    return pick
+
+
+def preservation(s, source_features, source_root, scored: dict, root, valid) -> dict:
+    """Per window ``[B]``: ``feature_distance`` (evaluator features to the source's) and
+    ``root_distance_cm`` (mean over valid frames of the root's horizontal offset from the source's, cm),
+    from ``scored`` (:meth:`run.Setup.score`) and ``root [B, T, 3]`` (m) against ``source_features [B, E]``
+    and ``source_root [B, T, 3]``; ``valid [B, T]``."""
+    up = s.info.skeleton.up_axis
+    drift = np.linalg.norm(np.delete(root - source_root, up, axis=-1), axis=-1)  # [B, T] m
+    frames = np.maximum(valid.sum(1), 1)
+    return {"feature_distance": np.linalg.norm(scored["features"] - source_features, axis=-1),
+            "root_distance_cm": 100 * (drift * valid).sum(1) / frames}
+
+
+def transfer(s, model, split: str, scales, methods, seed: int, limit: int = 0, fid: bool = True) -> dict:
+    """The style-transfer table on ``split``: ``{method name or "retrieval": {metric: {"value", "ci"}}}``
+    for each of ``methods`` (:func:`parse_methods`) and the retrieval baseline, on the same windows and
+    targets, and ``{"<name> - retrieval": {metric: {"value", "ci", "gain"}}}``: the paired per-clip
+    differences of the content-preservation distances (both methods edit the same source windows, so
+    a clip's difficulty cancels); ``fid``: FID rows too (not on a ``limit``)."""
     import jax
 
     from motionjax.evaluation import generative, intervals
@@ -97,47 +155,49 @@ def transfer(s, model, split: str, scales, strength: float, seed: int, limit: in
     labels = s.encode_labels(w)
     target = _targets(s, labels, np.random.default_rng(seed))
     source = s.real[split]["features"][take]  # the source windows' evaluator features
-    out = {}
-    x = edit.stylize(s, model, w.features, target, scales, jax.random.key(seed), strength)
-    # Retrieval: the nearest training window (evaluator features) of the same content in the target style.
-    plain = np.flatnonzero(~s.train.mirrored)
-    train_f = s.score(s.train.features[plain], s.train.offsets[plain], s.train.valid[plain])["features"]
-    pick = np.empty(len(w), np.int64)
-    for i, y in enumerate(target):
-        match = np.flatnonzero((s.labels[plain] == y).all(-1))
-        pick[i] = plain[match[np.argmin(np.linalg.norm(train_f[match] - source[i], axis=-1))]]
-    copies = (s.train.features[pick], s.train.offsets[pick], s.train.valid[pick])
     root_src = latents.motion(s.info, w.features)[0]
+    pick = retrieve(s, source, target)
+    made = {m["name"]: (edit.stylize(s, model, w.features, target, m["guidance"] or scales,
+                                     jax.random.key(seed), m["strength"], m["samples"], m["sampler"]),
+                        None, w.valid) for m in methods}
+    made["retrieval"] = (s.train.features[pick], s.train.offsets[pick], s.train.valid[pick])
     a, b, _ = run_module.halves(s.splits[split], seed)
     real = s.real[split]["features"]
-    for name, (feats, offsets, valid) in {"style transfer": (x, None, w.valid), "retrieval": copies}.items():
+    fid_clips = np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]])
+    out, kept = {}, {}
+    frames = np.maximum(w.valid.sum(1), 1)  # the root distance's weight: a window's valid frames
+    for name, (feats, offsets, valid) in made.items():
         scored = s.score(feats, offsets, valid)
-        f = scored["features"]
-        root = latents.motion(s.info, feats, offsets)[0]
-        up = s.info.skeleton.up_axis
-        drift = np.linalg.norm(np.delete(root - root_src, up, axis=-1), axis=-1)  # [B, T] m
-        frames = np.maximum(w.valid.sum(1), 1)
+        kept[name] = preservation(s, source, root_src, scored, latents.motion(s.info, feats, offsets)[0],
+                                  w.valid)
         predicted = scored["predicted"]
         values = {
             "accuracy_target_style": intervals.mean_interval(predicted["style"] == target[:, 1], w.clip),
             "accuracy_content": intervals.mean_interval(predicted["content"] == target[:, 0], w.clip),
-            "feature_distance": intervals.mean_interval(np.linalg.norm(f - source, axis=-1), w.clip),
-            "root_distance_cm": intervals.mean_interval(100 * (drift * w.valid).sum(1) / frames, w.clip,
-                                                        frames),
+            "feature_distance": intervals.mean_interval(kept[name]["feature_distance"], w.clip),
+            "root_distance_cm": intervals.mean_interval(kept[name]["root_distance_cm"], w.clip, frames),
         }
-        if not limit:  # FID: the windows of one half of the clips against the real ones of the other
+        if fid and not limit:  # FID: the windows of one half of the clips against the real ones of the other
+            f = scored["features"]
             stat = lambda idx, f=f: generative.fid(  # noqa: E731
                 f[a][idx[idx < len(a)]], real[b][idx[idx >= len(a)] - len(a)])
-            values["fid"] = intervals.statistic_interval(
-                stat, np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]]), seed=seed)
+            values["fid"] = intervals.statistic_interval(stat, fid_clips, seed=seed)
         sums, counts = scored["plausibility"]["skate_ratio"]
         values["skate_ratio"] = intervals.mean_interval(sums / np.maximum(counts, 1), w.clip, counts)
         out[name] = _interval_row(values)
-    ref = intervals.statistic_interval(
-        lambda idx: generative.fid(real[a][idx[idx < len(a)]], real[b][idx[idx >= len(a)] - len(a)]),
-        np.concatenate([s.splits[split].clip[a], s.splits[split].clip[b]]), seed=seed)
-    out["real (reference)"] = _interval_row({"fid": ref})
-    out["windows"] = int(len(w))
+    for m in methods:
+        diffs = {}
+        for metric, weights in (("feature_distance", None), ("root_distance_cm", frames)):
+            d = intervals.paired_difference(kept[m["name"]][metric], kept["retrieval"][metric], w.clip,
+                                            weights)
+            diffs[metric] = {"value": d["mean"], "ci": [d["lo"], d["hi"]], "gain": d["gain"]}
+        out[f"{m['name']} - retrieval"] = diffs
+    if fid and not limit:
+        ref = intervals.statistic_interval(
+            lambda idx: generative.fid(real[a][idx[idx < len(a)]], real[b][idx[idx >= len(a)] - len(a)]),
+            fid_clips, seed=seed)
+        out["real (reference)"] = _interval_row({"fid": ref})
+    out["windows"], out["clips"] = int(len(w)), int(len(np.unique(w.clip)))
     return out
 
 
@@ -214,8 +274,10 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default="runs/generate")
     p.add_argument("--split", default="test")
-    p.add_argument("--strength", default="0.4,0.5,0.6,0.7,0.8",
-                   help="style transfer: flow time noised away (several: one chosen on --choose-split)")
+    p.add_argument("--strength", default="0.6,0.65,0.7,0.75",
+                   help="style transfer methods: flow time noised away, each optionally /SAMPLER, /xK (the "
+                   "mean of K samples), /gC[:S] (guidance), e.g. 0.7/heun/x4 (several: one chosen on "
+                   "--choose-split)")
     p.add_argument("--missing", default="5,15,30")
     p.add_argument("--inbetween-strengths", default="0.25,0.5,0.75,1.0",
                    help="in-betweening: flow time redone from the interpolation (chosen on --choose-split)")
@@ -232,6 +294,8 @@ def main(argv=None) -> dict:
                    "its own")
     p.add_argument("--tasks", default="transfer,inbetweening", help="which of the two to run")
     p.add_argument("--choose-split", default="validation", help="where both strengths are chosen")
+    p.add_argument("--choose-only", action="store_true",
+                   help="style transfer: the choice on --choose-split only, --split not scored")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="at most this many windows (0: all; tests)")
     p.add_argument("--out", default="docs/results/generation_tasks")
@@ -259,15 +323,22 @@ def main(argv=None) -> dict:
 
 
 def transfer_task(result: dict, s, model, scales, args) -> None:
-    """Style transfer: the strength chosen on ``--choose-split``, the table on ``--split``."""
-    strengths = [float(x) for x in args.strength.split(",")]
-    chosen, tried = (strengths[0], {}) if len(strengths) == 1 else choose_strength(
-        s, model, args.choose_split, scales, strengths, args.seed + 2)
-    result["strength"], result["strength_choice"] = chosen, {str(k): v for k, v in tried.items()}
-    print(f"style transfer strength {chosen} (on {args.choose_split}, target style / content accuracy: "
-          + ", ".join(f"{k}: {a:.2f} / {b:.2f}" for k, (a, b) in tried.items()) + ")", flush=True)
-    result["style_transfer"] = transfer(s, model, args.split, scales, chosen, args.seed, args.limit)
-    print(json.dumps(result["style_transfer"], indent=1), flush=True)
+    """Style transfer: the method chosen on ``--choose-split`` among ``--strength``'s
+    (:func:`choose_method`), the table on ``--split`` (not with ``--choose-only``)."""
+    methods = parse_methods(args.strength)
+    if len(methods) > 1:
+        rows = transfer(s, model, args.choose_split, scales, methods, args.seed + 2, args.limit, fid=False)
+        chosen = choose_method(rows, methods)
+        result["transfer_choice"] = {"split": args.choose_split, "rule": f"target style >= {STYLE_MIN}, "
+                                     f"content >= {CONTENT_MIN}, then the lowest feature distance",
+                                     "chosen": chosen, "rows": rows}
+        print(f"style transfer method {chosen} (on {args.choose_split})", flush=True)
+        methods = [m for m in methods if m["name"] == chosen]
+    result["transfer_method"] = methods[0]
+    result["strength"] = methods[0]["strength"]
+    if not args.choose_only:
+        result["style_transfer"] = transfer(s, model, args.split, scales, methods, args.seed, args.limit)
+        print(json.dumps(result["style_transfer"], indent=1), flush=True)
 
 
 def inbetween_task(result: dict, s, model, scales, args) -> None:
@@ -323,16 +394,25 @@ def _cell(entry: dict | None, digits: int = 2) -> str:
 def table(result: dict) -> list[str]:
     """The tables run, as markdown."""
     lines = []
-    if "style_transfer" in result:
-        st = result["style_transfer"]
-        cols = ("accuracy_target_style", "accuracy_content", "feature_distance", "root_distance_cm", "fid",
-                "skate_ratio")
-        lines += [f"style transfer, {result['split']} ({st['windows']} windows), "
-                  f"strength {result['strength']:g}",
+    cols = ("accuracy_target_style", "accuracy_content", "feature_distance", "root_distance_cm", "fid",
+            "skate_ratio")
+    parts = [("transfer_choice", "rows", result.get("transfer_choice", {}).get("split")),
+             ("style_transfer", None, result["split"])]
+    for part, inner, split in parts:
+        if part not in result:
+            continue
+        st = result[part][inner] if inner else result[part]
+        method = result.get("transfer_method", {}).get("name", f"strength {result.get('strength')}")
+        what = "choice" if inner else f"method {method}"
+        lines += [f"style transfer, {split} ({st['windows']} windows, {st.get('clips', '?')} clips), {what}",
                   "| method | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
         for name, row in st.items():
-            if isinstance(row, dict):
+            if isinstance(row, dict) and not name.endswith(" - retrieval"):
                 lines.append(f"| {name} | " + " | ".join(_cell(row.get(c)) for c in cols) + " |")
+        for name, row in st.items():
+            if name.endswith(" - retrieval"):
+                cells = [f"{_cell(row[c])} ({row[c]['gain']})" if c in row else "" for c in cols]
+                lines.append(f"| {name} (paired) | " + " | ".join(cells) + " |")
         lines.append("")
     if "inbetweening" not in result:
         return lines

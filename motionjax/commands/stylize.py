@@ -1,7 +1,7 @@
 """``motionjax stylize``: a motion file rendered in another style by a trained generator.
 
 ``motionjax stylize --workdir runs/generate --style elderly walk.bvh [more.bvh ...] [--content walk]
-[--strength 0.6] [--seed 0] [--out stylized/]``: each file's windows are noised to flow time
+[--strength 0.65] [--seed 0] [--out stylized/]``: each file's windows are noised to flow time
 ``1 - strength`` in the generator's latent and denoised toward the style
 (:func:`motionjax.generation.sampling.stylize_files`), blended back into a clip of the file's length and
 written with the file's own hierarchy, units and frame rate.
@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--style", required=True, help="the target style label, e.g. elderly")
     p.add_argument("--content", default=None,
                    help="the content label kept (default: each window's, as the run's evaluator sees it)")
-    p.add_argument("--strength", type=float, default=0.6,
+    p.add_argument("--strength", type=float, default=0.65,
                    help="how much is made anew, 0..1 (flow time noised away; more: more style, less source)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--guidance", default=None,

@@ -56,14 +56,21 @@ def latent_known(known, length: int) -> np.ndarray:
     return known.reshape(known.shape[0], length, -1).all(-1)
 
 
-def stylize(s, model, x, labels, scales, key, strength: float = 0.6) -> np.ndarray:
+def stylize(s, model, x, labels, scales, key, strength: float = 0.65, samples: int = 1,
+            sampler: str | None = None) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` rendered with ``labels [B, n_keys]`` (class ids: typically the source's
-    content and another style) from their own latents noised to ``1 − strength``."""
+    content and another style) from their own latents noised to ``1 − strength``; ``samples``: the mean
+    of that many samples' features (each of its own noise, as :func:`inbetween`'s); ``sampler``: a
+    :data:`.flow.SAMPLERS` entry (None: the run's)."""
     g = s.config.generation
     source = s.stats.standardize(s.codec.encode(x))
-    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source, strength=strength,
-                    sampler=flow.sampler_of(g))
-    return s.codec.decode(s.stats.raw(z))
+    made = 0.0
+    for k in range(samples):
+        draw = key if samples == 1 else jax.random.fold_in(key, k)
+        z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
+                        sampler=sampler or flow.sampler_of(g))
+        made = made + s.codec.decode(s.stats.raw(z)) / samples
+    return made
 
 
 def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
