@@ -93,3 +93,10 @@ def test_stylize_mean_of_samples_is_the_mean_of_independent_draws(tiny):
     assert np.abs(heun - euler).max() > 1e-4
     kept = edit.stylize(s, model, x, labels, (1.0, 1.0), key, 0.0, samples=2)
     np.testing.assert_allclose(kept, x, atol=1e-5)
+
+
+def test_the_stylize_command_defaults_to_the_strength_chosen_on_validation():
+    from motionjax.commands import stylize
+
+    assert stylize.parser().parse_args(["--workdir", "r", "--style", "elderly", "a.bvh"]).strength == \
+        edit.STYLE_STRENGTH

@@ -20,6 +20,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--style", required=True, help="the target style label, e.g. elderly")
     p.add_argument("--content", default=None,
                    help="the content label kept (default: each window's, as the run's evaluator sees it)")
+    # edit.STYLE_STRENGTH, written out so that --help imports no jax (a test keeps the two equal)
     p.add_argument("--strength", type=float, default=0.65,
                    help="how much is made anew, 0..1 (flow time noised away; more: more style, less source)")
     p.add_argument("--seed", type=int, default=0)

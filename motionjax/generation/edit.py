@@ -56,7 +56,12 @@ def latent_known(known, length: int) -> np.ndarray:
     return known.reshape(known.shape[0], length, -1).all(-1)
 
 
-def stylize(s, model, x, labels, scales, key, strength: float = 0.65, samples: int = 1,
+# Style transfer's default strength: chosen on Bandai-2 validation as the method nearest its sources with
+# target style >= 0.75 and content >= 0.9 (docs/generation.md); motionjax stylize and stylize_files use it.
+STYLE_STRENGTH = 0.65
+
+
+def stylize(s, model, x, labels, scales, key, strength: float = STYLE_STRENGTH, samples: int = 1,
             sampler: str | None = None) -> np.ndarray:
     """Windows ``x [B, N, C, F]`` rendered with ``labels [B, n_keys]`` (class ids: typically the source's
     content and another style) from their own latents noised to ``1 − strength``; ``samples``: the mean

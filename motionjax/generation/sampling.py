@@ -93,7 +93,8 @@ def sample_files(workdir, labels: dict, out_dir, *, count: int = 4, seed: int = 
     return paths
 
 
-def stylize_files(workdir, paths, style: str, out_dir, *, content: str | None = None, strength: float = 0.65,
+def stylize_files(workdir, paths, style: str, out_dir, *, content: str | None = None,
+                  strength: float = edit.STYLE_STRENGTH,
                   seed: int = 0, guidance=None, loaded=None, log=print):
     """Each motion file of ``paths`` rendered in ``style`` (:func:`.edit.stylize`, window by window as
     ``motionjax apply`` runs a model over a file, :func:`motionjax.evaluation.inference.apply_files`) and
