@@ -19,6 +19,16 @@ def runlocal_config(data_dir, mesh_shape=(("data", -1), ("time", 1))):
     return config
 
 
+# The two-process runs of the runlocal trainer (one CPU device per process, the processes joined by
+# jax.distributed: test_multiprocess.py's SIGTERM launch, test_slurm.py's jobs) take one schedule, so
+# the programs the first of them compiles are read from the session's compilation cache by the others
+# (the schedule's length is a constant of the train step; the other settings are the host's). 80 steps:
+# a run outlasts a signal sent after its first checkpoint, even on a loaded host.
+TWO_PROCESS_RUN = ("--config.train.steps=80", "--config.train.eval_every=80",
+                   "--config.train.checkpoint_every=20", "--config.train.log_every=10",
+                   "--config.evals.final.splits=('validation',)")
+
+
 def train_flags(workdir, data_dir, *overrides) -> list[str]:
     """The flags of ``motionjax train`` on the runlocal config with ``--config.KEY=VALUE`` ``overrides``."""
     return ["--workdir", str(workdir), "--config", "experiments/deepmimic_denoise.py:runlocal",
@@ -77,3 +87,32 @@ def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "")
         out = proc.communicate()[0].decode()
         raise AssertionError(f"no exit after {timeout} s; output and stacks:\n{out[-12000:]}\n"
                              f"{logs()}") from None
+
+
+NOTEBOOK_DIR = REPO / "notebooks"
+
+
+def run_notebook(path: Path, env: dict, min_images: int = 4, timeout_s: int = 400):
+    """Runs notebook ``path`` top to bottom in a fresh ``python3`` kernel (jupyter_client starts it with
+    this interpreter) from notebooks/, as Jupyter would, with the suite's environment ``env``
+    (conftest.py: the session's compilation cache, every program kept) on one CPU device, as a user's
+    (the suite's forced 8-device flag removed). A program read from the cache is the program the kernel
+    would have compiled (the cache key is the program, its compile options and the jax/XLA versions):
+    the cache changes how long a notebook takes, not what it computes or checks. Fails on an error
+    output or fewer than ``min_images`` pictures; returns the executed notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    client.execute(env=dict(env, XLA_FLAGS=flags))
+    errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
+              if o.output_type == "error"]
+    assert not errors
+    images = sum("image/png" in o.get("data", {}) or "text/html" in o.get("data", {})
+                 for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
+    assert images >= min_images, f"{path.name}: expected pictures, got {images} image outputs"
+    return nb

@@ -555,3 +555,19 @@ def test_trajectory_control_follows_the_given_root_path(setup, run, config):
 
     assert np.all(np.isfinite(guided)) and np.all(error(guided) < error(plain)), (
         error(guided), error(plain))
+
+
+@pytest.mark.slow  # a notebook kernel
+@pytest.mark.timeout(900)
+def test_the_generation_notebook_runs_on_this_run(run, env):
+    """notebooks/05_generate.ipynb top to bottom on this file's run (``MOTIONJAX_GENERATE_RUN``: the
+    run the notebook would otherwise train as its toy, the same config, in a kernel of its own on one
+    CPU device): it loads every stage, shows the table, samples, plays and exports a held-out pair."""
+    from runs import NOTEBOOK_DIR, run_notebook
+
+    nb = run_notebook(NOTEBOOK_DIR / "05_generate.ipynb", dict(env, MOTIONJAX_GENERATE_RUN=str(run[0])))
+    printed = "".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                      for o in cell.outputs if o.output_type == "stream")
+    assert f"{run[0]}: labels content" in printed, printed[-2000:]  # it read this run, trained nothing
+    assert "unit quaternions: True" in printed and "guidance 0 ignores the labels: True" in printed
+    assert (run[0] / "notebook_unseen.bvh").exists()

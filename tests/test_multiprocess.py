@@ -223,12 +223,11 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     the one that prints) makes both processes stop at one step, save that checkpoint together and exit 0;
     the same command resumes it to the end. (Two processes prove what four did: the signal reaches the
     others only through the processes' shared stop decision.)"""
+    import runs
     from runs import REPO, children, committed, communicate_or_dump, train_flags, wait_for_checkpoint
 
     workdir = tmp_path / "run"
-    flags = train_flags(workdir, deepmimic_dir, "--config.train.steps=80", "--config.train.eval_every=80",
-                        "--config.train.checkpoint_every=20", "--config.train.log_every=10",
-                        "--config.evals.final.splits=('validation',)")
+    flags = train_flags(workdir, deepmimic_dir, *runs.TWO_PROCESS_RUN)  # 80 steps, a checkpoint every 20
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "2", *flags]
     # One CPU device per process (launch_local.sh gives 2 by default): the stop is the processes' decision.
     launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),

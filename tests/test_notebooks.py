@@ -1,22 +1,23 @@
 """The notebooks under notebooks/ are committed clean and run top to bottom as shipped.
 
-Each runs in a fresh ``python3`` kernel (jupyter_client starts it with this interpreter), from the
-notebooks/ directory as Jupyter would, with the environment a user has (one CPU device: the suite's
-forced 8-device flag is removed).
+Each runs in a fresh kernel on one CPU device, as a user's, with the session's compilation cache
+(``runs.run_notebook``: a cached program is the one the kernel would compile, so the cache changes a
+notebook's time, not what it checks; a user's first run compiles everything). 05 runs in
+tests/test_generate.py on the run its fixture trains (the notebook's own toy run is that fixture's
+config): training it again here cost ~50 CPU s of the suite.
 Notebooks assert their own checks (BVH round trip, restored checkpoint == reported metrics); a failing
 cell fails the test with the cell's traceback. They write only to runs/notebooks/, data_cache/ and
 temp dirs.
 """
-import os
-from pathlib import Path
-
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+from runs import NOTEBOOK_DIR, run_notebook
+
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 400  # the training cell of 03 compiles for about a minute on 2 busy cores
+# Notebooks run by another file, on a run that file's fixture trains anyway.
+RUN_ELSEWHERE = {"05_generate": "tests/test_generate.py::test_the_generation_notebook_runs_on_this_run"}
 
 
 def test_notebooks_exist():
@@ -33,27 +34,8 @@ def test_committed_clean(path):
                        f"(JupyterLab: Edit > Clear Outputs of All Cells)")
 
 
-def _user_env() -> dict:
-    env = dict(os.environ)
-    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    env["XLA_FLAGS"] = flags
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
-        env.pop(name, None)  # the test session's compilation cache (conftest.py): a user has none
-    return env
-
-
 @pytest.mark.slow  # a kernel subprocess per notebook
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_runs(path):
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    client.execute(env=_user_env())
-    errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
-              if o.output_type == "error"]
-    assert not errors
-    images = sum("image/png" in o.get("data", {}) or "text/html" in o.get("data", {})
-                 for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
-    assert images >= 4, f"{path.name}: expected pictures, got {images} image outputs"
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in RUN_ELSEWHERE], ids=lambda p: p.stem)
+def test_runs(path, env):
+    run_notebook(path, env, timeout_s=CELL_TIMEOUT_S)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import REPO, committed, dump_stacks, train_flags
+from runs import REPO, TWO_PROCESS_RUN, committed, dump_stacks, train_flags
 
 pytestmark = pytest.mark.slow  # scheduler daemons and trainer processes
 
@@ -175,40 +175,58 @@ def cluster(tmp_path_factory):
 def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes(cluster, tmp_path,
                                                                                   deepmimic_dir, env):
     workdir = tmp_path / "run"
-    # One CPU device per process: the two processes make the mesh's 'data' axis of 2.
+    # One CPU device per process: the two processes make the mesh's 'data' axis of 2. The sbatch file's
+    # GPU flags (scripts/xla_gpu_flags.sh) do nothing on CPUs, but XLA_FLAGS is part of the compilation
+    # cache's key: in their place (MOTIONJAX_XLA_GPU_FLAGS) the device count, which the key leaves out,
+    # makes the jobs' programs the SIGTERM test's. test_the_job_scripts_gpu_flags_are_known_to_this_xla
+    # checks the GPU flags themselves.
     job_env = dict(env, PYTHON=sys.executable,
+                   MOTIONJAX_XLA_GPU_FLAGS="--xla_force_host_platform_device_count=1",
                    XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
     resources = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
                  "--time=00:15:00", "scripts/slurm/train.sbatch"]
-    fast = ("--config.train.checkpoint_every=2", "--config.train.eval_every=100",
-            "--config.evals.final.splits=('validation',)")
-    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
-                                                                   "--config.train.steps=2")],
-                                         job_env, workdir)
+    # Both jobs run one command, the SIGTERM test's (tests/test_multiprocess.py, runs.TWO_PROCESS_RUN: 80
+    # steps, a checkpoint every 20) on the same two processes: their programs come from the session's
+    # compilation cache (the second job's from the first's, where this file runs alone).
+    flags = train_flags(workdir, deepmimic_dir, *TWO_PROCESS_RUN)
+    state, out = cluster.submit_and_wait([*resources, *flags], job_env, workdir)
     assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
-    assert committed(workdir) == [0, 2], out[-3000:]
+    assert committed(workdir)[-2:] == [60, 80], out[-3000:]
     # Both processes joined one run (gloo connected the two ranks; the mesh's 2 devices are one each),
     # each wrote its own shards of the checkpoint (orbax: a directory of shards per process), and
     # process 0 alone printed.
     assert "Rank 0 is connected to 1 peer" in out and "Rank 1 is connected to 1 peer" in out, out[-3000:]
     assert "over data (2 devices)" in out, out[-3000:]
-    shards = sorted(p.name for p in (workdir / "checkpoints/2").rglob("ocdbt.process_*"))
-    assert shards == ["ocdbt.process_0", "ocdbt.process_1"], shards
+    for step in (60, 80):
+        shards = sorted(p.name for p in (workdir / f"checkpoints/{step}").rglob("ocdbt.process_*"))
+        assert shards == ["ocdbt.process_0", "ocdbt.process_1"], (step, shards)
     assert out.count(f"run directory: {workdir}") == 1, out[-3000:]
     first = json.loads((workdir / "summary.json").read_text())
-    assert first["status"] == "done" and first["steps"] == 2
+    assert first["status"] == "done" and first["steps"] == 80
 
-    # The same command with a longer schedule (a resubmission after the time limit looks the same):
-    # it resumes at step 2 and trains on to 4.
-    state, out = cluster.submit_and_wait([*resources, *train_flags(workdir, deepmimic_dir, *fast,
-                                                                   "--config.train.steps=4")],
-                                         job_env, workdir)
+    # What a job killed by its time limit after step 60 leaves: checkpoint 60 its last, no summary. The
+    # same command submitted again resumes at step 60 and trains on to 80.
+    shutil.rmtree(workdir / "checkpoints/80")
+    (workdir / "summary.json").unlink()
+    state, out = cluster.submit_and_wait([*resources, *flags], job_env, workdir)
     assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["status"] == "done" and summary["steps"] == 4 and committed(workdir)[-1] == 4
-    # This session's timed steps (the trainer's rate leaves the compiling step out) are as many as the
-    # first job's, which trained 2: it trained steps 3 and 4 only (from scratch it would have had 4).
+    assert summary["status"] == "done" and summary["steps"] == 80 and committed(workdir)[-1] == 80
+    # This session's timed steps (the trainer's rate leaves the compiling step out) are 60 fewer than
+    # the first job's, which trained all 80: it trained steps 61 to 80 only.
     timed = lambda s: round(s["steps_per_s"] * s["train_s"])
-    assert timed(summary) == timed(first), (summary, first)
+    assert timed(summary) == timed(first) - 60, (summary, first)
     logged = [s for s, _ in summary["history"]["train/loss"]]
-    assert logged == [1, 2, 3, 4], logged  # the curve went on from the checkpoint, none repeated
+    assert logged == list(range(10, 81, 10)), logged  # the curve went on from the checkpoint, none repeated
+
+
+def test_the_job_scripts_gpu_flags_are_known_to_this_xla():
+    """scripts/xla_gpu_flags.sh (sourced by the sbatch file and, on GPUs, by launch_local.sh): XLA
+    aborts at its first computation on a flag it does not know, on any backend, so a jaxlib that
+    dropped one would stop every cluster job before its first step. Without SLURM: one process."""
+    code = "import jax.numpy as jnp; print(float(jnp.ones(2).sum()))"
+    done = subprocess.run(["bash", "-c", f'source scripts/xla_gpu_flags.sh && echo "$XLA_FLAGS" && '
+                           f'"{sys.executable}" -c "{code}"'], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""), timeout=120)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "2.0", done.stdout + done.stderr[-2000:]
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in done.stdout.split(), done.stdout
