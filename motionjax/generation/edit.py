@@ -56,6 +56,22 @@ def latent_known(known, length: int) -> np.ndarray:
     return known.reshape(known.shape[0], length, -1).all(-1)
 
 
+def decoded(s, model, labels, scales, key, samples: int = 1, sampler: str | None = None,
+            **sample_args) -> np.ndarray:
+    """Features ``[B, N, C, F]`` of :func:`.flow.sample`'s latents for ``labels [B, n_keys]``
+    (``sample_args``: its editing and guidance arguments; the run's ``sample_steps``; ``sampler`` None:
+    the run's), the mean of ``samples`` samples, each of its own noise (``key`` folded with its index;
+    one sample: ``key``)."""
+    g = s.config.generation
+    made = 0.0
+    for k in range(samples):
+        draw = key if samples == 1 else jax.random.fold_in(key, k)
+        z = flow.sample(model, labels, scales, g.sample_steps, draw, sampler=sampler or flow.sampler_of(g),
+                        **sample_args)
+        made = made + s.codec.decode(s.stats.raw(z)) / samples
+    return made
+
+
 # Style transfer's default strength: chosen on Bandai-2 validation as the method nearest its sources with
 # target style >= 0.75 and content >= 0.9 (docs/generation.md); motionjax stylize and stylize_files use it.
 STYLE_STRENGTH = 0.65
@@ -67,15 +83,8 @@ def stylize(s, model, x, labels, scales, key, strength: float = STYLE_STRENGTH, 
     content and another style) from their own latents noised to ``1 − strength``; ``samples``: the mean
     of that many samples' features (each of its own noise, as :func:`inbetween`'s); ``sampler``: a
     :data:`.flow.SAMPLERS` entry (None: the run's)."""
-    g = s.config.generation
     source = s.stats.standardize(s.codec.encode(x))
-    made = 0.0
-    for k in range(samples):
-        draw = key if samples == 1 else jax.random.fold_in(key, k)
-        z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
-                        sampler=sampler or flow.sampler_of(g))
-        made = made + s.codec.decode(s.stats.raw(z)) / samples
-    return made
+    return decoded(s, model, labels, scales, key, samples, sampler, source=source, strength=strength)
 
 
 def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, hold: bool = True,
@@ -89,7 +98,6 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
     ``samples``: the mean of that many samples' features (each of its own noise; a Monte Carlo estimate
     of the posterior mean, which the error against one true motion rewards, at the cost of the
     samples' variety: a mean of motions moves less than each)."""
-    g = s.config.generation
     filled = interpolate(s.info, x, known)
     source = s.stats.standardize(s.codec.encode(filled))
     held = latent_known(known, source.shape[1]) if hold else None
@@ -97,13 +105,9 @@ def inbetween(s, model, x, known, labels, scales, key, strength: float = 1.0, ho
     if fit_steps > 0:  # the given frames' joint positions, every joint weighed
         target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
         weight = np.broadcast_to(np.asarray(known, np.float32)[..., None, None], target.shape)
-    made = 0.0
-    for k in range(samples):
-        draw = key if samples == 1 else jax.random.fold_in(key, k)
-        z = flow.sample(model, labels, scales, g.sample_steps, draw, source=source, strength=strength,
-                        known=held, fit=s.fit if fit_steps > 0 else None, target=target, weight=weight,
-                        fit_steps=fit_steps, fit_rate=fit_rate, sampler=flow.sampler_of(g))
-        made = made + s.codec.decode(s.stats.raw(z)) / samples
+    made = decoded(s, model, labels, scales, key, samples, source=source, strength=strength, known=held,
+                   fit=s.fit if fit_steps > 0 else None, target=target, weight=weight, fit_steps=fit_steps,
+                   fit_rate=fit_rate)
     return join(x, made, known) if join_ends else made
 
 
@@ -151,15 +155,13 @@ def follow_path(s, model, x, labels, scales, key, fit_steps: int = 2, fit_rate: 
     guidance on the decoded root alone (:func:`.flow.reconstruction_cost`, weight on the root joint's
     horizontal coordinates); ``source`` (standardized latents): start from it noised to ``1 − strength``
     (None: from noise)."""
-    g = s.config.generation
     target = latents.motion(s.info, x)[2]  # [B, T, J, 3]
     weight = np.zeros(target.shape, np.float32)
     weight[:, :, 0] = 1.0  # the root joint
     weight[..., s.info.skeleton.up_axis] = 0.0  # its path on the floor, not its height
-    z = flow.sample(model, labels, scales, g.sample_steps, key, source=source,
-                    strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
-                    fit_steps=fit_steps, fit_rate=fit_rate, sampler=flow.sampler_of(g))
-    return s.codec.decode(s.stats.raw(z))
+    return decoded(s, model, labels, scales, key, source=source,
+                   strength=strength if source is not None else 1.0, fit=s.fit, target=target, weight=weight,
+                   fit_steps=fit_steps, fit_rate=fit_rate)
 
 
 def gap(length: int, missing: int, count: int, rng, margin: int = 4) -> np.ndarray:
