@@ -16,8 +16,6 @@ import argparse
 import statistics
 import sys
 
-import numpy as np
-
 from motionjax import configs, timing
 from motionjax.data import feed, pipeline
 
@@ -37,13 +35,13 @@ KNOCKOUTS = {
 
 
 def program_call(cfg, info, fields: dict):
-    """``call(step) -> (step + 1, batch)``: the resident feed's compiled input program for
-    ``config.data`` (``cfg``) with ``fields`` set."""
+    """``call(state) -> (state, batch)``: the next batch of the resident feed for ``config.data``
+    (``cfg``) with ``fields`` set, one run of its compiled input program (as benchmarks/input.py's
+    ``input`` way)."""
     c = cfg.copy_and_resolve_references()
     c.update(residency="device", **fields)
     it = feed.Feed(c, info, seed=0, mode="device", keys=("noisy", "clean", "valid"))
-    inputs = it.inputs()
-    return lambda step: (step + 1, it._program(np.int32(step), *inputs))
+    return lambda state: (state, next(it))
 
 
 def run(spec: str, rounds: int, block: int = 40) -> dict:
