@@ -571,3 +571,28 @@ def test_the_generation_notebook_runs_on_this_run(run, env):
     assert f"{run[0]}: labels content" in printed, printed[-2000:]  # it read this run, trained nothing
     assert "unit quaternions: True" in printed and "guidance 0 ignores the labels: True" in printed
     assert (run[0] / "notebook_unseen.bvh").exists()
+
+
+def test_inbetween_keeps_the_given_frames_and_its_mean_of_samples_is_the_mean_of_draws(setup, run, config):
+    """edit.inbetween with join_ends: the given frames come back exactly, the missing ones are generated
+    (not the interpolation's); the mean of K samples is the mean of K one-sample results of the keys
+    folded with their index (join is affine in the generated windows, so it commutes with the mean)."""
+    from motionjax.generation import edit
+    from motionjax.generation import run as run_module
+
+    s = setup
+    model, _ = run_module.fit_generator(s, config.generation, config.seed, run[0] / "generator")
+    w = s.splits["test"].take(np.arange(3))
+    b, n, c, f = w.features.shape
+    known = edit.gap(n * c, 8, b, np.random.default_rng(0))
+    labels, key = s.encode_labels(w), jax.random.key(4)
+    go = lambda k, samples: edit.inbetween(s, model, w.features, known, labels, (1.0, 1.0), k,  # noqa: E731
+                                           join_ends=True, samples=samples)
+    frames = lambda x: np.asarray(x).reshape(b, n * c, f)  # noqa: E731
+    one = go(key, 1)
+    np.testing.assert_array_equal(frames(one)[known], frames(w.features)[known])
+    base = frames(edit.interpolate(s.info, w.features, known))
+    assert np.abs(frames(one)[~known] - base[~known]).max() > 1e-3
+    draws = [go(jax.random.fold_in(key, k), 1) for k in range(2)]
+    assert np.abs(draws[0] - draws[1]).max() > 1e-3  # each draw its own noise
+    np.testing.assert_allclose(go(key, 2), np.mean(draws, axis=0), atol=1e-4)
