@@ -175,8 +175,8 @@ def test_the_resident_floor_is_the_floor_the_program_computed(cfg, info):
                                            clip["root_position"][begin:end].astype(np.float64),
                                            clip["offsets"].astype(np.float64))
     first = corpus.first[s]
-    np.testing.assert_allclose(corpus.lowest[first:first + end - begin], pos[..., info.skeleton.up_axis].min(-1),
-                               atol=1e-6)
+    np.testing.assert_allclose(corpus.lowest[first:first + end - begin],
+                               pos[..., info.skeleton.up_axis].min(-1), atol=1e-6)
     tables = corpus.arrays(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     keys = augment.example_keys(2, 9, 16)
     spans = jax.jit(resident.sample_spans, static_argnums=(3, 4))(

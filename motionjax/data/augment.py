@@ -13,8 +13,8 @@ resumed run draws what the uninterrupted one drew.
 Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4], "length" [B] int32 (real frames from
 the start; later ones repeat the last), "offsets" [B, J, 3] (data.bones = "clip"), "segment" [B]
 int32 (the training segment, for loss-aware sampling), "lowest" [B, S] (optional: each frame's
-lowest joint height, :func:`motionjax.data.transforms.frame_floor`; the resident corpus's)}``, ``S = transforms.span_frames(window,
-speed_range)``.
+lowest joint height, :func:`motionjax.data.transforms.frame_floor`; the resident corpus's)}``,
+``S = transforms.span_frames(window, speed_range)``.
 """
 from __future__ import annotations
 

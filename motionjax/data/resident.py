@@ -131,8 +131,8 @@ def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, star
     ``keys [B]``. A window's segment comes from ``seg_cdf``, its start from the segment's window
     distribution (inverse CDF: ``bisect_steps`` bisection steps inside the segment's rows of
     ``window_cdf``). Returns ``{"root_position" [B, span, 3], "rotations" [B, span, J, 4], "lowest" [B,
-    span], "length" [B], "offsets" [B, J, 3], "segment" [B]}``: frames past the segment's end repeat its last one
-    (:func:`~motionjax.data.transforms.read_span`)."""
+    span], "length" [B], "offsets" [B, J, 3], "segment" [B]}``: frames past the segment's end repeat its
+    last one (:func:`~motionjax.data.transforms.read_span`)."""
     cdf = tables["window_cdf"]
 
     def one(key):
