@@ -408,7 +408,8 @@ def mirror(skeleton: Skeleton, root_position, rotations, frames: MirrorFrames | 
     images in these frames or FK runs on :func:`mirror_offsets` of them.
     """
     frames = _plain_frames(skeleton) if frames is None else frames
-    source, sign = _mirror_permutation(skeleton, frames.world.tobytes(), frames.joints.tobytes())
+    source, sign = _mirror_permutation(skeleton, np.asarray(frames.world, np.float64).tobytes(),
+                                       np.asarray(frames.joints, np.float64).tobytes())
     flat = rotations.reshape(*rotations.shape[:-2], -1)  # [..., J*4]
     out = flat[..., source] * sign.astype(rotations.dtype)
     return (root_position * frames.world.astype(root_position.dtype),
