@@ -117,14 +117,33 @@ def test_the_draws_follow_the_configured_distributions(cfg, info):
     assert np.abs(s).max() <= log and abs(s.mean()) < 0.01 and abs(s.std() - log / np.sqrt(3)) < 0.01
 
 
+def _threefry2x32(k0: int, k1: int, x0, x1):
+    """Threefry-2x32 with 20 rounds (Salmon et al. 2011) in numpy uint32: the reference the device's
+    draw is held to."""
+    m = np.uint32(0xFFFFFFFF)
+    ks = [np.uint32(k0), np.uint32(k1), np.uint32(k0 ^ k1 ^ 0x1BD11BDA)]
+    x0, x1 = (x0 + ks[0]) & m, (x1 + ks[1]) & m
+    for i in range(5):
+        for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
+            x0 = (x0 + x1) & m
+            x1 = ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))) ^ x0
+        x0, x1 = (x0 + ks[(i + 1) % 3]) & m, (x1 + ks[(i + 2) % 3] + np.uint32(i + 1)) & m
+    return (int(x0[0]), int(x1[0])) if x0.size == 1 else (x0, x1)
+
+
 def test_the_16_bit_draws_are_the_threefry_words_halves_and_their_normals_are_normal():
-    """augment.halves: the low then the high 16 bits of jax.random.bits' words (numpy's split of the
-    same words); augment.normal_table: symmetric, unit variance, its CDF within 1e-4 of the normal's
-    (scipy) at every bin edge, tails at 4.32 sigma; 200k drawn normals pass a KS test against
-    N(0, 1) and 200k uniforms against U(0, 1) (numpy's moments and scipy's KS)."""
+    """augment.halves: the low then the high 16 bits of the Threefry-2x32 hashes of counter pairs
+    (a numpy Threefry checked on Random123's known answer); augment.normal_table: symmetric, unit
+    variance, its CDF within 1e-4 of the normal's (scipy) at every bin edge, tails at 4.32 sigma;
+    200k drawn normals pass a KS test against N(0, 1) and 200k uniforms against U(0, 1) (numpy's
+    moments and scipy's KS)."""
     import scipy.stats
+    assert _threefry2x32(0x13198A2E, 0x03707344, np.uint32([0x243F6A88]), np.uint32([0x85A308D3])) == (
+        0xC4923A9C, 0x483DF7A0)  # Random123's known-answer vector for threefry2x32_20
     key = jax.random.key(5)
-    words = np.asarray(jax.random.bits(key, (7,), jnp.uint32))
+    k0, k1 = (int(k) for k in np.asarray(jax.random.key_data(key)))
+    y0, y1 = _threefry2x32(k0, k1, np.arange(4, dtype=np.uint32), np.arange(4, 8, dtype=np.uint32))
+    words = np.concatenate([y0, y1])  # 8 words: the hashes of the counter pairs (i, i + 4)
     np.testing.assert_array_equal(np.asarray(augment.halves(key, 13)),
                                   np.concatenate([words & 0xFFFF, words >> 16]))
     table = augment.normal_table().astype(np.float64)
