@@ -71,8 +71,8 @@ def test_the_flat_draws_are_jaxs_draws_of_the_shape_pinned():
     """augment.draw draws flat for speed (docs/input.md) and must give jax.random's numbers for the
     asked shape, per example under vmap; the stream is pinned (jax's partitionable threefry, its
     default): a jax upgrade or a change of scheme that moves it changes every noisy batch and an
-    older run's resume, and must be a decision, not a surprise. The original scheme (two words a
-    hash) was measured ~6% cheaper on the denoiser's input program and not taken for that reason."""
+    older run's resume, and must be a decision, not a surprise. (augment.draw serves the pose offset;
+    the noise draws take two words a hash since docs/input.md's seventh pass: augment.halves.)"""
     key = jax.random.key(3)
     for sample, shape in ((jax.random.normal, (7, 3)), (jax.random.uniform, (5, 4, 3))):
         np.testing.assert_array_equal(np.asarray(augment.draw(sample, key, shape)),
