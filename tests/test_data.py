@@ -119,6 +119,27 @@ def test_mirror_is_a_reflection_of_fk_and_an_involution(clip):
                                (forward_kinematics(smpl, sq, sr)[0] * flip)[..., smpl.symmetry, :], atol=1e-6)
 
 
+def test_mirror_as_a_signed_permutation_is_the_two_hamilton_products():
+    """transforms.mirror permutes and signs quaternion components (docs/input.md, seventh pass); the
+    definition it replaces, p_parent ⊗ q_j ⊗ p_j with the half turns of the frames then the twins'
+    swap, written here with rot.quat_mul, gives the same numbers for random frames (any reflection
+    per joint) and the plain ones, on a 24-joint tree."""
+    smpl = smpl_like()
+    rng = np.random.default_rng(3)
+    q = rot.quat_normalize(rng.normal(size=(5, 7, 24, 4)))
+    r = rng.normal(size=(5, 7, 3))
+    reflections = transforms._REFLECTIONS
+    for frames in (transforms._plain_frames(smpl),
+                   transforms.MirrorFrames(reflections[rng.integers(0, 2)] * 1.0,
+                                           reflections[rng.integers(0, 4, 24)])):
+        half = transforms._sign_quat(-frames.joints)
+        parent = transforms._sign_quat(-transforms._parent_frames(smpl, frames))
+        want = rot.quat_mul(parent, rot.quat_mul(q, half))[..., smpl.symmetry, :]
+        mr, mq = transforms.mirror(smpl, r, q, frames)
+        np.testing.assert_array_equal(mq, want)
+        np.testing.assert_array_equal(mr, r * frames.world)
+
+
 def _reframed(skel, quats, frames):
     """The same body and motion with joint ``j``'s local frame turned by ``frames[j]`` (a rig whose
     left and right joint frames differ, like Bandai Namco's): ``q~_j = B_p^-1 q_j B_j``,

@@ -12,14 +12,19 @@ resumed run draws what the uninterrupted one drew.
 
 Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4], "length" [B] int32 (real frames from
 the start; later ones repeat the last), "offsets" [B, J, 3] (data.bones = "clip"), "segment" [B]
-int32 (the training segment, for loss-aware sampling)}``, ``S = transforms.span_frames(window,
-speed_range)``.
+int32 (the training segment, for loss-aware sampling), "lowest" [B, S] (optional: each frame's
+lowest joint height, :func:`motionjax.data.transforms.frame_floor`; the resident corpus's)}``,
+``S = transforms.span_frames(window, speed_range)``.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 
 from motionjax.core import features
 from motionjax.core import rotations as rot
@@ -51,30 +56,104 @@ def draw(sample, key, shape: tuple, **kw):
     return rot.materialize(sample(key, (int(np.prod(shape)),), **kw)).reshape(shape)
 
 
+HALF_LEVELS = 1 << 16  # a 16-bit draw: two of them from each 32-bit threefry word
+
+
+@functools.lru_cache(maxsize=1)
+def normal_table() -> np.ndarray:
+    """``[65536]`` float32: the standard normal at the midpoints of 65,536 equal-probability bins,
+    ``ndtri((k + 0.5) / 65536)``, scaled to unit variance (the midpoints alone give 0.99998): a 16-bit
+    draw ``k`` indexes it. Symmetric (mean 0), tails cut at 4.32 sigma (a normal passes that with
+    probability 1.5e-5)."""
+    z = scipy.special.ndtri((np.arange(HALF_LEVELS) + 0.5) / HALF_LEVELS)
+    return (z / np.sqrt(np.mean(z * z))).astype(np.float32)
+
+
+def halves(key, n: int):
+    """``[4 ceil(n / 4)]`` uint32 in ``[0, 65536)``: at least ``n`` 16-bit draws, the low then the high
+    halves of ``W = 2 ceil(n / 4)`` threefry words, one flat draw (:func:`draw`'s barrier). The words
+    are the Threefry-2x32 hashes of the counter pairs ``(i, i + W/2)`` under ``key`` (both output words
+    of a hash: ``jax.random.bits`` hashes one counter per word in jax's partitionable scheme and keeps
+    one, ~1.8x the work for these ~770 words an example, docs/input.md seventh pass)."""
+    count = jnp.arange(2 * ((n + 3) // 4), dtype=jnp.uint32)  # an even count: two words a hash
+    words = rot.materialize(jax.extend.random.threefry_2x32(jax.random.key_data(key), count))
+    return jnp.concatenate([words & 0xFFFF, words >> 16])  # not cut to n: a slice would copy it
+
+
+def half_uniform(h):
+    """16-bit draws ``h`` -> uniform in (0, 1): the midpoints ``(h + 0.5) / 65536``."""
+    return (h.astype(jnp.float32) + 0.5) / HALF_LEVELS
+
+
+def half_normal(h):
+    """16-bit draws ``h`` -> standard normal (:func:`normal_table`)."""
+    return jnp.asarray(normal_table())[h]
+
+
+def rotation_dofs(skeleton) -> tuple[np.ndarray, np.ndarray]:
+    """The rotation noise's free components: ``(source [J*3] int, weight [J*3] float32)`` such that
+    ``eps[j, c] = z[source[j*3 + c]] * weight[j*3 + c]`` for ``K = 3*balls + hinges`` iid normals ``z``
+    has the distribution :func:`transforms.rotation_noise` gives iid ``[J, 3]`` normals after its
+    projection: a ball joint's three components as drawn, a hinge's one normal along its axis (the
+    projection of iid normals on a unit axis is one normal), zero on fixed joints."""
+    source, weight, k = [], [], 0
+    for j in range(skeleton.num_joints):
+        if skeleton.ball_mask[j]:
+            source += [k, k + 1, k + 2]
+            weight += [1.0, 1.0, 1.0]
+            k += 3
+        elif skeleton.hinge_axes[j].any():  # n·a/|a|: after the projection (n|a|) a, as iid noise gives
+            a = skeleton.hinge_axes[j]
+            source += [k] * 3
+            weight += list(a / np.linalg.norm(a))
+            k += 1
+        else:
+            source += [0, 0, 0]
+            weight += [0.0, 0.0, 0.0]
+    return np.asarray(source), np.asarray(weight, np.float32)
+
+
 def sample_noise(keys, noise: transforms.Noise, frames: int, skeleton) -> dict:
     """The draws of :meth:`transforms.Noise.sample` for windows ``[B, frames]``, one key each: the same
-    distributions, drawn with jax. A draw whose probability or scale is 0 is left out, so
-    :func:`transforms.make_example` skips its transform (no noise at all: the input is the clean
-    window, computed once)."""
+    distributions to 16-bit resolution, drawn with jax. A draw whose probability or scale is 0 is
+    left out, so :func:`transforms.make_example` skips its transform (no noise at all: the input is
+    the clean window, computed once).
+
+    Every draw of an example comes from one flat threefry draw of 16-bit halves (:func:`halves`), in a
+    fixed order (rotation noise, root noise, joint mask, frame mask, warp, mirror, clean share; a
+    draw left out takes no place): normals from :func:`normal_table`, uniforms from the halves'
+    midpoints, and the rotation noise only on the components that move a joint
+    (:func:`rotation_dofs`: 31 of the DeepMimic humanoid's 45). Its ~770 words an example replace the
+    ~2,000 of one 32-bit float per draw, at half the hashing a word (docs/input.md, seventh pass)."""
     r, j = len(features.rotating_joints(skeleton)), skeleton.num_joints
+    source, weight = rotation_dofs(skeleton)
+    dofs = int(source.max()) + 1 if weight.any() else 0
+    sizes = {"rot": frames * dofs if noise.rot_std else 0, "pos": frames * 3 if noise.pos_std else 0,
+             "joint_mask": frames * r if noise.joint_mask_prob else 0,
+             "frame_mask": frames if noise.frame_mask_prob else 0, "warp": int(bool(noise.time_warp)),
+             "mirror": int(bool(noise.mirror_prob)), "corrupt": int(bool(noise.clean_prob))}
+    ends = dict(zip(sizes, np.cumsum(list(sizes.values())), strict=True))
+    part = lambda h, k: h[ends[k] - sizes[k]:ends[k]]  # noqa: E731
 
     def one(key):
-        k = jax.random.split(key, 7)
+        h = halves(key, int(ends["corrupt"]))
         d = {}
-        if noise.rot_std:
-            d["rot"] = draw(jax.random.normal, k[0], (frames, j, 3)) * noise.rot_std
-        if noise.pos_std:
-            d["pos"] = draw(jax.random.normal, k[1], (frames, 3)) * noise.pos_std
-        if noise.joint_mask_prob:
-            d["joint_mask"] = draw(jax.random.uniform, k[2], (frames, r)) < noise.joint_mask_prob
-        if noise.frame_mask_prob:
-            d["frame_mask"] = jax.random.uniform(k[3], (frames,)) < noise.frame_mask_prob
-        if noise.time_warp:
-            d["warp"] = jax.random.uniform(k[4], (), minval=-noise.time_warp, maxval=noise.time_warp)
-        if noise.mirror_prob:
-            d["mirror"] = jax.random.uniform(k[5]) < noise.mirror_prob
-        if noise.clean_prob:
-            corrupt = jax.random.uniform(k[6]) >= noise.clean_prob
+        if sizes["rot"]:
+            # Each step materialized: fused into its consumers, XLA:CPU redid the table's gather per use.
+            z = rot.materialize(half_normal(part(h, "rot"))).reshape(frames, dofs)
+            d["rot"] = rot.materialize(z[:, source] * (weight * noise.rot_std)).reshape(frames, j, 3)
+        if sizes["pos"]:
+            d["pos"] = half_normal(part(h, "pos")).reshape(frames, 3) * noise.pos_std
+        if sizes["joint_mask"]:
+            d["joint_mask"] = half_uniform(part(h, "joint_mask")).reshape(frames, r) < noise.joint_mask_prob
+        if sizes["frame_mask"]:
+            d["frame_mask"] = half_uniform(part(h, "frame_mask")) < noise.frame_mask_prob
+        if sizes["warp"]:
+            d["warp"] = (2 * half_uniform(part(h, "warp")[0]) - 1) * noise.time_warp
+        if sizes["mirror"]:
+            d["mirror"] = half_uniform(part(h, "mirror")[0]) < noise.mirror_prob
+        if sizes["corrupt"]:
+            corrupt = half_uniform(part(h, "corrupt")[0]) >= noise.clean_prob
             for name in ("rot", "pos", "joint_mask", "frame_mask", "warp"):
                 if name in d:
                     d[name] = d[name] * corrupt if d[name].dtype != bool else d[name] & corrupt
@@ -99,6 +178,11 @@ class Augment:
         self.scale = (cfg.canonical_height / transforms.rest_height(info.skeleton)
                       if cfg.canonical_height else 1.0)
         self.span = transforms.span_frames(cfg.window, self.speed_range)
+        # A span's per-frame floor (the resident corpus's "lowest") is the window's when the window is
+        # the span's frames as they are: no speed (interpolated frames), no pose offset (another
+        # pose), no forecast (a floor from the observed frames only).
+        self.floor_from_span = (self.floor and self.speed_range == 1.0 and not self.pose_offset
+                                and not self.observed)
 
     def __call__(self, spans: dict, keys) -> dict:
         b = keys.shape[0]
@@ -117,9 +201,12 @@ class Augment:
             eps = jax.vmap(lambda k: draw(jax.random.normal, k, (j, 3)))(purpose(keys, _POSE))
             rots = transforms.offset_pose(self.skeleton, rots, eps * self.pose_offset)
         draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
+        # Frames past a segment's end repeat its last one in the span as in the window: same minimum.
+        lowest = (spans["lowest"][:, :self.window].min(-1)
+                  if self.floor_from_span and "lowest" in spans else None)
         out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std,
                                       chunk_size=self.chunk, floor=self.floor, scale=self.scale,
-                                      offsets=spans.get("offsets"), observed=self.observed)
+                                      offsets=spans.get("offsets"), observed=self.observed, lowest=lowest)
         del out["mask"]  # for inspection on the host; the step does not read it
         out["valid"] = transforms.chunk(valid[..., None], self.chunk)
         if "segment" in spans:

@@ -31,6 +31,8 @@ class Corpus:
     """The training segments on the host, ready to go to the devices (:meth:`arrays`).
 
     root ``[N, 3]``, rotations ``[N, J, 4]`` float32: every training segment's frames, one after another.
+    lowest ``[N]`` float32: each frame's lowest joint height on its clip's bones
+    (:func:`~motionjax.data.transforms.frame_floor`): a window's floor is its minimum, no FK a batch.
     first ``[S]`` int32: a segment's first frame in them; length ``[S]`` int32: its frames.
     offsets ``[S, J, 3]`` float32: its clip's rest offsets (the dataset skeleton's without clip bones).
     shares ``[S]`` float64: each segment's share of the windows (0: it holds none).
@@ -41,6 +43,7 @@ class Corpus:
 
     root: np.ndarray
     rotations: np.ndarray
+    lowest: np.ndarray
     first: np.ndarray
     length: np.ndarray
     offsets: np.ndarray
@@ -61,7 +64,7 @@ class Corpus:
     def arrays(self, sharding) -> dict:
         """The tables as jax arrays with ``sharding`` (replicated), every process passing its copy."""
         from motionjax import parallel
-        names = ("root", "rotations", "first", "length", "offsets", "window_first", "window_count",
+        names = ("root", "rotations", "lowest", "first", "length", "offsets", "window_first", "window_count",
                  "window_cdf")
         return parallel.put({n: getattr(self, n) for n in names}, {n: sharding for n in names})
 
@@ -72,7 +75,7 @@ def corpus_nbytes(info: DatasetInfo) -> int:
     frames = sum(e - b for _, b, e in segments)
     j = info.skeleton.num_joints
     windows = sum(n for n, _ in info.train_windows)
-    return frames * (3 + 4 * j) * 4 + len(segments) * (4 * 5 + 12 * j + 8) + windows * 4
+    return frames * (3 + 4 * j + 1) * 4 + len(segments) * (4 * 5 + 12 * j + 8) + windows * 4
 
 
 def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
@@ -82,7 +85,7 @@ def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
     raises :class:`~motionjax.data.records.BadRecordError` naming its clip: a resident corpus is read
     once, whole, so a damaged clip is an error here rather than a skipped window."""
     num, total = sum(n for n, _ in info.train_windows), sum(s for _, s in info.train_windows)
-    roots, rots, firsts, lengths, offsets, cdfs, counts = [], [], [], [], [], [], []
+    roots, rots, lows, firsts, lengths, offsets, cdfs, counts = [], [], [], [], [], [], [], []
     frame, cache = 0, {}
     for clip_id, begin, end in info.splits[info.train_split]:
         if clip_id not in cache:
@@ -92,6 +95,9 @@ def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
         roots.append(np.asarray(clip["root_position"][begin:end], np.float32))
         rots.append(np.asarray(clip["rotations"][begin:end], np.float32))
         offsets.append(np.asarray(clip.get("offsets", info.skeleton.offsets), np.float32))
+        lows.append(transforms.frame_floor(info.skeleton, roots[-1].astype(np.float64),
+                                           rots[-1].astype(np.float64), offsets[-1].astype(np.float64)
+                                           ).astype(np.float32))
         firsts.append(frame)
         lengths.append(end - begin)
         frame += end - begin
@@ -104,6 +110,7 @@ def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
     j = info.skeleton.num_joints
     return Corpus(root=np.concatenate(roots) if roots else np.zeros((0, 3), np.float32),
                   rotations=np.concatenate(rots) if rots else np.zeros((0, j, 4), np.float32),
+                  lowest=np.concatenate(lows) if lows else np.zeros(0, np.float32),
                   first=np.asarray(firsts, np.int32), length=np.asarray(lengths, np.int32),
                   offsets=np.stack(offsets) if offsets else np.zeros((0, j, 3), np.float32),
                   shares=np.asarray(shares, np.float64),
@@ -123,9 +130,9 @@ def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, star
     ``tables``: :meth:`Corpus.arrays`; ``seg_cdf [S]``: :func:`segment_cdf` of the segment distribution;
     ``keys [B]``. A window's segment comes from ``seg_cdf``, its start from the segment's window
     distribution (inverse CDF: ``bisect_steps`` bisection steps inside the segment's rows of
-    ``window_cdf``). Returns ``{"root_position" [B, span, 3], "rotations" [B, span, J, 4], "length" [B],
-    "offsets" [B, J, 3], "segment" [B]}``: frames past the segment's end repeat its last one
-    (:func:`~motionjax.data.transforms.read_span`)."""
+    ``window_cdf``). Returns ``{"root_position" [B, span, 3], "rotations" [B, span, J, 4], "lowest" [B,
+    span], "length" [B], "offsets" [B, J, 3], "segment" [B]}``: frames past the segment's end repeat its
+    last one (:func:`~motionjax.data.transforms.read_span`)."""
     cdf = tables["window_cdf"]
 
     def one(key):
@@ -147,6 +154,7 @@ def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, star
         length = tables["length"][seg]
         idx = tables["first"][seg] + jnp.minimum(start + jnp.arange(span), length - 1)
         return {"root_position": tables["root"][idx], "rotations": tables["rotations"][idx],
+                "lowest": tables["lowest"][idx],
                 "length": length - start, "offsets": tables["offsets"][seg], "segment": seg.astype(jnp.int32)}
 
     return jax.vmap(one)(keys)

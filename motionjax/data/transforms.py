@@ -144,12 +144,10 @@ def read_window(root_span, rot_span, length, window: int, speed=None):
     ``i·speed <= length - 1`` (0: edge padding past the segment's end)."""
     xp = rot._xp(root_span, rot_span, length, speed)
     length = xp.asarray(length)[..., None]
-    if speed is None:
+    if speed is None:  # frame i is span frame min(i, length - 1): the span's own frame i
         i = xp.asarray(np.arange(window))
-        idx = xp.minimum(i, length - 1)
-        take = lambda x: xp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)),  # noqa: E731
-                                            axis=idx.ndim - 1)
-        return take(root_span), take(rot_span), (i <= length - 1).astype(np.float32)
+        return (root_span[..., :window, :], rot_span[..., :window, :, :],
+                (i <= length - 1).astype(np.float32))
     f = np.arange(window, dtype=np.float32) * xp.asarray(speed, np.float32)[..., None]  # [..., T]
     valid = (f <= length - 1).astype(np.float32)
     f = xp.minimum(f, (length - 1).astype(np.float32))
@@ -173,8 +171,10 @@ def lerp_frames(root_position, rotations, i0, i1, frac):
     xp = rot._xp(root_position, rotations, i0, i1, frac)
     dtype, (s, j) = root_position.dtype, rotations.shape[-3:-1]
     x = xp.concatenate([root_position, rotations.reshape(*rotations.shape[:-3], s, j * 4)], -1)
-    # Each gather once (rot.materialize): fused into the lerp, every component would redo it.
-    take = lambda i: rot.materialize(xp.take_along_axis(x, i[..., None], axis=-2))  # noqa: E731
+    # Each gather once (rot.materialize): fused into the lerp, every component would redo it. The
+    # indices are in bounds by construction: no out-of-bounds select in jax's gather.
+    bounds = {} if xp is np else {"mode": "promise_in_bounds"}
+    take = lambda i: rot.materialize(xp.take_along_axis(x, i[..., None], axis=-2, **bounds))  # noqa: E731
     x0, x1 = take(i0), take(i1)  # [..., T, 3 + 4J]
     q0, q1 = (y[..., 3:].reshape(*y.shape[:-1], j, 4) for y in (x0, x1))
     frac = xp.asarray(frac).astype(dtype)[..., None]  # [..., T, 1]
@@ -229,15 +229,28 @@ def heading(skeleton: Skeleton, root_rotation):
     return xp.where(norm > 1e-6, yaw / xp.maximum(norm, 1e-6), identity)
 
 
+def frame_floor(skeleton: Skeleton, root_position, rotations, offsets=None):
+    """``[..., T]``: each frame's lowest joint height (up axis) by FK of ``root_position [..., T, 3]``,
+    ``rotations [..., T, J, 4]`` on ``offsets [..., J, 3]`` (None: the skeleton's). The floor
+    :func:`canonicalize` takes is a window's minimum of it, scaled: neither the heading removal nor the
+    ground translation nor the mirror (a reflection across a vertical plane, with its mirrored
+    offsets) moves a height, so a resident corpus computes it once per frame (``lowest``)."""
+    bones = skeleton.offsets if offsets is None else offsets[..., None, :, :]
+    pos, _ = forward_kinematics_tree(skeleton, rotations, root_position, bones, xp=rot._xp(rotations))
+    return pos[skeleton.up_axis].min(axis=0)
+
+
 def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0,
-                 offsets=None, floor_frames: int = 0):
+                 offsets=None, floor_frames: int = 0, lowest=None):
     """Express windows ``[..., T, 3]``, ``[..., T, J, 4]`` in their own start frame.
 
     Root-relative: the root's ground position at frame 0 goes to the origin. Heading: the root's
     yaw at frame 0 is removed (the window starts facing the same way). Floor: the lowest joint over
     the window touches height 0, by FK on ``offsets [..., J, 3]`` (each window's clip's rest
     offsets; None: the skeleton's), or over its first ``floor_frames`` frames when that is > 0 (a
-    forecast's observed past: the floor may not come from the future it predicts). Retarget:
+    forecast's observed past: the floor may not come from the future it predicts); ``lowest [...]``,
+    when given, is that window minimum of :func:`frame_floor` of the unscaled input (the FK
+    skipped). Retarget:
     positions scale by ``scale`` (uniform bone-length retargeting to a canonical body size; bone
     offsets scale alike, rotations are unchanged).
 
@@ -252,13 +265,16 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
     root = rot.quat_rotate(inv, root_position - origin[..., None, :]) * scale
     rotations = xp.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
                                 rotations[..., :, 1:, :]], axis=-2)
-    if floor:
+    if floor and lowest is not None:
+        lowest = lowest * scale
+    elif floor:
         bones = skeleton.offsets if offsets is None else offsets[..., None, :, :]  # every frame
         seen = slice(0, floor_frames or None)
         # In FK's own tree layout [3, J, ..., T]: no transpose back to joint order before the min.
         pos, _ = forward_kinematics_tree(skeleton, rotations[..., seen, :, :], root[..., seen, :],
                                          bones * scale, xp=xp)
         lowest = pos[skeleton.up_axis].min(axis=(0, -1))  # [...]
+    if floor:
         root = root - lowest[..., None, None] * up
         origin = origin + (lowest / scale)[..., None] * up
     return root, rotations, yaw, origin
@@ -392,11 +408,33 @@ def mirror(skeleton: Skeleton, root_position, rotations, frames: MirrorFrames | 
     images in these frames or FK runs on :func:`mirror_offsets` of them.
     """
     frames = _plain_frames(skeleton) if frames is None else frames
-    dtype = rotations.dtype
-    half = _sign_quat(-frames.joints).astype(dtype)                         # [J, 4]
-    parent = _sign_quat(-_parent_frames(skeleton, frames)).astype(dtype)    # [J, 4]
-    out = rot.quat_mul(parent, rot.quat_mul(rotations, half))
-    return root_position * frames.world.astype(root_position.dtype), out[..., skeleton.symmetry, :]
+    source, sign = _mirror_permutation(skeleton, np.asarray(frames.world, np.float64).tobytes(),
+                                       np.asarray(frames.joints, np.float64).tobytes())
+    flat = rotations.reshape(*rotations.shape[:-2], -1)  # [..., J*4]
+    out = flat[..., source] * sign.astype(rotations.dtype)
+    return (root_position * frames.world.astype(root_position.dtype),
+            out.reshape(rotations.shape))
+
+
+@functools.lru_cache(maxsize=16)
+def _mirror_permutation(skeleton: Skeleton, world: bytes, joints: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``(source [J*4] int, sign [J*4])``: :func:`mirror`'s ``p_parent ⊗ q_j ⊗ p_j`` then the swap of
+    twins, on a frame's quaternions flattened ``[J*4]``: ``out[i] = sign[i] * q[source[i]]``. Each
+    ``p`` is the identity or a half turn about a coordinate axis (a unit basis quaternion), so both
+    products only permute a quaternion's components and flip signs: one gather instead of two
+    Hamilton products (exactly the same numbers, a zero's sign aside). ``world``, ``joints``: the
+    :class:`MirrorFrames`' float64 bytes (hashable)."""
+    frames = MirrorFrames(np.frombuffer(world), np.frombuffer(joints).reshape(-1, 3))
+    half = _sign_quat(-frames.joints)                         # [J, 4]
+    parent = _sign_quat(-_parent_frames(skeleton, frames))    # [J, 4]
+    basis = np.eye(4)[:, None, :]                             # [4 (component), 1, 4]
+    image = rot.quat_mul(parent, rot.quat_mul(basis, half))   # [4, J, 4]: where each component goes
+    source, sign = np.zeros((skeleton.num_joints, 4), int), np.zeros((skeleton.num_joints, 4))
+    for k, j in enumerate(skeleton.symmetry):  # twin k takes joint j's mirrored rotation
+        for c in range(4):
+            (src,) = np.flatnonzero(image[:, j, c])
+            source[k, c], sign[k, c] = 4 * j + src, image[src, j, c]
+    return source.reshape(-1), sign.reshape(-1)
 
 
 def _lateral_flip(skeleton: Skeleton, dtype) -> np.ndarray:
@@ -552,7 +590,7 @@ def mask_features(skeleton: Skeleton, x, joint_mask, frame_mask):
 
 def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean, std, *,
                  chunk_size: int, floor: bool = True, scale: float = 1.0, offsets=None,
-                 observed: int = 0) -> dict:
+                 observed: int = 0, lowest=None) -> dict:
     """Windows ``[..., T, 3]``, ``[..., T, J, 4]`` and their noise ``draws`` -> the training example.
 
     ``offsets [..., J, 3]``: each window's clip's rest offsets (m); the example then carries them
@@ -563,6 +601,7 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
 
     Returns ``{"noisy", "clean": [..., N, C, F] float32, "mask": [..., N, C, 1]}`` (mask = 1 on
     masked-out frames), plus ``"offsets" [..., J, 3]`` float32 when ``offsets`` is given.
+    ``lowest [...]``: the window's floor, precomputed (:func:`canonicalize`).
     """
     xp = rot._xp(root_position, rotations, offsets, *draws.values())
     frames = mirror_frames(skeleton, mean)
@@ -575,7 +614,7 @@ def make_example(skeleton: Skeleton, root_position, rotations, draws: dict, mean
         if offsets is not None:
             offsets = flip(mirror_offsets(skeleton, offsets, frames), offsets)
     root, rots, _, _ = canonicalize(skeleton, root_position, rotations, floor=floor, scale=scale,
-                                    offsets=offsets, floor_frames=observed)
+                                    offsets=offsets, floor_frames=observed, lowest=lowest)
     clean = features.standardize(features.pack(skeleton, root, rots), mean, std)
     # A draw left out (the device leaves out what its config turns off) corrupts nothing: with none,
     # the input is the clean window.
