@@ -192,8 +192,9 @@ def test_ik_reaches_fk_positions_from_any_hint(name):
     from motionjax.core.skeleton import smpl_like
     sk = _ik_skeleton() if name == "ball tree" else smpl_like()
     q, root = _random_motion(sk, (5, 4))
-    q = _fixed_as_identity(sk, q).astype(np.float32)
-    positions = forward_kinematics(sk, jnp.asarray(q), jnp.asarray(root, jnp.float32))[0]
+    q, root = _fixed_as_identity(sk, q).astype(np.float32), root.astype(np.float32)
+    # FK (the reference) in numpy: op by op in jax each call compiled dozens of small programs
+    positions = forward_kinematics(sk, q, root)[0]
     ik = jax.jit(lambda hint: inverse_kinematics(sk, positions, hint))
     got = np.asarray(ik(jnp.asarray(q)))
     np.testing.assert_allclose(np.abs(np.sum(got * q, -1)), 1.0, atol=1e-5)  # q and -q are one rotation
@@ -203,9 +204,9 @@ def test_ik_reaches_fk_positions_from_any_hint(name):
     noise = _fixed_as_identity(sk, _random_motion(sk, (5, 4), seed=3)[0])
     for hint in (np.broadcast_to([1.0, 0, 0, 0], q.shape), rot.quat_normalize(q + 0.3 * noise)):
         got = np.asarray(ik(jnp.asarray(hint, jnp.float32)))
-        reached = forward_kinematics(sk, jnp.asarray(got), jnp.asarray(root, jnp.float32))[0]
-        np.testing.assert_allclose(np.asarray(reached), np.asarray(positions), atol=2e-5)
-        world = lambda r: np.asarray(forward_kinematics(sk, jnp.asarray(r), jnp.zeros((5, 4, 3)))[1])
+        reached = forward_kinematics(sk, got, root)[0]
+        np.testing.assert_allclose(reached, positions, atol=2e-5)
+        world = lambda r: forward_kinematics(sk, r, np.zeros((5, 4, 3), np.float32))[1]
         np.testing.assert_allclose(np.abs(np.sum(world(got) * world(q), -1))[..., determined], 1.0, atol=1e-4)
 
 
@@ -222,7 +223,7 @@ def test_ik_turns_a_hinge_about_its_axis_only():
     angle = rng.uniform(-2.5, 2.5, (6, hinge.sum(), 1))
     q[:, hinge] = np.concatenate([np.cos(angle / 2), np.sin(angle / 2) * sk.axes[hinge]], -1)
     q = q.astype(np.float32)
-    positions = forward_kinematics(sk, jnp.asarray(q), jnp.zeros((6, 3)))[0]
+    positions = forward_kinematics(sk, q, np.zeros((6, 3), np.float32))[0]  # numpy: no small programs
     hint = q.copy()
     hint[:, hinge] = [1, 0, 0, 0]
     got = np.asarray(jax.jit(inverse_kinematics, static_argnums=0)(sk, positions, jnp.asarray(hint)))
