@@ -15,7 +15,7 @@ from motionjax.data import prepare, synthetic
 from motionjax.efficiency import trained
 from motionjax.evaluation import inference, runs
 from motionjax.formats import deepmimic_clip_paths
-from runs import REPO, runlocal_config
+from runs import runlocal_config
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +131,3 @@ def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir
     with pytest.raises(train.ResumeError, match=f"^{workdir} holds a run of another config "
                        r"\(data\.chunk: 8 there, 16 here; .*; and \d+ more\): resume it with its own config"):
         train.check_resume(other, workdir)
-
-
-@pytest.mark.slow  # a trainer subprocess
-def test_train_without_workdir_runs_in_runs_config_name(deepmimic_dir, tmp_path, env):
-    proc = subprocess.run([sys.executable, "-m", "motionjax", "train", "--config",
-                           str(REPO / "experiments/deepmimic_denoise.py") + ":runlocal",
-                           f"--config.data.dir={deepmimic_dir}"],  # run_dir's programs: compiled
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "run directory: runs/deepmimic_denoise_runlocal" in proc.stdout
-    assert (tmp_path / "runs/deepmimic_denoise_runlocal/summary.json").exists()

@@ -51,6 +51,58 @@ def _patched(patch: str, argv: list[str]) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+# Runs that end in an error before they train (a bad flag or value, a locked workdir, data prepared
+# elsewhere or on a full disk, no readable checkpoint) prove what the command prints and its exit status,
+# not how an interpreter starts: one interpreter pays the command's imports once (jax, flax, absl: ~1.5
+# of the ~2 CPU s each such run cost in a fresh one) and forks a child per run. A child is a process of
+# its own, with its own stdout, stderr, exit status and patch, that starts where ``python -m motionjax``
+# is after its imports, before any device is touched (the parent never initializes a backend).
+_FORKER = """
+from motionjax import malloc
+malloc.configure()  # first, as the trainer does (it may re-execute this process)
+import json, os, sys, traceback
+import motionjax.commands.train  # noqa: F401 - the imports every child would pay
+from motionjax import cli
+runs = json.loads(open(sys.argv[1]).read())
+codes = {}
+for name, (patch, argv, stem) in runs.items():
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, suffix in ((1, ".out"), (2, ".err")):
+            os.dup2(os.open(stem + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        try:
+            exec(patch, {})
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 99
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code or 0)
+    codes[name] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(codes))
+"""
+
+
+def _forked(runs: dict, root: Path, env, timeout=600) -> dict:
+    """Each of ``runs`` (``name: (patch, argv)``: ``motionjax argv[0]`` with flags ``argv[1:]`` after
+    running ``patch``) in a child forked from one interpreter (:data:`_FORKER`), one after the other:
+    ``name: CompletedProcess`` (its exit status, stdout and stderr)."""
+    stems = {name: str(root / f"forked_{i}") for i, name in enumerate(runs)}
+    plan = root / "forked.json"
+    plan.write_text(json.dumps({name: (patch, list(map(str, argv)), stems[name])
+                                for name, (patch, argv) in runs.items()}))
+    done = subprocess.run([sys.executable, "-c", _FORKER, str(plan)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = json.loads(done.stdout.strip().splitlines()[-1])
+    read = lambda name, suffix: Path(stems[name] + suffix).read_text()
+    return {name: subprocess.CompletedProcess(argv, codes[name], read(name, ".out"), read(name, ".err"))
+            for name, (_, argv) in runs.items()}
+
+
 def _restores(workdir, step) -> None:
     """Checkpoint ``step`` of ``workdir`` reads completely (its state and its history)."""
     mngr = ocp.CheckpointManager((Path(workdir) / "checkpoints").absolute())
@@ -190,12 +242,10 @@ def test_best_checkpoint_survives_a_restart(tmp_path):
 # 4. One trainer per workdir
 
 
-@pytest.mark.slow  # a trainer subprocess
-def test_second_trainer_on_a_workdir_refuses(tmp_path, data_dir, env):
-    workdir = tmp_path / "run"
-    with train.workdir_lock(workdir):  # this process is the first trainer
-        result = subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
-                                text=True, timeout=240)
+@pytest.mark.slow  # a trainer process (the refused fixture)
+def test_second_trainer_on_a_workdir_refuses(refused):
+    result, root = refused["second trainer"]
+    workdir = root / "run"
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"error: workdir {workdir} is in use by another trainer (pid {os.getpid()} on " in result.stderr
     assert "Traceback" not in result.stderr
@@ -228,6 +278,36 @@ def trained(tmp_path_factory, data_dir, env):
     workdir = tmp_path_factory.mktemp("trained") / "run"
     subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, check=True, capture_output=True)
     return workdir
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, data_dir, env, trained):
+    """The runs of this file that end in an error before training, forked from one interpreter
+    (:func:`_forked`): ``name: (CompletedProcess, its directory)``. The second trainer's workdir is
+    locked by this process (the first trainer) meanwhile."""
+    root = tmp_path_factory.mktemp("refused")
+    runs, dirs = {}, {}
+
+    def add(name, argv, patch=""):
+        dirs[name] = root / f"{len(runs)}"
+        dirs[name].mkdir()
+        runs[name] = (patch, argv(dirs[name]))
+
+    add("second trainer", lambda d: ["train", *train_flags(d / "run", data_dir, *FAST)])
+    for override, _ in CLI_BAD:
+        add(override, lambda d, o=override: ["train", *train_flags(d / "run", data_dir, o)])
+    add("prepared elsewhere", lambda d: ["train", *train_flags(d / "run", data_dir,
+                                                              "--config.data.window=64")])
+    add("full disk: prepare_data", lambda d: ["prepare", "--out", d / "data", "--workers", "0"], _WRITE_FULL)
+    add("full disk: train", lambda d: ["train", *train_flags(d / "run", d / "data",
+                                                            "--config.data.prepare_workers=0")], _WRITE_FULL)
+    add("unreadable", lambda d: ["train", *train_flags(d / "run", data_dir, *FAST)])
+    shutil.copytree(trained, dirs["unreadable"] / "run")  # the trained run, every checkpoint damaged
+    for step in committed(dirs["unreadable"] / "run"):
+        DAMAGE["manifest"](dirs["unreadable"] / "run" / "checkpoints" / str(step))
+    with train.workdir_lock(dirs["second trainer"] / "run"):  # this process is the first trainer
+        results = _forked(runs, root, env)
+    return {name: (results[name], dirs[name]) for name in runs}
 
 
 def _truncate_data(step_dir: Path) -> None:
@@ -284,14 +364,10 @@ def test_run_resumes_past_a_damaged_checkpoint(tmp_path, trained, data_dir, env)
     assert summary["best_step"] in committed(workdir)
 
 
-@pytest.mark.slow  # a trainer subprocess
-def test_every_checkpoint_unreadable_is_one_error(tmp_path, trained, data_dir, env):
-    workdir = tmp_path / "run"
-    shutil.copytree(trained, workdir)
-    for step in committed(workdir):
-        DAMAGE["manifest"](workdir / "checkpoints" / str(step))
-    result = subprocess.run(train_cmd(workdir, data_dir, *FAST), env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+@pytest.mark.slow  # a trainer process (the refused fixture)
+def test_every_checkpoint_unreadable_is_one_error(refused):
+    result, root = refused["unreadable"]  # every checkpoint of the trained run with its manifest removed
+    workdir = root / "run"
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"error: no checkpoint in {workdir / 'checkpoints'} reads completely: step ")
@@ -409,16 +485,15 @@ CLI_BAD = [  # (override, expected stderr line); the old trainer printed library
 ]
 
 
-@pytest.mark.slow  # trainer subprocesses
+@pytest.mark.slow  # trainer processes (the refused fixture)
 @pytest.mark.parametrize("override,expected", CLI_BAD, ids=[o for o, _ in CLI_BAD])
-def test_bad_override_is_one_error_line(tmp_path, data_dir, env, override, expected):
-    result = subprocess.run(train_cmd(tmp_path / "run", data_dir, override), env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+def test_bad_override_is_one_error_line(refused, override, expected):
+    result, root = refused[override]
     assert result.returncode == 2, result.stderr[-3000:]
     assert expected in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "\\n" not in result.stderr
     assert "best_metric" not in result.stderr  # the key at fault is named, not the one depending on it
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (root / "run" / "checkpoints").exists()
 
 
 def test_config_checks_accept_the_experiments():
@@ -616,16 +691,11 @@ arm.ArrayRecordWriter = Full
 """
 
 
-@pytest.mark.slow  # script subprocesses
+@pytest.mark.slow  # command processes (the refused fixture)
 @pytest.mark.parametrize("script", ["prepare_data", "train"])
-def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, script):
-    out = tmp_path / "data"
-    if script == "prepare_data":
-        argv = ["prepare", "--out", str(out), "--workers", "0"]
-        cmd = _patched(_WRITE_FULL, argv)
-    else:
-        cmd = _patched_train(_WRITE_FULL, tmp_path / "run", out, "--config.data.prepare_workers=0")
-    result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_preparing_on_a_full_disk_is_one_error_line(refused, script):
+    result, root = refused[f"full disk: {script}"]  # prepare --out DIR, or train on a DIR not prepared yet
+    out = root / "data"
     assert result.returncode == 1, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == \
         f"error: No space left on device: {out}.partial/clips-00000.array_record"
@@ -633,10 +703,9 @@ def test_preparing_on_a_full_disk_is_one_error_line(tmp_path, data_dir, env, scr
     assert not out.exists() and not Path(f"{out}.partial").exists()  # what it wrote is removed
 
 
-@pytest.mark.slow  # a trainer subprocess (it fails before compiling)
-def test_data_prepared_elsewhere_is_one_error_line(tmp_path, data_dir, env):
-    result = subprocess.run(train_cmd(tmp_path / "run", data_dir, "--config.data.window=64"), env=env,
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+@pytest.mark.slow  # a trainer process (the refused fixture; it fails before compiling)
+def test_data_prepared_elsewhere_is_one_error_line(refused, data_dir):
+    result, _ = refused["prepared elsewhere"]  # --config.data.window=64
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"error: {data_dir} was prepared with other settings (window: 32 there, 64 asked)")

@@ -66,6 +66,8 @@ def test_motionjax_train_from_the_wheel_in_another_folder(installed, tmp_path, d
                               f"--config.data.dir={deepmimic_dir}", "--config.evals.final.splits=('test',)"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stderr[-3000:]
+    # No --workdir: the run directory is runs/<config name>_<variant>, under the folder it ran from.
+    assert "run directory: runs/deepmimic_denoise_runlocal" in trained.stdout, trained.stdout[-3000:]
     summary = json.loads((tmp_path / "runs/deepmimic_denoise_runlocal/summary.json").read_text())
     assert summary["status"] == "done" and summary["evaluated_step"] == 6, summary
     assert summary["results"]["test"]  # trained and evaluated (the final table's test split)

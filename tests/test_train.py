@@ -488,3 +488,26 @@ def test_compile_cache_is_the_configured_directory_unless_the_process_has_one(tm
         assert (tmp_path / "cache" / "jax").is_dir()
     finally:
         jax.config.update("jax_compilation_cache_dir", session)
+
+
+def test_a_cpu_process_other_than_process_0_writes_its_compilation_cache_entries(monkeypatch):
+    """jax writes cache entries from process 0 only, and on CPUs the keys differ by process (the
+    devices' topology is part of them), so process 1 of a launch_local.sh or cluster run compiled every
+    program on every launch: the trainer (compile_cache.configure) lets each CPU process write its own.
+    Here this process plays process 1 of a distributed run."""
+    from jax._src import distributed
+
+    from motionjax.train import compile_cache
+
+    session = Path(jax.config.jax_compilation_cache_dir)
+    compile_cache.configure("")
+    monkeypatch.setattr(distributed.global_state, "process_id", 1)
+    entries = lambda: {p.name for p in session.glob("jit__lambda-*")}  # none yet where this runs alone
+    before = entries()
+    least = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # a small program is written too
+    try:
+        jax.jit(lambda x: jnp.tanh(x) * 3.75 - x)(jnp.ones(29)).block_until_ready()  # a new program
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", least)
+    assert entries() - before
