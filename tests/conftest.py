@@ -57,25 +57,25 @@ def env():
 
 
 # The costliest files first. `make test` hands whole files to two workers (xdist --dist loadfile) in
-# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
-# tests, which put the few-test, minutes-long files such as the notebooks and the cluster runs last,
-# the run's tail). Longest first, the two workers finish together. CPU seconds per file (each file alone
-# with a cold compilation cache, 2 shared cores, 2026-12-06; docs/history.md, "The suite's programs,
-# fewer and smaller" and "Notebook 05 on test_generate's run, the SLURM jobs on the SIGTERM test's
-# programs"): multiprocess 164 (two processes at once), train 145, generate ~145 (notebook 05 included),
-# dynamics 117, faults 109, notebooks 96, SLURM ~76 (two processes), GPU check 72, jacobian 67, your_data
+# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of tests, which
+# put the few-test, minutes-long files such as the notebooks and the cluster runs last, the run's tail).
+# Longest first, the two workers finish together. CPU seconds per file (each file alone with a cold
+# compilation cache, 2 shared cores, 2026-12-06; docs/history.md, "The suite's programs, fewer and smaller"
+# and "Notebook 05 on test_generate's run, the SLURM jobs on the SIGTERM test's programs"): multiprocess 164
+# (two processes at once), train 145, generate ~145 (notebook 05 included), dynamics 117, faults 109,
+# notebooks 96, SLURM ~76 (two processes), GPU check 72, jacobian 67 (43 after its cuts of 20:30), your_data
 # 58, efficiency 55, evaluate 51, models 49, predict 46, time_to_target 40, offsets 39, priority 28; the
-# runlocal runs of package and time_to_target reuse programs that train, faults and evaluate compile, and
-# the SLURM jobs those of multiprocess's SIGTERM launch (which must come first: its first launch writes
-# the entries of process 1 too, motionjax/train/compile_cache.py). Measured again 2026-12-06 20:20-21:25
-# (docs/history.md, "The subprocess-launching tests and the trainer's fixed cost"): train 240,
-# multiprocess 190 (first all the same, for the SLURM jobs), faults 126, GPU check 92, SLURM 89 alone
-# (less after multiprocess), your_data 74, evaluate 64, package 45: the order holds (SLURM and the GPU
-# check are within the noise of each other).
+# runlocal runs of package and time_to_target reuse programs that train, faults and evaluate compile, and the
+# SLURM jobs those of multiprocess's SIGTERM launch (which must come first: its first launch writes the
+# entries of process 1 too, motionjax/train/compile_cache.py). Measured again 2026-12-06 20:20-21:25
+# (docs/history.md, "The subprocess-launching tests and the trainer's fixed cost"): train 240, multiprocess
+# 190 (first all the same, for the SLURM jobs), faults 126, GPU check 92, SLURM 89 alone (less after
+# multiprocess), your_data 74, evaluate 64, package 45: the order holds (SLURM and the GPU check are within
+# the noise of each other).
 COSTLIEST_FIRST = (
     "test_multiprocess.py", "test_train.py", "test_generate.py", "test_dynamics.py", "test_faults.py",
-    "test_notebooks.py", "test_slurm.py", "test_gpu_check.py", "test_jacobian.py", "test_your_data.py",
-    "test_efficiency.py", "test_evaluate.py", "test_models.py", "test_predict.py", "test_time_to_target.py",
+    "test_notebooks.py", "test_slurm.py", "test_gpu_check.py", "test_your_data.py", "test_efficiency.py",
+    "test_evaluate.py", "test_jacobian.py", "test_models.py", "test_predict.py", "test_time_to_target.py",
     "test_offsets.py", "test_priority.py", "test_package.py", "test_bench.py", "test_grad_reduce.py",
     "test_apply.py",
 )
