@@ -24,9 +24,15 @@ For each case and residency tier, in one process:
    ``cpu_ms_by_thread``: that CPU per step by thread kind, each way (XLA's compute threads
    ``tf_XLAEigen``, the ``main`` thread's dispatch, the stream tier's Grain threads), also logged
    for ``fixed`` and ``fed``;
-3. ``input_ms``: the input program alone (its blocks timed in the same round-robin) and its share of
-   the fixed step, ``input_share``; ``other = input_overhead - input_share``: host work, dispatch and
-   syncs (negative where the step hides part of the input's compute).
+3. the overhead split in two, both from blocks of the same round-robin: ``other``, everything but the
+   input's compute (host work, dispatch, syncs), is ``fed_fixed`` (the trainer's fed step, its host
+   path and its program's arguments all as ``fed``'s, but the program takes the fixed batch instead of
+   drawing one) against ``fixed``; ``input_in_step``, the input's compute as it runs inside the step,
+   is ``fed`` against ``fed_fixed``. ``input_ms``: the input program alone (its blocks timed in the
+   same round-robin) and its share of the fixed step, ``input_share``; ``other_by_subtraction =
+   input_overhead - input_share``, the split of before, which counted as "other" any difference
+   between the input's cost alone and inside the step (a small step's program costs more inside it:
+   docs/input.md, seventh pass).
 
 The streamed tier's host cache is filled before anything is timed (:func:`warm_host_cache`): the
 figures are a long run's steady state, as compilation is left out; the warm-up's batches and the
@@ -35,8 +41,8 @@ cache's hits are in the row (``host_cache_warmup``, ``host_cache``).
 Cases: the headline autoencoder (``experiments/autoencoder.py``, its default corpus), the DeepMimic
 denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser (the ``runlocal``
 variant at width 64, kernel 9, 16 windows) whose step takes ~7 ms on 2 CPU cores: a stand-in for a
-fast accelerator, where an input cost shows first; its figure is ``other``, the overhead less the
-input program's own compute.
+fast accelerator, where an input cost shows first; its figure is ``other``, what the fed step's host
+path costs over the fixed step's (everything but the input's compute).
 ``--check`` exits 1 when a case passes its threshold (:data:`CASES`). Writes ``input.json`` and
 prints the table. Ratios within one process are what count on a shared machine.
 """
@@ -113,6 +119,25 @@ def read_late(call):
     return f
 
 
+class FixedDraw:
+    """A feed for :meth:`Step.fed` whose program takes ``batch`` instead of drawing one: the fed step's
+    host path (the feed's ``inputs()``, the step counter, the same arguments and one more) without the
+    input's compute."""
+
+    def __init__(self, it, batch):
+        self.it, self.batch = it, batch
+
+    @property
+    def served(self) -> int:
+        return self.it.served
+
+    def inputs(self) -> tuple:
+        return (*self.it.inputs(), self.batch)
+
+    def draw(self, counter, *inputs):
+        return inputs[-1]
+
+
 def warm_host_cache(it, block: int = 50, most: int = 2000) -> dict | None:
     """The streamed tier: the feed's host cache warmed (:func:`motionjax.data.feed.warm_host_cache`), so
     the timed blocks see the steady state a training run reaches after its first few hundred steps
@@ -146,6 +171,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
         # "input": the input program alone, its batches in flight as the step's would be (the state
         # passes through untouched).
         calls = {"fixed": lambda s: (*step(s, fixed_batch), None), "fed": step.fed(it),
+                 "fed_fixed": step.fed(FixedDraw(it, fixed_batch)),
                  "separate": lambda s: (*step(s, b := next(it)), b), "input": lambda s: (s, next(it)),
                  # The trainer before #61: the input as its own program, each step's metrics read
                  # (device_get) one step late; against the same loop on the fixed batch.
@@ -172,18 +198,19 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
     row["cpu_input_overhead"] = timing.overhead(cpu, "fed")
     row["cpu_before_overhead"] = timing.overhead(cpu, "before", "before_fixed")
     for key, (arm, base) in {"input_overhead": ("fed", "fixed"), "separate_overhead": ("separate", "fixed"),
-                             "before_overhead": ("before", "before_fixed")}.items():
+                             "before_overhead": ("before", "before_fixed"), "other": ("fed_fixed", "fixed"),
+                             "input_in_step": ("fed", "fed_fixed")}.items():
         cost = timing.overhead(seconds, arm, base)
         row[key], row[f"{key}_best"] = cost["value"], cost["best"]
         row[f"{key}_interval"] = [cost["lo"], cost["hi"]]
     row["fixed_step_ms"] = 1e3 / rate["fixed"]
     row["input_share"] = row["input_ms"] / row["fixed_step_ms"]
-    row["other"] = row["input_overhead"] - row["input_share"]
+    row["other_by_subtraction"] = row["input_overhead"] - row["input_share"]
     row["check"] = {"figure": figure, "threshold": threshold, "ok": row[figure] <= threshold}
     log(f"input: {name}/{tier}: overhead {100 * row['input_overhead']:.1f}% (separate program "
         f"{100 * row['separate_overhead']:.1f}%), fixed step {row['fixed_step_ms']:.1f} ms "
         f"({time.perf_counter() - t:.0f} s)")
-    for arm in ("fixed", "fed"):
+    for arm in ("fixed", "fed_fixed", "fed"):
         log(f"input: {name}/{tier}: {arm}: CPU ms a step by thread " + ", ".join(
             f"{kind} {ms:.1f}" for kind, ms in row["cpu_ms_by_thread"].get(arm, {}).items()))
     return row
@@ -215,16 +242,18 @@ def markdown(result: dict) -> str:
              f"in one process, [95% interval over rounds] ({result['backend']}, {result['cores']} cores, "
              f"{result['date']})", "",
              "| case / tier | fixed step ms | before #61 (own program, per-step read) | input as its own "
-             "program | **input overhead** (inside the step) | input program ms (share) | other "
+             "program | **input overhead** (inside the step) | of which the input's compute | other (host, "
+             "dispatch, syncs) | input program alone ms (share; other by subtraction) "
              "| trainer steps/s | host ms p50 / p99 | dispatch ms p50 / p99 | CPU time: before / now "
              "| check |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in result["rows"].items():
         c, host = r["check"], r["trainer"]["host"]
         cells = [key, f"{r['fixed_step_ms']:.2f}", _pct(r, "before_overhead"), _pct(r, "separate_overhead"),
-                 f"**{_pct(r, 'input_overhead')}**",
-                 f"{r['input_ms']:.2f} ({100 * r['input_share']:.1f}%)",
-                 f"{100 * r['other']:.1f}%", f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
+                 f"**{_pct(r, 'input_overhead')}**", _pct(r, "input_in_step"), _pct(r, "other"),
+                 f"{r['input_ms']:.2f} ({100 * r['input_share']:.1f}%; "
+                 f"{100 * r['other_by_subtraction']:.1f}%)",
+                 f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
                  _ms(host, "dispatch_ms"),
                  f"{100 * r['cpu_before_overhead']['value']:.1f}% / "
                  f"{100 * r['cpu_input_overhead']['value']:.1f}%",
