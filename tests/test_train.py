@@ -14,6 +14,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
+from benchmarks.input import FixedDraw
 from motionjax import parallel, train
 from motionjax.data import feed, pipeline
 from motionjax.train import logs, loop
@@ -99,6 +100,11 @@ def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir, single_device_st
     _, metrics, _ = fed(fresh())
     _, want = step(fresh(), batches[1])
     np.testing.assert_allclose(float(metrics["loss"]), float(want["loss"]), rtol=1e-5)
+    # The input benchmark's fed step on a fixed batch (its "other": the fed host path without the
+    # input's compute) trains on that batch, whatever the feed would draw, and moves the feed as fed does.
+    _, metrics, _ = step.fed(FixedDraw(inside, batches[0]))(fresh())
+    np.testing.assert_allclose(float(metrics["loss"]), plain[0], rtol=1e-5)
+    assert inside.served == 3
     alone.close()
     inside.close()
 
