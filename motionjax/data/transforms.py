@@ -263,20 +263,14 @@ def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = 
     inv = rot.quat_conj(yaw)[..., None, :]
     origin = root_position[..., 0, :] * (1 - up)
     root = rot.quat_rotate(inv, root_position - origin[..., None, :]) * scale
-    rotations = xp.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
-                                rotations[..., :, 1:, :]], axis=-2)
-    if floor and lowest is not None:
-        lowest = lowest * scale
-    elif floor:
-        bones = skeleton.offsets if offsets is None else offsets[..., None, :, :]  # every frame
-        seen = slice(0, floor_frames or None)
-        # In FK's own tree layout [3, J, ..., T]: no transpose back to joint order before the min.
-        pos, _ = forward_kinematics_tree(skeleton, rotations[..., seen, :, :], root[..., seen, :],
-                                         bones * scale, xp=xp)
-        lowest = pos[skeleton.up_axis].min(axis=(0, -1))  # [...]
+    raw, rotations = rotations, xp.concatenate([rot.quat_mul(inv, rotations[..., :, 0, :])[..., :, None, :],
+                                                rotations[..., :, 1:, :]], axis=-2)
     if floor:
-        root = root - lowest[..., None, None] * up
-        origin = origin + (lowest / scale)[..., None] * up
+        if lowest is None:  # on the input as given: the heading removal moves no height
+            seen = slice(0, floor_frames or None)
+            lowest = frame_floor(skeleton, root_position[..., seen, :], raw[..., seen, :, :], offsets).min(-1)
+        root = root - (lowest * scale)[..., None, None] * up
+        origin = origin + lowest[..., None] * up
     return root, rotations, yaw, origin
 
 
