@@ -6,7 +6,7 @@ Builds the config's resident input program (the window draw and gather of
 :func:`motionjax.data.resident.sample_spans`, then :class:`motionjax.data.augment.Augment`) twice: with
 ``motionjax/data/augment.py`` and ``transforms.py`` as they are in git revision ``--before`` (loaded
 from ``git show`` under other module names; every other module is this tree's), and with this tree's.
-Blocks of ``--block`` batches of each, round-robin with the order reversed every other round: this
+Blocks of ``--block`` batches of each, round-robin (:func:`motionjax.timing.time_blocks`): this
 process's CPU ms a batch and wall ms a batch, and the after/before ratios, median over rounds [min,
 max]. On a shared host the ratio inside one run is what counts. Needs a git checkout.
 """
@@ -18,13 +18,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from motionjax import configs
+from motionjax import configs, timing
 from motionjax.data import augment, feed, pipeline, resident
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,36 +71,24 @@ def main(argv=None) -> int:
     cfg = config.data.copy_and_resolve_references()
     cfg.residency = "device"
     it = feed.Feed(cfg, info, seed=0, mode="device", keys=("noisy", "clean", "valid"))
-    corpus_steps = resident.load_corpus(info, cfg, pipeline.ClipSource(info),
-                                        pipeline.segment_shares(info, cfg.window, cfg.dynamics_sampling)
-                                        ).bisect_steps
+    steps = resident.bisect_steps(np.asarray(it._tables["window_count"]))  # the feed's own
     with tempfile.TemporaryDirectory() as folder:
         old = _module_at(args.before, "motionjax/data/augment.py", "augment_before", Path(folder))
         old.transforms = _module_at(args.before, "motionjax/data/transforms.py", "transforms_before",
                                     Path(folder))
-        progs = {"before": program(old, cfg, info, it._tables, it._seg_cdf, corpus_steps),
-                 "after": program(augment, cfg, info, it._tables, it._seg_cdf, corpus_steps)}
-    served = dict.fromkeys(progs, 0)
-
-    def block(name, n):
-        start, cpu = time.perf_counter(), time.process_time()
-        for i in range(n):
-            out = progs[name](np.int32(served[name] + i), it._tables, it._seg_cdf)
-        jax.block_until_ready(out)
-        served[name] += n
-        return 1e3 * (time.process_time() - cpu) / n, 1e3 * (time.perf_counter() - start) / n
-
-    for name in progs:  # warm-up
-        block(name, args.block // 2)
-    times = {name: [] for name in progs}
-    for r in range(args.rounds):
-        for name in (list(progs) if r % 2 == 0 else list(progs)[::-1]):
-            times[name].append(block(name, args.block))
+        progs = {"before": program(old, cfg, info, it._tables, it._seg_cdf, steps),
+                 "after": program(augment, cfg, info, it._tables, it._seg_cdf, steps)}
+    # The state passed along is the step the next batch is drawn for.
+    calls = {name: lambda s, p=prog: (s + 1, p(np.int32(s), it._tables, it._seg_cdf))
+             for name, prog in progs.items()}
+    cpu = {}
+    wall = timing.time_blocks(calls, 0, args.block, args.rounds, cpu=cpu)
+    times = {name: list(zip(cpu[name], wall[name], strict=True)) for name in progs}
     print(f"{args.config}: the resident input program, before = {args.before}'s augment/transforms, after = "
           f"this tree's; {args.rounds} rounds of {args.block} batches, median [min, max]\n")
     print("| | before ms a batch | after ms a batch | ratio after / before |\n|---|---|---|---|")
     for k, what in enumerate(("CPU", "wall")):
-        b, a = ([t[k] for t in times[name]] for name in ("before", "after"))
+        b, a = ([1e3 * t[k] for t in times[name]] for name in ("before", "after"))
         ratio = [y / x for x, y in zip(b, a, strict=True)]
         print(f"| {what} | {statistics.median(b):.3f} | {statistics.median(a):.3f} | "
               f"{statistics.median(ratio):.3f} [{min(ratio):.3f}, {max(ratio):.3f}] |")

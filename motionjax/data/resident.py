@@ -58,8 +58,8 @@ class Corpus:
 
     @property
     def bisect_steps(self) -> int:
-        """Bisection steps that find a window among a segment's (the most any segment holds)."""
-        return max(1, math.ceil(math.log2(max(int(self.window_count.max()), 1))) + 1)
+        """Bisection steps that find a window among a segment's (:func:`bisect_steps`)."""
+        return bisect_steps(self.window_count)
 
     def arrays(self, sharding) -> dict:
         """The tables as jax arrays with ``sharding`` (replicated), every process passing its copy."""
@@ -67,6 +67,12 @@ class Corpus:
         names = ("root", "rotations", "lowest", "first", "length", "offsets", "window_first", "window_count",
                  "window_cdf")
         return parallel.put({n: getattr(self, n) for n in names}, {n: sharding for n in names})
+
+
+def bisect_steps(window_count) -> int:
+    """Bisection steps that find a window among a segment's, for ``window_count [S]`` (the windows each
+    segment holds): enough for the most any segment holds."""
+    return max(1, math.ceil(math.log2(max(int(np.max(window_count)), 1))) + 1)
 
 
 def corpus_nbytes(info: DatasetInfo) -> int:
