@@ -13,7 +13,9 @@ resumed run draws what the uninterrupted one drew.
 Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4], "length" [B] int32 (real frames from
 the start; later ones repeat the last), "offsets" [B, J, 3] (data.bones = "clip"), "segment" [B]
 int32 (the training segment, for loss-aware sampling), "lowest" [B, S] (optional: each frame's
-lowest joint height, :func:`motionjax.data.transforms.frame_floor`; the resident corpus's)}``,
+lowest joint height, :func:`motionjax.data.transforms.frame_floor`, when
+:func:`~motionjax.data.transforms.floor_from_spans`: the window's floor then comes from it,
+:func:`~motionjax.data.transforms.window_floor`)}``,
 ``S = transforms.span_frames(window, speed_range)``.
 """
 from __future__ import annotations
@@ -178,11 +180,9 @@ class Augment:
         self.scale = (cfg.canonical_height / transforms.rest_height(info.skeleton)
                       if cfg.canonical_height else 1.0)
         self.span = transforms.span_frames(cfg.window, self.speed_range)
-        # A span's per-frame floor (the resident corpus's "lowest") is the window's when the window is
-        # the span's frames as they are: no speed (interpolated frames), no pose offset (another
-        # pose), no forecast (a floor from the observed frames only).
-        self.floor_from_span = (self.floor and self.speed_range == 1.0 and not self.pose_offset
-                                and not self.observed)
+        # The window's floor from its span's per-frame floor ("lowest": the resident corpus's, or the
+        # host's with the streamed spans), read at the window's speed: no FK in the program.
+        self.floor_from_span = transforms.floor_from_spans(cfg)
 
     def __call__(self, spans: dict, keys) -> dict:
         b = keys.shape[0]
@@ -201,8 +201,7 @@ class Augment:
             eps = jax.vmap(lambda k: draw(jax.random.normal, k, (j, 3)))(purpose(keys, _POSE))
             rots = transforms.offset_pose(self.skeleton, rots, eps * self.pose_offset)
         draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
-        # Frames past a segment's end repeat its last one in the span as in the window: same minimum.
-        lowest = (spans["lowest"][:, :self.window].min(-1)
+        lowest = (transforms.window_floor(spans["lowest"], spans["length"], self.window, speed)
                   if self.floor_from_span and "lowest" in spans else None)
         out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std,
                                       chunk_size=self.chunk, floor=self.floor, scale=self.scale,

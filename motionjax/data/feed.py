@@ -174,9 +174,9 @@ class Feed(grain.DatasetIterator):
         b = cfg.batch_size
         span_keys = ["root_position", "rotations", "length"] + (["offsets"] if "offsets" in keys else [])
         span_keys += ["segment"] if self._loss_aware else []
-        # The resident corpus holds each frame's floor: the program skips the floor's FK (its own keys
-        # list: the stream tier's spans do not carry it).
-        resident_keys = span_keys + (["lowest"] if self._augment.floor_from_span else [])
+        # Each frame's floor (the resident corpus's, or computed by the host once a cached segment):
+        # the program reads the window's floor from it, no FK.
+        span_keys += ["lowest"] if self._augment.floor_from_span else []
         start = time.perf_counter()
         if self.mode == "device":
             corpus = resident.load_corpus(info, cfg, pipeline.ClipSource(info), shares)
@@ -190,7 +190,7 @@ class Feed(grain.DatasetIterator):
                 keys_ = augment.example_keys(seed, step, b)
                 starts = augment.purpose(keys_, augment._START)
                 spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
-                batch = self._augment({k: spans[k] for k in resident_keys}, keys_)
+                batch = self._augment({k: spans[k] for k in span_keys}, keys_)
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             args = (np.int32(0), self._tables, self._seg_cdf)
@@ -205,7 +205,8 @@ class Feed(grain.DatasetIterator):
             where = dict(process_index=process_index, process_count=process_count)
             j, s = info.skeleton.num_joints, self._augment.span
             shapes = {"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
-                      "length": ((), np.int32), "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
+                      "length": ((), np.int32), "offsets": ((j, 3), np.float32), "segment": ((), np.int32),
+                      "lowest": ((s,), np.float32)}
             # Every span leaf in one array: one host-to-device transfer a batch.
             packed = pipeline.Packed({k: shapes[k] for k in span_keys},
                                      parallel.named_sharding(mesh, "batch"))

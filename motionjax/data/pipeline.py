@@ -30,7 +30,10 @@ those waiting in the buffers.
 
 Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
 ``data.bones = "clip"`` also ``"offsets" [B, J, 3]`` (each window's clip's rest offsets: its
-performer's bones), and with loss-aware sampling ``"segment" [B]`` (:mod:`motionjax.data.augment`).
+performer's bones), with loss-aware sampling ``"segment" [B]``, and when windows take their floor
+from their spans (:func:`transforms.floor_from_spans`) ``"lowest" [B, S]`` (each frame's lowest joint
+height, :func:`transforms.frame_floor`, computed once a segment in the host cache)
+(:mod:`motionjax.data.augment`).
 
 Evaluation batches (:func:`make_eval_batches`) are made on the host with the same transforms
 (:func:`transforms.make_example` in numpy): ``{"noisy", "clean": [B, N, C, F] float32 standardized
@@ -273,6 +276,7 @@ class SampleWindow:
         self.window, self.dynamics_sampling = cfg.window, cfg.dynamics_sampling
         self.span = transforms.span_frames(cfg.window, cfg.speed_range)
         self.bones = info.skeleton.offsets if _clip_bones(cfg) else None
+        self.floor = transforms.floor_from_spans(cfg)  # spans carry each frame's floor ("lowest")
         self.num_windows, self.total_score = _window_totals(info)
         self.bad = records.BadRecordCounter(cfg.strict)
         self.cache_bytes = int(cfg.host_cache_mb * 2**20)
@@ -294,6 +298,11 @@ class SampleWindow:
                        "rotations": np.array(clip["rotations"][begin:end], np.float32), "cdf": np.cumsum(p)}
             if self.bones is not None:
                 segment["offsets"] = np.asarray(clip.get("offsets", self.bones), np.float32)
+            if self.floor:  # once a segment, on the bones its windows move on (as the resident corpus)
+                bones = segment.get("offsets", self.skeleton.offsets).astype(np.float64)
+                segment["lowest"] = transforms.frame_floor(
+                    self.skeleton, segment["root_position"].astype(np.float64),
+                    segment["rotations"].astype(np.float64), bones).astype(np.float32)
             nbytes = sum(v.nbytes for v in segment.values())
             self.cache.put(key, segment, nbytes, float(scores.max()) if scores.size else 0.0)
         return segment
@@ -325,12 +334,18 @@ class SampleWindow:
         root = np.empty((n, s, 3), np.float32)
         rotations = np.empty((n, s, j, 4), np.float32)
         length = np.empty(n, np.int32)
+        lowest = np.empty((n, s), np.float32) if self.floor else None
         for r, (segment, start) in enumerate(found):
             frames = segment["root_position"].shape[0]
             transforms.read_span(segment["root_position"], segment["rotations"], start, frames, s,
                                  out=(root[r], rotations[r]))
             length[r] = frames - start
+            if lowest is not None:  # as read_span: frames past the end repeat the last
+                real = max(0, min(s, frames - start))
+                lowest[r, :real], lowest[r, real:] = segment["lowest"][start:start + real], segment["lowest"][-1]
         out = {"root_position": root, "rotations": rotations, "length": length}
+        if lowest is not None:
+            out["lowest"] = lowest
         if self.bones is not None:
             out["offsets"] = np.stack([segment["offsets"] for segment, _ in found])
         if self.name_segment:  # rows of segment_rows: the first column is the segment

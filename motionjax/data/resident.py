@@ -31,8 +31,9 @@ class Corpus:
     """The training segments on the host, ready to go to the devices (:meth:`arrays`).
 
     root ``[N, 3]``, rotations ``[N, J, 4]`` float32: every training segment's frames, one after another.
-    lowest ``[N]`` float32: each frame's lowest joint height on its clip's bones
-    (:func:`~motionjax.data.transforms.frame_floor`): a window's floor is its minimum, no FK a batch.
+    lowest ``[N]`` float32: each frame's lowest joint height on the bones its windows move on (its clip's;
+    the dataset's with ``data.bones = "canonical"``; :func:`~motionjax.data.transforms.frame_floor`): a
+    window's floor comes from it (:func:`~motionjax.data.transforms.window_floor`), no FK a batch.
     first ``[S]`` int32: a segment's first frame in them; length ``[S]`` int32: its frames.
     offsets ``[S, J, 3]`` float32: its clip's rest offsets (the dataset skeleton's without clip bones).
     shares ``[S]`` float64: each segment's share of the windows (0: it holds none).
@@ -101,8 +102,10 @@ def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
         roots.append(np.asarray(clip["root_position"][begin:end], np.float32))
         rots.append(np.asarray(clip["rotations"][begin:end], np.float32))
         offsets.append(np.asarray(clip.get("offsets", info.skeleton.offsets), np.float32))
+        # On the bones the windows move on: the clip's, or with data.bones = "canonical" the dataset's.
+        bones = offsets[-1] if cfg.bones == "clip" else info.skeleton.offsets
         lows.append(transforms.frame_floor(info.skeleton, roots[-1].astype(np.float64),
-                                           rots[-1].astype(np.float64), offsets[-1].astype(np.float64)
+                                           rots[-1].astype(np.float64), np.asarray(bones, np.float64)
                                            ).astype(np.float32))
         firsts.append(frame)
         lengths.append(end - begin)
