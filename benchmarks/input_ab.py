@@ -5,8 +5,9 @@
 
 Builds the config's resident input program (the window draw and gather of
 :func:`motionjax.data.resident.sample_spans`, then :class:`motionjax.data.augment.Augment`; with
-``--tier stream`` the streamed tier's: ``Augment`` on span batches Grain drew, each revision reading
-the span leaves its ``Augment`` takes) twice: with
+``--tier stream`` the streamed tier's on span batches Grain drew, each on the wire of its revision:
+this tree's feed, and before it ``Augment`` on every span leaf flattened one after another; the
+revision given must predate the frame rows) twice: with
 ``motionjax/data/augment.py`` and ``transforms.py`` as they are in git revision ``--before`` (loaded
 from ``git show`` under other module names; every other module is this tree's), and with this tree's.
 Blocks of ``--block`` batches of each, round-robin (:func:`motionjax.timing.time_blocks`): this
@@ -26,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from motionjax import configs, timing
+from motionjax import configs, parallel, timing
 from motionjax.data import augment, feed, pipeline, resident
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,19 +64,33 @@ def program(aug_module, cfg, info, tables, seg_cdf, bisect_steps: int):
     return jax.jit(run).lower(np.int32(0), tables, seg_cdf).compile()
 
 
-def stream_program(aug_module, cfg, info, spans: dict):
-    """The compiled streamed input program ``(step, spans) -> {"noisy", "clean", "valid"}`` with
-    ``aug_module``'s :class:`Augment` on a batch of the stream's spans (device arrays; the leaves its
-    Augment reads: "lowest" only where it takes the floor from the spans)."""
-    aug = aug_module.Augment(cfg, info)
-    keys = ["root_position", "rotations", "length", "offsets"]
-    keys += ["lowest"] if getattr(aug, "floor_from_span", False) else []
+def stream_programs(old_module, cfg, info):
+    """``({"before": program, "after": program}, {"before": wires, "after": wires})``: the streamed tier's
+    compiled input programs ``(step, wire) -> {"noisy", "clean", "valid"}`` and :data:`SPAN_BATCHES`
+    wires of the same span batches each. After: this tree's feed (:class:`feed.Feed`'s program and the
+    wire its Grain source ships). Before: ``old_module``'s :class:`Augment` on the wire of before the
+    frame rows (every span leaf flattened one after another, :class:`pipeline.Packed`; no per-frame
+    floor), unpacked in the program as the feed of then did."""
+    keys = ("noisy", "clean", "valid")
+    it = feed.Feed(cfg, info, seed=0, mode="stream", keys=keys)
+    after = [it.inputs()[0] for _ in range(SPAN_BATCHES)]
+    it.close()
+    j, s = info.skeleton.num_joints, it._augment.span
+    old = pipeline.Packed({"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
+                           "length": ((), np.int32), "offsets": ((j, 3), np.float32)},
+                          parallel.named_sharding(feed.one_device_mesh(), "batch"))
+    spans = pipeline.make_train_iterator(cfg, info, seed=0)
+    before = [{"packed": jax.device_put(old.pack(next(spans)), old.sharding)} for _ in range(SPAN_BATCHES)]
+    spans.close()
+    aug = old_module.Augment(cfg, info)
 
-    def run(step, spans):
-        batch = aug({k: spans[k] for k in keys}, aug_module.example_keys(0, step, cfg.batch_size))
-        return {k: batch[k] for k in ("noisy", "clean", "valid")}
+    def run(step, wire):
+        batch = aug(old.unpack(wire["packed"]), old_module.example_keys(0, step, cfg.batch_size))
+        return {k: batch[k] for k in keys}
 
-    return jax.jit(run).lower(np.int32(0), spans).compile()
+    progs = {"before": jax.jit(run).lower(np.int32(0), before[0]).compile(),
+             "after": jax.jit(it.draw).lower(np.int32(0), after[0]).compile()}
+    return progs, {"before": before, "after": after}
 
 
 def main(argv=None) -> int:
@@ -86,13 +101,13 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=40)
     p.add_argument("--tier", choices=("device", "stream"), default="device",
                    help="device: the resident program (window draw and gather, then the transforms); stream: "
-                        "the transforms on the streamed tier's spans (%d batches drawn by Grain first, "
-                        "on the device, cycled)" % SPAN_BATCHES)
+                        "the streamed tier's (%d span batches drawn by Grain first, on the device, "
+                        "cycled)" % SPAN_BATCHES)
     args = p.parse_args(argv)
     config = configs.load(args.config)
     info = pipeline.dataset_info(config.data)
     cfg = config.data.copy_and_resolve_references()
-    cfg.residency = args.tier
+    cfg.update(residency=args.tier, worker_count=0)  # the stream's sampling in this process
     with tempfile.TemporaryDirectory() as folder:
         old = _module_at(args.before, "motionjax/data/augment.py", "augment_before", Path(folder))
         old.transforms = _module_at(args.before, "motionjax/data/transforms.py", "transforms_before",
@@ -100,17 +115,17 @@ def main(argv=None) -> int:
         if args.tier == "device":
             it = feed.Feed(cfg, info, seed=0, mode="device", keys=("noisy", "clean", "valid"))
             steps = resident.bisect_steps(np.asarray(it._tables["window_count"]))  # the feed's own
-            args_of = lambda s: (it._tables, it._seg_cdf)  # noqa: E731
             progs = {"before": program(old, cfg, info, it._tables, it._seg_cdf, steps),
                      "after": program(augment, cfg, info, it._tables, it._seg_cdf, steps)}
         else:
-            it = pipeline.make_train_iterator(cfg, info, seed=0)
-            pool = [jax.device_put(next(it)) for _ in range(SPAN_BATCHES)]
-            args_of = lambda s: (pool[s % SPAN_BATCHES],)  # noqa: E731
-            progs = {"before": stream_program(old, cfg, info, pool[0]),
-                     "after": stream_program(augment, cfg, info, pool[0])}
+            progs, pools = stream_programs(old, cfg, info)
     # The state passed along is the step the next batch is drawn for.
-    calls = {name: lambda s, p=prog: (s + 1, p(np.int32(s), *args_of(s))) for name, prog in progs.items()}
+    if args.tier == "device":
+        calls = {name: lambda s, p=prog: (s + 1, p(np.int32(s), it._tables, it._seg_cdf))
+                 for name, prog in progs.items()}
+    else:
+        calls = {name: lambda s, p=prog, w=pools[name]: (s + 1, p(np.int32(s), w[s % SPAN_BATCHES]))
+                 for name, prog in progs.items()}
     cpu = {}
     wall = timing.time_blocks(calls, 0, args.block, args.rounds, cpu=cpu)
     times = {name: list(zip(cpu[name], wall[name], strict=True)) for name in progs}
@@ -123,7 +138,8 @@ def main(argv=None) -> int:
         ratio = [y / x for x, y in zip(b, a, strict=True)]
         print(f"| {what} | {statistics.median(b):.3f} | {statistics.median(a):.3f} | "
               f"{statistics.median(ratio):.3f} [{min(ratio):.3f}, {max(ratio):.3f}] |")
-    it.close()
+    if args.tier == "device":
+        it.close()
     return 0
 
 

@@ -37,8 +37,16 @@ def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
             it.close()
     j = info.skeleton.num_joints
     assert {k: (v.shape, v.dtype) for k, v in a[0].items()} == {
+        "frames": ((8, cfg.window, 3 + 4 * j + 1), np.float32),
         "root_position": ((8, cfg.window, 3), np.float32), "rotations": ((8, cfg.window, j, 4), np.float32),
-        "length": ((8,), np.int32), "offsets": ((8, j, 3), np.float32)}
+        "lowest": ((8, cfg.window), np.float32), "length": ((8,), np.int32), "offsets": ((8, j, 3), np.float32)}
+    # The frame rows (one copy a row, what the wire carries) hold the span's leaves, which view them.
+    frames = a[0]["frames"]
+    for k, v in pipeline.split_frames(frames, j).items():
+        assert np.shares_memory(a[0][k], frames)
+        np.testing.assert_array_equal(a[0][k], v)
+    np.testing.assert_array_equal(frames[..., :3], a[0]["root_position"])
+    np.testing.assert_array_equal(frames[..., 3:-1].reshape(8, cfg.window, j, 4), a[0]["rotations"])
     assert all(np.isfinite(v).all() for v in a[0].values()) and (a[0]["length"] > 0).all()
     assert equal(a, b) and not equal(a, c)
 

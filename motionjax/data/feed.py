@@ -204,12 +204,12 @@ class Feed(grain.DatasetIterator):
                 self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
             j, s = info.skeleton.num_joints, self._augment.span
-            shapes = {"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
-                      "length": ((), np.int32), "offsets": ((j, 3), np.float32), "segment": ((), np.int32),
-                      "lowest": ((s,), np.float32)}
+            width = 3 + 4 * j + ("lowest" in span_keys)  # the frame rows (pipeline.frame_rows)
+            shapes = {"frames": ((s, width), np.float32), "length": ((), np.int32),
+                      "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
+            wire = ["frames"] + [k for k in span_keys if k in shapes]
             # Every span leaf in one array: one host-to-device transfer a batch.
-            packed = pipeline.Packed({k: shapes[k] for k in span_keys},
-                                     parallel.named_sharding(mesh, "batch"))
+            packed = pipeline.Packed({k: shapes[k] for k in wire}, parallel.named_sharding(mesh, "batch"))
             if self._loss_aware:
                 self._source = priority.LossAwareIterator(cfg, info, shardings=packed, seed=seed, **where)
             else:
@@ -217,7 +217,9 @@ class Feed(grain.DatasetIterator):
                                                             sampler=self.sampler, **where)
 
             def program(step, spans):
-                batch = self._augment(packed.unpack(spans["packed"]), augment.example_keys(seed, step, b))
+                spans = packed.unpack(spans["packed"])
+                spans.update(pipeline.split_frames(spans.pop("frames"), j))
+                batch = self._augment(spans, augment.example_keys(seed, step, b))
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             width = sum(packed.widths.values())

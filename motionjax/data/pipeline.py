@@ -28,7 +28,8 @@ The draws come from Grain's per-batch generator of the global batch, so spans de
 are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the consumer took, not
 those waiting in the buffers.
 
-Spans: ``{"root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
+Spans: ``{"frames" [B, S, W] float32 (the rows of :func:`frame_rows`, which the next three view),
+"root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
 ``data.bones = "clip"`` also ``"offsets" [B, J, 3]`` (each window's clip's rest offsets: its
 performer's bones), with loss-aware sampling ``"segment" [B]``, and when windows take their floor
 from their spans (:func:`transforms.floor_from_spans`) ``"lowest" [B, S]`` (each frame's lowest joint
@@ -260,6 +261,28 @@ class SegmentCache:
                 "evictions": self.evictions, "cached_mb": self.bytes / 2**20, "segments": len(self._items)}
 
 
+def frame_rows(root_position, rotations, lowest=None) -> np.ndarray:
+    """A segment's frames as rows: ``root_position [N, 3]``, ``rotations [N, J, 4]`` and optionally
+    each frame's floor ``lowest [N]`` -> ``[N, 3 + 4J (+ 1)]`` float32, in that order. The streamed
+    tier's spans travel in this layout (:meth:`SampleWindow.gather`): a span is one slice of its
+    segment's rows, and on the device the root and rotations are adjacent columns of one array, which
+    :func:`transforms.lerp_frames` gathers as whole rows with no concatenation (a pass over the span
+    of its own, ~0.3 ms of the headline autoencoder's ~2.5 ms streamed program on XLA:CPU)."""
+    parts = [root_position, rotations.reshape(len(rotations), -1)] + ([lowest[:, None]] if lowest is not None else [])
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def split_frames(frames, joints: int) -> dict:
+    """Frame rows ``[..., S, W]`` (:func:`frame_rows`) -> ``{"root_position" [..., S, 3], "rotations"
+    [..., S, J, 4]}``, with ``"lowest" [..., S]`` when ``W = 3 + 4J + 1``: views (numpy), or slices that
+    XLA fuses into their readers (jax)."""
+    r = 3 + 4 * joints
+    out = {"root_position": frames[..., :3], "rotations": frames[..., 3:r].reshape(*frames.shape[:-1], joints, 4)}
+    if frames.shape[-1] > r:
+        out["lowest"] = frames[..., r]
+    return out
+
+
 class SampleWindow:
     """``(slot, rng) -> span`` (or None for a bad record), one training draw.
 
@@ -294,15 +317,17 @@ class SampleWindow:
             records.check_clip(clip, self.skeleton)
             scores = transforms.segment_windows(clip["score"][begin:end], self.window)
             p = transforms.window_weights(scores, self.dynamics_sampling, self.num_windows, self.total_score)
-            segment = {"root_position": np.array(clip["root_position"][begin:end], np.float32),
-                       "rotations": np.array(clip["rotations"][begin:end], np.float32), "cdf": np.cumsum(p)}
+            root = np.asarray(clip["root_position"][begin:end], np.float32)
+            rotations = np.asarray(clip["rotations"][begin:end], np.float32)
+            segment = {"cdf": np.cumsum(p)}
             if self.bones is not None:
                 segment["offsets"] = np.asarray(clip.get("offsets", self.bones), np.float32)
+            lowest = None
             if self.floor:  # once a segment, on the bones its windows move on (as the resident corpus)
                 bones = segment.get("offsets", self.skeleton.offsets).astype(np.float64)
-                segment["lowest"] = transforms.frame_floor(
-                    self.skeleton, segment["root_position"].astype(np.float64),
-                    segment["rotations"].astype(np.float64), bones).astype(np.float32)
+                lowest = transforms.frame_floor(self.skeleton, root.astype(np.float64),
+                                                rotations.astype(np.float64), bones).astype(np.float32)
+            segment["frames"] = frame_rows(root, rotations, lowest)
             nbytes = sum(v.nbytes for v in segment.values())
             self.cache.put(key, segment, nbytes, float(scores.max()) if scores.size else 0.0)
         return segment
@@ -327,25 +352,21 @@ class SampleWindow:
     def gather(self, found, slots) -> dict:
         """The spans of ``found`` (:meth:`locate`'s ``(segment, start)`` of each row) and ``slots [b,
         4]`` (their first column names the segment, with ``name_segment``), stacked: each row's frames
-        are copied once, straight into the batch's arrays (:func:`transforms.read_span` into the row),
-        with no per-row arrays between."""
+        are copied once, as one slice of its segment's frame rows (:func:`frame_rows`) straight into
+        the batch's ``"frames" [b, S, W]`` (the frames past the segment's end repeat its last, as
+        :func:`transforms.read_span`); ``root_position``, ``rotations`` and ``lowest`` are views of it
+        (:func:`split_frames`)."""
         n, s = len(found), self.span
-        j = found[0][0]["rotations"].shape[1]
-        root = np.empty((n, s, 3), np.float32)
-        rotations = np.empty((n, s, j, 4), np.float32)
+        frames = np.empty((n, s, found[0][0]["frames"].shape[1]), np.float32)
         length = np.empty(n, np.int32)
-        lowest = np.empty((n, s), np.float32) if self.floor else None
         for r, (segment, start) in enumerate(found):
-            frames = segment["root_position"].shape[0]
-            transforms.read_span(segment["root_position"], segment["rotations"], start, frames, s,
-                                 out=(root[r], rotations[r]))
-            length[r] = frames - start
-            if lowest is not None:  # as read_span: frames past the end repeat the last
-                real = max(0, min(s, frames - start))
-                lowest[r, :real], lowest[r, real:] = segment["lowest"][start:start + real], segment["lowest"][-1]
-        out = {"root_position": root, "rotations": rotations, "length": length}
-        if lowest is not None:
-            out["lowest"] = lowest
+            rows = segment["frames"]
+            real = min(s, rows.shape[0] - start)  # frames inside the segment; the rest repeat its last
+            frames[r, :real] = rows[start:start + real]
+            if real < s:
+                frames[r, real:] = rows[-1]
+            length[r] = rows.shape[0] - start
+        out = {"frames": frames, **split_frames(frames, self.skeleton.num_joints), "length": length}
         if self.bones is not None:
             out["offsets"] = np.stack([segment["offsets"] for segment, _ in found])
         if self.name_segment:  # rows of segment_rows: the first column is the segment
