@@ -136,6 +136,21 @@ def test_a_packed_batch_is_one_transfer_and_unpacks_bit_for_bit(cfg, info):
     assert equal([back], [{k: spans[k] for k in keys}])
 
 
+def test_a_packed_batch_reaches_a_cpu_device_without_a_copy():
+    """Packed.pack's array starts at a 64-byte boundary, which XLA:CPU's device_put takes as the device
+    buffer itself (numpy's own arrays, 16-byte aligned, are copied): the streamed batch is not copied
+    a second time on its way to a CPU device. Fails if jax stops aliasing such arrays (the copy back)."""
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    packed = pipeline.Packed({"root_position": ((81, 3), np.float32), "length": ((), np.int32)}, one)
+    host = packed.pack({"root_position": np.ones((32, 81, 3), np.float32), "length": np.arange(32, dtype=np.int32)})
+    assert host.ctypes.data % pipeline.HOST_ALIGN == 0 and host.shape == (32, 244)
+    on_device = pipeline.to_global(packed, {"root_position": np.ones((32, 81, 3), np.float32),
+                                            "length": np.arange(32, dtype=np.int32)})["packed"]
+    assert on_device.addressable_data(0).unsafe_buffer_pointer() % pipeline.HOST_ALIGN == 0
+    assert jax.device_put(host, one).addressable_data(0).unsafe_buffer_pointer() == host.ctypes.data
+    np.testing.assert_array_equal(np.asarray(on_device), host)
+
+
 def test_one_worker_process_yields_the_in_process_stream(cfg, info):
     c = cfg.copy_and_resolve_references()
     c.prefetch = 0
