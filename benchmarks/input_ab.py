@@ -69,20 +69,23 @@ def stream_programs(old_module, cfg, info):
     compiled input programs ``(step, wire) -> {"noisy", "clean", "valid"}`` and :data:`SPAN_BATCHES`
     wires of the same span batches each. After: this tree's feed (:class:`feed.Feed`'s program and the
     wire its Grain source ships). Before: ``old_module``'s :class:`Augment` on the wire of before the
-    frame rows (every span leaf flattened one after another, :class:`pipeline.Packed`; no per-frame
-    floor), unpacked in the program as the feed of then did."""
+    frame rows (every span leaf flattened one after another, :class:`pipeline.Packed`, with the
+    per-frame floor where that revision's ``Augment`` reads it), unpacked in the program as the feed of
+    then did."""
     keys = ("noisy", "clean", "valid")
     it = feed.Feed(cfg, info, seed=0, mode="stream", keys=keys)
     after = [it.inputs()[0] for _ in range(SPAN_BATCHES)]
     it.close()
     j, s = info.skeleton.num_joints, it._augment.span
-    old = pipeline.Packed({"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
-                           "length": ((), np.int32), "offsets": ((j, 3), np.float32)},
-                          parallel.named_sharding(feed.one_device_mesh(), "batch"))
+    aug = old_module.Augment(cfg, info)
+    leaves = {"root_position": ((s, 3), np.float32), "rotations": ((s, j, 4), np.float32),
+              "length": ((), np.int32), "offsets": ((j, 3), np.float32)}
+    if getattr(aug, "floor_from_span", False):  # a revision whose streamed spans carried the floor
+        leaves["lowest"] = ((s,), np.float32)
+    old = pipeline.Packed(leaves, parallel.named_sharding(feed.one_device_mesh(), "batch"))
     spans = pipeline.make_train_iterator(cfg, info, seed=0)
     before = [{"packed": jax.device_put(old.pack(next(spans)), old.sharding)} for _ in range(SPAN_BATCHES)]
     spans.close()
-    aug = old_module.Augment(cfg, info)
 
     def run(step, wire):
         batch = aug(old.unpack(wire["packed"]), old_module.example_keys(0, step, cfg.batch_size))

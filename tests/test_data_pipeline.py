@@ -39,7 +39,8 @@ def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
     assert {k: (v.shape, v.dtype) for k, v in a[0].items()} == {
         "frames": ((8, cfg.window, 3 + 4 * j + 1), np.float32),
         "root_position": ((8, cfg.window, 3), np.float32), "rotations": ((8, cfg.window, j, 4), np.float32),
-        "lowest": ((8, cfg.window), np.float32), "length": ((8,), np.int32), "offsets": ((8, j, 3), np.float32)}
+        "lowest": ((8, cfg.window), np.float32), "length": ((8,), np.int32),
+        "offsets": ((8, j, 3), np.float32)}
     # The frame rows (one copy a row, what the wire carries) hold the span's leaves, which view them.
     frames = a[0]["frames"]
     for k, v in pipeline.split_frames(frames, j).items():
@@ -142,10 +143,10 @@ def test_a_packed_batch_reaches_a_cpu_device_without_a_copy():
     a second time on its way to a CPU device. Fails if jax stops aliasing such arrays (the copy back)."""
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     packed = pipeline.Packed({"root_position": ((81, 3), np.float32), "length": ((), np.int32)}, one)
-    host = packed.pack({"root_position": np.ones((32, 81, 3), np.float32), "length": np.arange(32, dtype=np.int32)})
+    batch = {"root_position": np.ones((32, 81, 3), np.float32), "length": np.arange(32, dtype=np.int32)}
+    host = packed.pack(batch)
     assert host.ctypes.data % pipeline.HOST_ALIGN == 0 and host.shape == (32, 244)
-    on_device = pipeline.to_global(packed, {"root_position": np.ones((32, 81, 3), np.float32),
-                                            "length": np.arange(32, dtype=np.int32)})["packed"]
+    on_device = pipeline.to_global(packed, batch)["packed"]
     assert on_device.addressable_data(0).unsafe_buffer_pointer() % pipeline.HOST_ALIGN == 0
     assert jax.device_put(host, one).addressable_data(0).unsafe_buffer_pointer() == host.ctypes.data
     np.testing.assert_array_equal(np.asarray(on_device), host)

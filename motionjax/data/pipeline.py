@@ -268,7 +268,8 @@ def frame_rows(root_position, rotations, lowest=None) -> np.ndarray:
     segment's rows, and on the device the root and rotations are adjacent columns of one array, which
     :func:`transforms.lerp_frames` gathers as whole rows with no concatenation (a pass over the span
     of its own, ~0.3 ms of the headline autoencoder's ~2.5 ms streamed program on XLA:CPU)."""
-    parts = [root_position, rotations.reshape(len(rotations), -1)] + ([lowest[:, None]] if lowest is not None else [])
+    parts = [root_position, rotations.reshape(len(rotations), -1)]
+    parts += [lowest[:, None]] if lowest is not None else []
     return np.concatenate(parts, axis=1).astype(np.float32)
 
 
@@ -277,7 +278,8 @@ def split_frames(frames, joints: int) -> dict:
     [..., S, J, 4]}``, with ``"lowest" [..., S]`` when ``W = 3 + 4J + 1``: views (numpy), or slices that
     XLA fuses into their readers (jax)."""
     r = 3 + 4 * joints
-    out = {"root_position": frames[..., :3], "rotations": frames[..., 3:r].reshape(*frames.shape[:-1], joints, 4)}
+    out = {"root_position": frames[..., :3],
+           "rotations": frames[..., 3:r].reshape(*frames.shape[:-1], joints, 4)}
     if frames.shape[-1] > r:
         out["lowest"] = frames[..., r]
     return out
