@@ -304,7 +304,7 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         "nonfinite_restores": run.guard.restores,
         "params": int(sum(x.size for x in jax.tree.leaves(run.state["params"]))),
     }
-    if isinstance(run.iterator, feed.Feed):  # where the corpus lived, its setup, its own program's compile, cache hits
+    if isinstance(run.iterator, feed.Feed):  # where the corpus lived, its setup, compile, cache hits
         summary["input"] = {"residency": run.iterator.mode, "setup_s": run.iterator.setup_s,
                             "compile_s": run.iterator.compile_s,
                             "cache": run.iterator.stats()}
