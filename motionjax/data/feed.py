@@ -155,7 +155,10 @@ class Feed(grain.DatasetIterator):
     stream tier picks its workers, ``data.worker_count = -1``: :func:`auto_workers`).
 
     ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
-    (``data.loss_sampling``). ``compile_s``: seconds compiling the augmentation program;
+    (``data.loss_sampling``). ``setup_s``: seconds setting the feed up (the resident corpus loaded);
+    ``compile_s``: seconds compiling its own program, at the first ``next()`` (None before: the
+    trainer's fed step, :meth:`motionjax.train.step.Step.fed`, traces :attr:`draw` into its program
+    and never compiles this one);
     :meth:`stats`: the host cache's hits (stream, in-process workers only).
     """
 
@@ -226,12 +229,16 @@ class Feed(grain.DatasetIterator):
             args = (np.int32(0),
                     {"packed": jax.ShapeDtypeStruct((b, width), np.float32, sharding=packed.sharding)})
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
-        jitted = jax.jit(program, out_shardings={k: out[k] for k in keys})
-        self._program = jitted.lower(*args).compile()
-        self.compile_s = time.perf_counter() - start
+        self._jitted, self._args = jax.jit(program, out_shardings={k: out[k] for k in keys}), args
+        self._program, self.compile_s = None, None
+        self.setup_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------
     def __next__(self) -> dict:
+        if self._program is None:  # compiled at the first next(): a fed train step traces draw in instead
+            start = time.perf_counter()
+            self._program = self._jitted.lower(*self._args).compile()
+            self.compile_s = time.perf_counter() - start
         return self._program(np.int32(self.served), *self.inputs())
 
     def inputs(self) -> tuple:

@@ -95,9 +95,9 @@ def abstract(tree):
 def _fmix(h):
     """murmur3's 32-bit finalizer: every input bit reaches every output bit."""
     h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
+    h = h * np.uint32(0x85EBCA6B)
     h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
+    h = h * np.uint32(0xC2B2AE35)
     return h ^ (h >> 16)
 
 
@@ -112,17 +112,24 @@ def _words(x):
     return jnp.ravel(jax.lax.bitcast_convert_type(x, unsigned)).astype(jnp.uint32)
 
 
+_SEEDS = np.array([[1], [0x7F4A7C15]], np.uint32)  # [2, 1]: the two sums' seeds
+
+
+@jax.jit
+def _leaf_digest(x):
+    """``uint32 [2]``: sums of mixed (word, position) hashes, two seeds. Modular sums do not depend on
+    the order of the reduction, so any sharding of the array gives the same digest. Jitted on its own
+    so that :func:`_leaf_digests` traces it once per distinct leaf shape, not once per leaf."""
+    w = _words(x)
+    i = jax.lax.iota(jnp.uint32, w.size)
+    return jnp.sum(_fmix(w ^ _fmix(i * np.uint32(0x9E3779B9) + _SEEDS)), axis=1, dtype=jnp.uint32)
+
+
 @jax.jit
 def _leaf_digests(leaves):
-    """Per array ``uint32 [2]``: sums of mixed (word, position) hashes, two seeds. Modular sums do not
-    depend on the order of the reduction, so any sharding of the array gives the same digest."""
-    out = []
-    for x in leaves:
-        w = _words(x)
-        i = jnp.arange(w.size, dtype=jnp.uint32)
-        out.append(jnp.stack([jnp.sum(_fmix(w ^ _fmix(i * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))),
-                                      dtype=jnp.uint32) for seed in (1, 0x7F4A7C15)]))
-    return out
+    """:func:`_leaf_digest` of each array, in one program (one dispatch, one compile: a state's
+    optimizer moments repeat its parameters' shapes, so the traces are few)."""
+    return [_leaf_digest(x) for x in leaves]
 
 
 def state_digest(state) -> dict:

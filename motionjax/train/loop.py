@@ -304,8 +304,9 @@ def _finish(run: _Run, done: int, interrupted: str | None, stopped_early: bool) 
         "nonfinite_restores": run.guard.restores,
         "params": int(sum(x.size for x in jax.tree.leaves(run.state["params"]))),
     }
-    if isinstance(run.iterator, feed.Feed):  # where the corpus lived, the input program's compile, cache hits
-        summary["input"] = {"residency": run.iterator.mode, "compile_s": run.iterator.compile_s,
+    if isinstance(run.iterator, feed.Feed):  # where the corpus lived, its setup, compile, cache hits
+        summary["input"] = {"residency": run.iterator.mode, "setup_s": run.iterator.setup_s,
+                            "compile_s": run.iterator.compile_s,
                             "cache": run.iterator.stats()}
     if check:
         summary["input_overhead"], summary["input_check"] = check["input_overhead"], check
