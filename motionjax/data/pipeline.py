@@ -356,17 +356,14 @@ class SampleWindow:
         4]`` (their first column names the segment, with ``name_segment``), stacked: each row's frames
         are copied once, as one slice of its segment's frame rows (:func:`frame_rows`) straight into
         the batch's ``"frames" [b, S, W]`` (the frames past the segment's end repeat its last, as
-        :func:`transforms.read_span`); ``root_position``, ``rotations`` and ``lowest`` are views of it
+        :func:`transforms.read_rows`); ``root_position``, ``rotations`` and ``lowest`` are views of it
         (:func:`split_frames`)."""
         n, s = len(found), self.span
         frames = np.empty((n, s, found[0][0]["frames"].shape[1]), np.float32)
         length = np.empty(n, np.int32)
         for r, (segment, start) in enumerate(found):
             rows = segment["frames"]
-            real = min(s, rows.shape[0] - start)  # frames inside the segment; the rest repeat its last
-            frames[r, :real] = rows[start:start + real]
-            if real < s:
-                frames[r, real:] = rows[-1]
+            transforms.read_rows(rows, start, rows.shape[0], s, out=frames[r])
             length[r] = rows.shape[0] - start
         out = {"frames": frames, **split_frames(frames, self.skeleton.num_joints), "length": length}
         if self.bones is not None:

@@ -124,20 +124,26 @@ def span_frames(window: int, speed_range: float = 1.0) -> int:
     return window if speed_range == 1.0 else int(np.ceil((window - 1) * speed_range)) + 2
 
 
+def read_rows(rows, start, end, frames: int, out=None):
+    """``frames`` rows of ``rows [T, ...]`` from ``start``, the rows past the segment ``end`` (exclusive)
+    repeating row ``end - 1``: ``[frames, ...]``, written into ``out`` when given (e.g. a batch's row:
+    the span copied once, as slices, with no array of its own)."""
+    if out is None:
+        out = np.empty((frames, *rows.shape[1:]), rows.dtype)
+    real = max(0, min(frames, end - start))  # frames inside the segment; the rest repeat its last
+    out[:real] = rows[start:start + real]
+    if real < frames:
+        out[real:] = rows[end - 1]
+    return out
+
+
 def read_span(root_position, rotations, start, end, frames: int, out=None):
     """``frames`` frames of clips ``[T, 3]``, ``[T, J, 4]`` from ``start``, the frames past the segment
-    ``end`` (exclusive) repeating frame ``end - 1``: ``(root [frames, 3], rotations [frames, J, 4])``,
-    written into ``out`` when given (e.g. a batch's rows: the span copied once, as slices, with no
-    arrays of its own)."""
-    if out is None:
-        out = (np.empty((frames, *root_position.shape[1:]), root_position.dtype),
-               np.empty((frames, *rotations.shape[1:]), rotations.dtype))
-    root, rot = out
-    real = max(0, min(frames, end - start))  # frames inside the segment; the rest repeat its last
-    root[:real], rot[:real] = root_position[start:start + real], rotations[start:start + real]
-    if real < frames:
-        root[real:], rot[real:] = root_position[end - 1], rotations[end - 1]
-    return out
+    ``end`` (exclusive) repeating frame ``end - 1`` (:func:`read_rows` of each): ``(root [frames, 3],
+    rotations [frames, J, 4])``, written into ``out`` when given."""
+    root_out, rot_out = (None, None) if out is None else out
+    return (read_rows(root_position, start, end, frames, root_out),
+            read_rows(rotations, start, end, frames, rot_out))
 
 
 def read_window(root_span, rot_span, length, window: int, speed=None):
