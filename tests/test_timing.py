@@ -171,11 +171,14 @@ def test_time_blocks_shuffles_the_order_each_round_and_records_each_step():
     assert firsts == {"a", "b", "c"}
     for name in calls:
         assert len(steps[name]) == 12 and all(len(b) == 3 for b in steps[name])
-        assert np.allclose([sum(b) / 3 for b in steps[name]], seconds[name], rtol=0.05, atol=2e-4)
+        marked = np.array([sum(b) for b in steps[name]])  # from the block's start to its last mark
+        assert np.all(marked <= 3 * np.array(seconds[name]) + 1e-9)
+        assert marked.sum() >= 0.95 * 3 * sum(seconds[name])
     steps = {}
     timing.time_blocks(calls, 0, 3, 2, steps=steps, lag=0)
     assert min(min(b) for b in steps["a"]) >= 0.004
-    assert np.mean(steps["a"]) > 1.3 * np.mean(steps["b"])  # 4 ms a step against 2
+    assert np.median(steps["a"]) > 1.5 * np.median(steps["b"])  # 4 ms a step against 2 (a loaded host
+    # stretches a sleep now and then: the median)
     ran.clear()
     timing.time_blocks(calls, 0, 2, 3)
     assert ran[3:] == ["a", "a", "b", "b", "c", "c"] * 3
