@@ -42,27 +42,46 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1,
 
 
 def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = None,
-                threads: dict | None = None) -> dict:
+                threads: dict | None = None, steps: dict | None = None, shuffle: int | None = None,
+                lag: int = 2) -> dict:
     """Seconds per step of each of ``calls`` (``call(state) -> (state, *what it read)``), timed in
     blocks of ``block`` steps, round-robin ``rounds`` times (a load change on a shared host hits every
     call alike), each call warmed first; ``{name: [seconds per step of each block]}``. ``state`` is
-    donated: pass a copy. ``cpu``: a dict that gets this process's CPU seconds per step the same way
-    (on a CPU backend the device's work too; unlike wall time, not stretched by other processes).
+    donated: pass a copy. A block starts on an idle device and ends when its last step is done; inside
+    it each step's outputs are waited for ``lag`` steps after its dispatch (as the trainer reads its
+    metrics), so the device has that many steps queued, and the wait's end marks the step done
+    (exact while the host dispatches faster than the device runs steps).
+    ``cpu``: a dict that gets this process's CPU seconds per step the same way (on a CPU backend the
+    device's work too; unlike wall time, not stretched by other processes).
     ``threads``: a dict that gets ``{name: {thread kind: CPU seconds per step, mean over rounds}}``
-    (:func:`thread_cpu`: XLA's compute threads, the main thread, an input pipeline's threads)."""
+    (:func:`thread_cpu`: XLA's compute threads, the main thread, an input pipeline's threads).
+    ``steps``: a dict that gets ``{name: [[seconds of each step] of each block]}``, from one step's
+    mark to the next's (the first from the block's start).
+    ``shuffle``: a seed; each round then runs the calls in its own random order (no call always
+    follows the same one), else in ``calls``' order."""
     for call in calls.values():
         state = jax.block_until_ready(call(state)[0])
     seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
+    rng = None if shuffle is None else np.random.default_rng(shuffle)
     for _ in range(rounds):
-        for name, call in calls.items():
+        for name in list(calls) if rng is None else [str(n) for n in rng.permutation(list(calls))]:
+            call = calls[name]
             before = thread_cpu() if threads is not None else None
-            keep, t, c = [], time.perf_counter(), time.process_time()
-            for _ in range(block):
+            keep, marks, t, c = [], [], time.perf_counter(), time.process_time()
+            for i in range(block):
                 state, *rest = call(state)
                 keep.append(rest)  # every input lives until its step has run (XLA:CPU)
+                if i >= lag:
+                    jax.block_until_ready(keep[i - lag])
+                    marks.append(time.perf_counter())
+            for rest in keep[len(marks):]:
+                jax.block_until_ready(rest)
+                marks.append(time.perf_counter())
             jax.block_until_ready((state, keep))
             seconds[name].append((time.perf_counter() - t) / block)
             cpu.setdefault(name, []).append((time.process_time() - c) / block)
+            if steps is not None:
+                steps.setdefault(name, []).append(np.diff([t, *marks]).tolist())
             if threads is not None:
                 kinds = threads.setdefault(name, {})
                 for tid, (kind, used) in thread_cpu().items():
@@ -93,6 +112,31 @@ def thread_cpu() -> dict:
         kind = "main" if tid == main else named.get(tid, stat[stat.index("(") + 1:stat.rindex(")")])
         out[tid] = (kind.split("-")[0].strip() or kind, (int(fields[11]) + int(fields[12])) / tick)
     return out
+
+
+def spread(blocks) -> dict:
+    """Where the spread of a block's time comes from, from :func:`time_blocks`' ``steps`` of one call
+    (``[[seconds of each step] of each block]``, blocks of equal length ``n``):
+    ``step_cv`` (all steps' std / mean), ``within_cv`` (the pooled std of steps about their block's
+    mean, / mean), ``block_cv`` (the blocks' means' std / mean) and ``independent_block_cv =
+    within_cv / sqrt(n)``, what ``block_cv`` would be if steps were independent: ``block_cv`` well
+    above it says the load moves between blocks (drift; pairing adjacent blocks helps), near it that
+    each step's jitter dominates (only more steps help); ``lag1``, the correlation of consecutive
+    steps' deviations from their block's mean; ``p50`` / ``p99`` of the steps (s); ``tail_share``, the
+    share of the time spent in steps above twice the median. Stds with ``ddof=1``."""
+    x = np.asarray(blocks, np.float64)
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2:
+        raise ValueError(f"spread needs >= 2 blocks of >= 2 steps each, got shape {x.shape}")
+    mean, means = x.mean(), x.mean(axis=1)
+    dev = x - means[:, None]
+    within = np.sqrt((dev ** 2).sum() / (x.size - x.shape[0]))
+    lag1 = float((dev[:, 1:] * dev[:, :-1]).sum() / (dev ** 2).sum()) if (dev ** 2).sum() > 0 else 0.0
+    return {"step_cv": float(x.std(ddof=1) / mean), "within_cv": float(within / mean),
+            "block_cv": float(means.std(ddof=1) / mean),
+            "independent_block_cv": float(within / mean / np.sqrt(x.shape[1])), "lag1": lag1,
+            "p50": float(np.median(x)), "p99": float(np.percentile(x, 99)),
+            "tail_share": float(x[x > 2 * np.median(x)].sum() / x.sum()), "blocks": int(x.shape[0]),
+            "steps": int(x.shape[1])}
 
 
 def overhead(seconds: dict, arm: str, base: str = "fixed") -> dict:

@@ -1,6 +1,7 @@
 """motionjax.timing.overhead: what one way of feeding a step costs over another, from blocks timed
 round-robin, with an interval over rounds that covers the true cost."""
 import numpy as np
+import pytest
 
 from motionjax import timing
 
@@ -105,3 +106,79 @@ def test_time_blocks_puts_each_ways_cpu_on_the_thread_that_spent_it():
     assert 0.01 <= threads["helped"]["helper"] <= 0.05 and threads["main"].get("helper", 0) < 0.005
     assert 0.01 <= threads["main"]["main"] <= 0.05 and threads["helped"]["main"] < 0.01
     assert min(cpu["helped"]) >= 0.015 and min(cpu["main"]) >= 0.015  # the process's CPU counts both
+
+
+def test_spread_matches_numpy_on_a_small_array():
+    """Each figure against its numpy formula: pooled within-block std as the mean of the blocks' own
+    variances (equal blocks), block cv from the blocks' means, lag-1 from the deviations' products."""
+    rng = np.random.default_rng(1)
+    x = rng.gamma(4.0, 0.05, size=(7, 5))
+    s = timing.spread(x.tolist())
+    mean = x.mean()
+    assert np.isclose(s["step_cv"], np.std(x, ddof=1) / mean)
+    assert np.isclose(s["within_cv"], np.sqrt(np.mean(np.var(x, axis=1, ddof=1))) / mean)
+    assert np.isclose(s["block_cv"], np.std(x.mean(axis=1), ddof=1) / mean)
+    assert np.isclose(s["independent_block_cv"], s["within_cv"] / np.sqrt(5))
+    d = x - x.mean(axis=1, keepdims=True)
+    assert np.isclose(s["lag1"], np.sum(d[:, 1:] * d[:, :-1]) / np.sum(d * d))
+    assert np.isclose(s["p50"], np.median(x)) and np.isclose(s["p99"], np.percentile(x, 99))
+    assert np.isclose(s["tail_share"], x[x > 2 * np.median(x)].sum() / x.sum())
+    assert (s["blocks"], s["steps"]) == (7, 5)
+
+
+def test_spread_tells_per_step_jitter_from_drift_between_blocks():
+    """Independent steps: the blocks' cv is what the steps' jitter predicts (within 20%), lag-1 ~0.
+    The same steps with a load that moves between blocks (+-10%): the blocks' cv well above it. Steps
+    that follow each other (AR(1), 0.6): lag-1 clearly positive."""
+    rng = np.random.default_rng(2)
+    steps = 0.25 * (1 + 0.1 * rng.standard_normal((400, 10)))
+    s = timing.spread(steps)
+    assert abs(s["block_cv"] / s["independent_block_cv"] - 1) < 0.2 and abs(s["lag1"]) < 0.1
+    drift = steps * rng.uniform(0.9, 1.1, size=(400, 1))
+    d = timing.spread(drift)
+    assert d["block_cv"] > 1.5 * d["independent_block_cv"]
+    e = np.zeros((400, 10))
+    for i in range(1, 10):
+        e[:, i] = 0.6 * e[:, i - 1] + rng.standard_normal(400)
+    assert timing.spread(1 + 0.05 * e)["lag1"] > 0.3
+
+
+def test_spread_names_a_bad_shape():
+    with pytest.raises(ValueError, match="shape"):
+        timing.spread([[0.1, 0.2]])
+
+
+def test_time_blocks_shuffles_the_order_each_round_and_records_each_step():
+    """With ``shuffle`` the calls run in another order each round (each call first in some round), without
+    it in ``calls``' order; ``steps`` holds each block's steps, which add up to the block's time. These
+    calls finish before they return (no device queue), so with ``lag=0`` each step's time is its own."""
+    import time
+
+    ran = []
+
+    def sleeper(name, seconds):
+        def call(state):
+            ran.append(name)
+            time.sleep(seconds)
+            return (state + 1, name)
+        return call
+
+    calls = {"a": sleeper("a", 0.004), "b": sleeper("b", 0.002), "c": sleeper("c", 0.002)}
+    steps = {}
+    seconds = timing.time_blocks(calls, 0, 3, 12, steps=steps, shuffle=0)
+    timed = ran[3:]  # after the warm-up call of each
+    firsts = {timed[9 * r] for r in range(12)}
+    assert firsts == {"a", "b", "c"}
+    for name in calls:
+        assert len(steps[name]) == 12 and all(len(b) == 3 for b in steps[name])
+        marked = np.array([sum(b) for b in steps[name]])  # from the block's start to its last mark
+        assert np.all(marked <= 3 * np.array(seconds[name]) + 1e-9)
+        assert marked.sum() >= 0.95 * 3 * sum(seconds[name])
+    steps = {}
+    timing.time_blocks(calls, 0, 3, 2, steps=steps, lag=0)
+    assert min(min(b) for b in steps["a"]) >= 0.004
+    assert np.median(steps["a"]) > 1.5 * np.median(steps["b"])  # 4 ms a step against 2 (a loaded host
+    # stretches a sleep now and then: the median)
+    ran.clear()
+    timing.time_blocks(calls, 0, 2, 3)
+    assert ran[3:] == ["a", "a", "b", "b", "c", "c"] * 3
