@@ -1,5 +1,6 @@
 """The trainer: sharded == unsharded steps, the non-finite guard, exact resume after kill -9,
 SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices)."""
+import contextlib
 import io
 import json
 import re
@@ -162,14 +163,23 @@ def _checkpoint(workdir, step):
     return jax.tree.map(np.asarray, {k: state[k] for k in ("params", "opt_state")})
 
 
-def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir, monkeypatch, capsys):
-    """``train.max_nonfinite_steps = 2`` non-finite steps in a row (NaN inputs at steps 3 and 4) bring
-    back the model and optimizer of the last checkpoint (step 2); training goes on with the next
-    batches, and the count of skipped steps survives the restore. (The runlocal schedule, 6 steps: its
-    steps are compiled once for this file and the trainer subprocesses of the suite.)"""
+@pytest.fixture(scope="module")
+def guarded_auto_batch_run(tmp_path_factory, data_dir):
+    """One in-process run of the runlocal schedule (6 steps) that two tests read: ``data.auto_batch =
+    "memory"`` from a configured batch of 16 under a per-device memory limit that fits exactly one
+    window per device (so the trainer must resolve it to 8), and NaN inputs at steps 3 and 4 with
+    ``train.max_nonfinite_steps = 2`` and a checkpoint every 2 steps. (Two runs before, one per test:
+    the batch the trainer resolves does not touch the non-finite guard, nor the guard the batch.)
+    Returns ``(workdir, summary, what it printed, config, (the probe, the limit))``."""
+    from motionjax.train import batch_finder
+
+    workdir = tmp_path_factory.mktemp("guarded") / "run"
     config = runlocal_config(data_dir)
     config.train.update(checkpoint_every=2, eval_every=6, keep_checkpoints=10, max_nonfinite_steps=2)
     config.evals.final.splits = ("validation",)
+    info = pipeline.dataset_info(config.data)
+    probe = batch_finder.StepProbe.for_trainer(config, info)
+    limit = probe.memory(1).peak  # per-device batch 1 fits exactly, 2 does not
     make_iterator = train.make_iterator
 
     def poisoned(config, info, mesh, **kwargs):
@@ -180,15 +190,27 @@ def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(tmp_path, data_dir
         finally:
             iterator.close()
 
-    monkeypatch.setattr(loop, "make_iterator", poisoned)
-    summary = train.train_and_evaluate(config, tmp_path / "run")
+    config.data.update(auto_batch="memory", batch_size=16)  # 16 were trained if auto_batch were ignored
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(loop, "make_iterator", poisoned)
+        patch.setattr(batch_finder, "device_memory_limit", lambda: limit)
+        summary = train.train_and_evaluate(config, workdir)
+    return workdir, summary, printed.getvalue(), config, (probe, limit)
+
+
+def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(guarded_auto_batch_run):
+    """``train.max_nonfinite_steps = 2`` non-finite steps in a row (NaN inputs at steps 3 and 4) bring
+    back the model and optimizer of the last checkpoint (step 2); training goes on with the next
+    batches, and the count of skipped steps survives the restore. (The runlocal schedule, 6 steps: its
+    steps are compiled once for this file and the trainer subprocesses of the suite.)"""
+    workdir, summary, printed, _, _ = guarded_auto_batch_run
     assert summary["status"] == "done" and summary["steps"] == 6
     assert summary["nonfinite_steps"] == 2 and summary["nonfinite_restores"] == 1
-    assert "step 4: 2 non-finite steps in a row; restored the model and optimizer of step 2" in \
-        capsys.readouterr().out
+    assert "step 4: 2 non-finite steps in a row; restored the model and optimizer of step 2" in printed
     assert summary["history"]["train/nonfinite_total"] == [(s, float(s >= 3) + float(s >= 4))
                                                              for s in range(1, 7)]
-    restored, before, after = (_checkpoint(tmp_path / "run", s) for s in (4, 2, 6))
+    restored, before, after = (_checkpoint(workdir, s) for s in (4, 2, 6))
     jax.tree.map(np.testing.assert_array_equal, restored, before)  # step 4 saved the restored state
     moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), after["params"], restored["params"])
     assert any(jax.tree.leaves(moved))  # and training went on from it
@@ -356,25 +378,15 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
     jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
 
 
-def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(tmp_path, data_dir, monkeypatch):
+def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(guarded_auto_batch_run):
     """``data.auto_batch="memory"`` is honoured by the trainer itself (not only scripts/train.py): the
-    run trains at the largest global batch whose compiled step fits the per-device memory limit."""
-    from motionjax.train import batch_finder
-
-    config = runlocal_config(data_dir)
-    # The runlocal schedule (6 steps), as test_nonfinite_steps_in_a_row_...'s run: its plain step is this
-    # probe's at per-device batch 1, compiled once for both (the session's compilation cache).
-    config.train.update(eval_every=6, checkpoint_every=6)
-    config.evals.final.splits = ("validation",)
-    info = pipeline.dataset_info(config.data)
-    probe = batch_finder.StepProbe.for_trainer(config, info)
-    limit = probe.memory(1).peak  # per-device batch 1 fits exactly, 2 does not
-    assert probe.memory(2).peak > limit
-    monkeypatch.setattr(batch_finder, "device_memory_limit", lambda: limit)
-    config.data.auto_batch = "memory"
-    summary = train.train_and_evaluate(config, tmp_path / "run")
+    run trains at the largest global batch whose compiled step fits the per-device memory limit (one
+    window per device here: 8, where the config said 16). The run is the non-finite guard's above."""
+    workdir, summary, printed, config, (probe, limit) = guarded_auto_batch_run
+    assert probe.memory(2).peak > limit  # per-device batch 2 does not fit (1 does: the limit is its peak)
     assert summary["status"] == "done" and config.data.batch_size == jax.device_count()
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["batch_size"] == 8
+    assert "data.auto_batch=memory: data.batch_size=8" in printed, printed[-2000:]
+    assert json.loads((workdir / "config.json").read_text())["data"]["batch_size"] == 8
 
 
 def test_grad_accum_steps_average_micro_batches_into_one_update():
