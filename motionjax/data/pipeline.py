@@ -326,9 +326,8 @@ class SampleWindow:
                 segment["offsets"] = np.asarray(clip.get("offsets", self.bones), np.float32)
             lowest = None
             if self.floor:  # once a segment, on the bones its windows move on (as the resident corpus)
-                bones = segment.get("offsets", self.skeleton.offsets).astype(np.float64)
-                lowest = transforms.frame_floor(self.skeleton, root.astype(np.float64),
-                                                rotations.astype(np.float64), bones).astype(np.float32)
+                lowest = transforms.stored_floor(self.skeleton, root, rotations,
+                                                 segment.get("offsets", self.skeleton.offsets))
             segment["frames"] = frame_rows(root, rotations, lowest)
             nbytes = sum(v.nbytes for v in segment.values())
             self.cache.put(key, segment, nbytes, float(scores.max()) if scores.size else 0.0)

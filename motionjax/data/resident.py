@@ -104,9 +104,7 @@ def load_corpus(info: DatasetInfo, cfg, source, shares: np.ndarray) -> Corpus:
         offsets.append(np.asarray(clip.get("offsets", info.skeleton.offsets), np.float32))
         # On the bones the windows move on: the clip's, or with data.bones = "canonical" the dataset's.
         bones = offsets[-1] if cfg.bones == "clip" else info.skeleton.offsets
-        lows.append(transforms.frame_floor(info.skeleton, roots[-1].astype(np.float64),
-                                           rots[-1].astype(np.float64), np.asarray(bones, np.float64)
-                                           ).astype(np.float32))
+        lows.append(transforms.stored_floor(info.skeleton, roots[-1], rots[-1], bones))
         firsts.append(frame)
         lengths.append(end - begin)
         frame += end - begin

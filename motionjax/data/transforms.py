@@ -285,6 +285,14 @@ def frame_floor(skeleton: Skeleton, root_position, rotations, offsets=None):
     return pos[skeleton.up_axis].min(axis=0)
 
 
+def stored_floor(skeleton: Skeleton, root_position, rotations, offsets) -> np.ndarray:
+    """``[T]`` float32: :func:`frame_floor` of a segment's frames ``root_position [T, 3]``, ``rotations
+    [T, J, 4]`` as the input path keeps it beside them (the resident corpus's ``lowest``, the streamed
+    host cache's): FK in float64 on ``offsets [J, 3]``, the bones its windows move on."""
+    return frame_floor(skeleton, np.asarray(root_position, np.float64), np.asarray(rotations, np.float64),
+                       np.asarray(offsets, np.float64)).astype(np.float32)
+
+
 def canonicalize(skeleton: Skeleton, root_position, rotations, *, floor: bool = True, scale: float = 1.0,
                  offsets=None, floor_frames: int = 0, lowest=None):
     """Express windows ``[..., T, 3]``, ``[..., T, J, 4]`` in their own start frame.
