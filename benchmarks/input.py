@@ -46,7 +46,8 @@ fast accelerator, where an input cost shows first; its figure is ``other``, what
 path costs over the fixed step's (everything but the input's compute).
 ``--check`` exits 1 when a case's figure (the chosen estimator's mean) passes its threshold
 (:data:`CASES`); the row's ``check`` also says whether the interval decided it (``decided``) and the
-null arm's half-width (``resolution``). Writes ``input.json`` and prints the table. Ratios within one process are what count on a shared machine.
+null arm's half-width (``resolution``). Writes ``input.json`` and prints the table. Ratios within one
+process are what count on a shared machine.
 """
 from __future__ import annotations
 
@@ -156,9 +157,9 @@ def warm_host_cache(it, block: int = 50, most: int = 2000) -> dict | None:
 
 # Each figure: (the arm, what it is against). ``null``: the fixed step timed again as its own arm, the
 # measurement's resolution in the same run (its true value is 0).
-FIGURES = {"input_overhead": ("fed", "fixed"), "null": ("fixed_again", "fixed"), "other": ("fed_fixed", "fixed"),
-           "input_in_step": ("fed", "fed_fixed"), "separate_overhead": ("separate", "fixed"),
-           "before_overhead": ("before", "before_fixed")}
+FIGURES = {"input_overhead": ("fed", "fixed"), "null": ("fixed_again", "fixed"),
+           "other": ("fed_fixed", "fixed"), "input_in_step": ("fed", "fed_fixed"),
+           "separate_overhead": ("separate", "fixed"), "before_overhead": ("before", "before_fixed")}
 # The estimator the figures and the check use: "wall", steps/s as the issue defines the overhead, or
 # "cpu", this process's CPU time per step (on a CPU backend the device's work and every host thread's).
 # The CPU figure's null interval was the narrower (docs/input.md, ninth pass: 0.65x under load, 0.8-0.9x
@@ -278,9 +279,9 @@ def _pct(row: dict, key: str, kind: str | None = None) -> str:
 def markdown(result: dict) -> str:
     kind = result.get("estimator", ESTIMATOR)
     other = "cpu" if kind == "wall" else "wall"
-    lines = [f"Input overhead: fed vs fixed batch, {result['rounds']} blocks each in a random order each round, "
-             f"in one process; {kind} time per step, mean over rounds [95% interval over rounds]; null: the "
-             f"fixed step timed again as its own arm, the run's resolution ({result['backend']}, "
+    lines = [f"Input overhead: fed vs fixed batch, {result['rounds']} blocks each in a random order each "
+             f"round, in one process; {kind} time per step, mean over rounds [95% interval over rounds]; "
+             f"null: the fixed step timed again as its own arm, the run's resolution ({result['backend']}, "
              f"{result['cores']} cores, {result['date']})", "",
              f"| case / tier | fixed step ms | **input overhead** ({kind}) | null ({kind}) | input overhead "
              f"({other}) | null ({other}) | of which the input's compute | other (host, dispatch, syncs) "

@@ -104,8 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=40)
     p.add_argument("--tier", choices=("device", "stream"), default="device",
                    help="device: the resident program (window draw and gather, then the transforms); stream: "
-                        "the streamed tier's (%d span batches drawn by Grain first, on the device, "
-                        "cycled)" % SPAN_BATCHES)
+                        f"the streamed tier's ({SPAN_BATCHES} span batches drawn by Grain first, on the "
+                        "device, cycled)")
     args = p.parse_args(argv)
     config = configs.load(args.config)
     info = pipeline.dataset_info(config.data)
