@@ -114,6 +114,38 @@ def thread_cpu() -> dict:
     return out
 
 
+def host_cpu() -> dict | None:
+    """This host's CPU seconds so far, all cores together, from ``/proc/stat`` (None elsewhere):
+    ``{"total", "idle", "steal", "process"}``, ``process`` this process's own (user + system, its
+    waited-for children not included). Two reads give :func:`host_share`."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    ticks = [int(v) for v in fields[1:9]]
+    times = os.times()
+    return {"total": sum(ticks) / tick, "idle": (ticks[3] + ticks[4]) / tick, "steal": ticks[7] / tick,
+            "process": times.user + times.system}
+
+
+def host_share(before: dict | None, after: dict | None) -> dict | None:
+    """Where the host's CPU went between two :func:`host_cpu` reads, as shares of all cores' time:
+    ``steal`` (taken by the hypervisor: on a VM, what a neighbour on the same machine took),
+    ``others`` (busy in other processes of this host) and ``this`` (this process). A quiet run has
+    ``others`` near 0; ``steal`` is the VM's own noise, which no one on the host can stop."""
+    if before is None or after is None:
+        return None
+    total = after["total"] - before["total"]
+    if total <= 0:
+        return None
+    this = after["process"] - before["process"]
+    busy = total - (after["idle"] - before["idle"]) - (after["steal"] - before["steal"])
+    return {"steal": (after["steal"] - before["steal"]) / total, "others": max(busy - this, 0.0) / total,
+            "this": this / total, "seconds": total / os.cpu_count()}
+
+
 def spread(blocks) -> dict:
     """Where the spread of a block's time comes from, from :func:`time_blocks`' ``steps`` of one call
     (``[[seconds of each step] of each block]``, blocks of equal length ``n``):

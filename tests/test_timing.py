@@ -1,5 +1,8 @@
 """motionjax.timing.overhead: what one way of feeding a step costs over another, from blocks timed
 round-robin, with an interval over rounds that covers the true cost."""
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -182,3 +185,29 @@ def test_time_blocks_shuffles_the_order_each_round_and_records_each_step():
     ran.clear()
     timing.time_blocks(calls, 0, 2, 3)
     assert ran[3:] == ["a", "a", "b", "b", "c", "c"] * 3
+
+
+def test_host_share_counts_this_process_and_sees_a_busy_neighbour():
+    """Against the process's own clock and a child that spins: the shares add up, this process's share
+    is its CPU over the cores' time, and a spinning child (another process) lands in ``others``."""
+    import subprocess
+    import sys
+
+    first = timing.host_cpu()
+    if first is None:
+        pytest.skip("no /proc/stat on this system")
+    end = time.process_time() + 0.5
+    while time.process_time() < end:  # this process: ~0.5 CPU s
+        pass
+    mine = timing.host_share(first, timing.host_cpu())
+    assert 0 <= mine["steal"] < 1 and 0 <= mine["others"] < 1
+    assert mine["this"] == pytest.approx(0.5 / (mine["seconds"] * os.cpu_count()), rel=0.3)
+    assert mine["this"] + mine["others"] + mine["steal"] <= 1 + 1e-9
+
+    before = timing.host_cpu()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time() + 1.0\n"
+                    "while time.process_time() < t: pass"], check=True)
+    spun = timing.host_share(before, timing.host_cpu())
+    # The child's ~1 CPU s is another process's (os.times' children are not in "process").
+    assert spun["others"] * spun["seconds"] * os.cpu_count() > 0.6
+    assert timing.host_share(None, before) is None
