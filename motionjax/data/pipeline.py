@@ -217,7 +217,9 @@ class SlotBatches(grain.MapDataset):
         if isinstance(m, slice):
             return self.slice(m)
         epochs, rows = np.divmod(np.arange(int(m) * self._batch, (int(m) + 1) * self._batch), len(self.table))
-        if self._shuffle:
+        if self._shuffle and epochs[0] == epochs[-1]:  # the batch inside one epoch (all but one an epoch)
+            rows = self._order(int(epochs[0]))[rows]
+        elif self._shuffle:
             rows = np.concatenate([self._order(int(e))[rows[epochs == e]] for e in np.unique(epochs)])
         return self.table[rows]
 
