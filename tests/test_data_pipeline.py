@@ -430,3 +430,48 @@ def test_a_small_host_cache_still_yields_the_same_spans(cfg, info):
     assert equal(got["all"], got["tiny"])
     full, small = (samplers[k][0].cache.stats() for k in ("all", "tiny"))
     assert small["hit_rate"] < full["hit_rate"] and small["evictions"] > 0 and full["evictions"] == 0
+
+
+@pytest.mark.parametrize("loss_aware", [False, True])
+def test_a_batch_draws_each_row_as_the_per_row_reference_and_gathers_into_the_wire(cfg, info, loss_aware):
+    """SampleBatch locates a batch's rows in one loop and gathers them, optionally straight into the
+    wire (Packed.empty): every row is the span a per-row reference computes from the raw clip record
+    (the start the u-quantile of the segment's window distribution, read_rows of its frame rows, the
+    floor by stored_floor), for the same uniforms; the wire is Packed.pack of the unpacked batch, aligned."""
+    c = cfg.copy_and_resolve_references()
+    c.update(speed_range=1.25, dynamics_sampling=0.5)  # spans past the window, a non-uniform start draw
+    source = pipeline.ClipSource(info)
+    table = (pipeline.segment_rows(info, np.arange(len(info.splits["train"]) // 3)) if loss_aware
+             else pipeline.train_slots(info, c.window, c.dynamics_sampling))
+    sample = pipeline.SampleWindow(source, info, c, name_segment=loss_aware)
+    j, s = info.skeleton.num_joints, sample.span
+    shapes = {"frames": ((s, 3 + 4 * j + 1), np.float32), "length": ((), np.int32),
+              "offsets": ((j, 3), np.float32)} | ({"segment": ((), np.int32)} if loss_aware else {})
+    packed = pipeline.Packed(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    plain, wired = pipeline.SampleBatch(sample, table), pipeline.SampleBatch(sample, table, wire=packed)
+    num, total = pipeline._window_totals(info)
+    past_end = 0
+    for m, slots in enumerate(pipeline.SlotBatches(table, c.batch_size, seed=3)[:6]):
+        got, into = plain(slots, np.random.default_rng(m)), wired(slots, np.random.default_rng(m))
+        u = np.random.default_rng(m).random(len(slots))
+        for i, (segment, clip_id, begin, end) in enumerate(slots):
+            clip = source[clip_id]
+            scores = transforms.segment_windows(clip["score"][begin:end], c.window)
+            cdf = np.cumsum(transforms.window_weights(scores, c.dynamics_sampling, num, total))
+            start = min(int(np.searchsorted(cdf, u[i] * cdf[-1], side="right")), cdf.size - 1)
+            root, rotations = clip["root_position"][begin:end], clip["rotations"][begin:end]
+            lowest = transforms.stored_floor(info.skeleton, root, rotations, clip["offsets"])
+            rows = np.concatenate([root.reshape(len(root), -1), rotations.reshape(len(root), -1),
+                                   lowest[:, None]], axis=1).astype(np.float32)
+            np.testing.assert_array_equal(got["frames"][i], transforms.read_rows(rows, start, len(rows), s))
+            assert got["length"][i] == end - begin - start
+            past_end += got["length"][i] < s
+            np.testing.assert_array_equal(got["offsets"][i], clip["offsets"])
+            if loss_aware:
+                assert got["segment"][i] == segment
+        assert into["packed"].ctypes.data % pipeline.HOST_ALIGN == 0
+        assert packed.pack(into) is into["packed"]
+        np.testing.assert_array_equal(into["packed"], packed.pack({k: got[k] for k in shapes}))
+        for k in ("root_position", "rotations", "lowest"):
+            assert np.shares_memory(into[k], into["packed"])
+    assert past_end  # some spans ran past their segment's end (the repeated last frame checked too)

@@ -406,3 +406,45 @@ def test_warming_the_host_cache_stops_once_a_block_reads_every_segment_from_it(c
     windows = [n for n, _ in info.train_windows]
     assert stats()["misses"] == stats()["segments"] <= sum(n > 0 for n in windows)
     assert stats()["evictions"] == 0
+
+
+@pytest.mark.parametrize("speed_range", [1.0, 1.25])
+def test_the_resident_program_reads_rows_and_the_mirror_image_as_the_spans_would_give(cfg, info, speed_range):
+    """The resident feed's program gathers each window's frames from the corpus's rows
+    (resident.sample_rows, transforms.read_window_rows) and a mirrored window's from the mirror image
+    kept after them (augment.mirrored_rows, Corpus.arrays): its batch equals Augment's on the spans
+    gathered first (resident.sample_spans, the mirror a pass in make_example), the same keys: bit for
+    bit without the mirror; with it, to float32 rounding (the mirror's signed permutation sums each
+    quaternion's products in another order), in metres and radians before standardization."""
+    c = cfg.copy_and_resolve_references()
+    c.update(speed_range=speed_range, reverse_prob=0.3, pose_offset=0.0, mirror_prob=0.5, residency="device")
+    keys_ = ("noisy", "clean", "valid", "offsets")
+    names = ("root_position", "rotations", "lowest", "length", "offsets")
+    for mirror in (0.0, 0.5):
+        c.mirror_prob = mirror
+        it = feed.Feed(c, info, seed=4, mode="device", keys=keys_)
+        aug, tables = it._augment, it._tables
+        n = int(np.sum(np.asarray(tables["length"])))
+        assert tables["frames"].shape[0] == (2 * n if mirror else n)
+        assert (aug.mirror_rows is not None) == bool(mirror)
+        steps = resident.bisect_steps(np.asarray(tables["window_count"]))
+
+        def spans_first(step, tables, seg_cdf, aug=aug, steps=steps):
+            keys = augment.example_keys(4, step, c.batch_size)
+            starts = augment.purpose(keys, augment._START)
+            spans = resident.sample_spans(tables, seg_cdf, starts, aug.span, steps)
+            return aug({k: spans[k] for k in names}, keys)
+
+        for step in (0, 5):
+            got = jax.device_get(it._jitted(np.int32(step), tables, it._seg_cdf))
+            want = jax.device_get(jax.jit(spans_first)(np.int32(step), tables, it._seg_cdf))
+            for k in keys_:
+                if not mirror or k in ("valid",):
+                    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+                else:  # standardized features: back to metres / 6D components, where float32 rounds
+                    scale = info.std if k != "offsets" else 1.0
+                    np.testing.assert_allclose(got[k] * scale, want[k] * scale, atol=2e-6, rtol=0, err_msg=k)
+        noise_keys = augment.purpose(augment.example_keys(4, 5, c.batch_size), augment._NOISE)
+        drawn = augment.sample_noise(noise_keys, aug.noise, c.window, info.skeleton)
+        assert not mirror or (np.asarray(drawn["mirror"]).any() and not np.asarray(drawn["mirror"]).all())
+        it.close()

@@ -16,7 +16,11 @@ int32 (the training segment, for loss-aware sampling), "lowest" [B, S] (optional
 lowest joint height, :func:`motionjax.data.transforms.frame_floor`, when
 :func:`~motionjax.data.transforms.floor_from_spans`: the window's floor then comes from it,
 :func:`~motionjax.data.transforms.window_floor`)}``,
-``S = transforms.span_frames(window, speed_range)``.
+``S = transforms.span_frames(window, speed_range)``. A resident corpus's spans are not gathered:
+``{"table" [N, 3 + 4J + 1] (the corpus's frame rows, with its mirror image after them when
+:func:`mirrored_rows`), "rows" [B, S] int32 (each span frame's row), "length", "offsets",
+"segment"}`` (:func:`motionjax.data.resident.sample_rows`); the window's frames are gathered from the
+table (:func:`~motionjax.data.transforms.read_window_rows`).
 """
 from __future__ import annotations
 
@@ -164,6 +168,20 @@ def sample_noise(keys, noise: transforms.Noise, frames: int, skeleton) -> dict:
     return jax.vmap(one)(keys)
 
 
+def mirrored_rows(cfg, info: DatasetInfo) -> transforms.MirrorFrames | None:
+    """The frames of the mirror (:func:`transforms.mirror_frames`) when a resident corpus keeps its
+    mirror image beside its frames, for ``config.data`` (``cfg``): windows are mirrored
+    (``data.mirror_prob``), the rig can be, and no pose offset turns the joints before the mirror
+    would (the mirror then commutes with everything before it: the speed read, a signed permutation of
+    each quaternion's components keeping the nlerp's dot products, and the reversal). A mirrored
+    window is then read from the mirror image's rows (:class:`Augment`; ~15% of the resident
+    autoencoder's program on XLA:CPU, docs/input.md tenth pass), for twice the corpus's frames on
+    the devices. None otherwise."""
+    if not cfg.mirror_prob or cfg.pose_offset:
+        return None
+    return transforms.mirror_frames(info.skeleton, np.asarray(info.mean, np.float32))
+
+
 class Augment:
     """``(spans, keys [B]) -> batch``: the training transforms of ``config.data`` (``cfg``), pure jax.
 
@@ -183,6 +201,9 @@ class Augment:
         # The window's floor from its span's per-frame floor ("lowest": the resident corpus's, or the
         # host's with the streamed spans), read at the window's speed: no FK in the program.
         self.floor_from_span = transforms.floor_from_spans(cfg)
+        # A resident corpus's mirror image kept beside its frames (Corpus.arrays): a mirrored window is
+        # read from it, no mirror pass in the program.
+        self.mirror_rows = mirrored_rows(cfg, info)
 
     def __call__(self, spans: dict, keys) -> dict:
         b = keys.shape[0]
@@ -191,8 +212,24 @@ class Augment:
             log = float(np.log(self.speed_range))
             speed = jnp.exp(jax.vmap(lambda k: jax.random.uniform(k, (), minval=-log, maxval=log))(
                 purpose(keys, _SPEED)))
-        root, rots, valid = transforms.read_window(spans["root_position"], spans["rotations"],
-                                                   spans["length"], self.window, speed)
+        draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
+        lowest, offsets = None, spans.get("offsets")
+        if "rows" in spans:  # a resident corpus's: the window's frames gathered from its table's rows
+            rows, table = spans["rows"], spans["table"]
+            if self.mirror_rows is not None:  # the table's second half is its first mirrored: one index
+                m = draws.pop("mirror")
+                rows = rows + jnp.where(m, table.shape[0] // 2, 0).astype(rows.dtype)[:, None]
+                if offsets is not None:
+                    offsets = jnp.where(m[:, None, None], transforms.mirror_offsets(
+                        self.skeleton, offsets, self.mirror_rows), offsets)
+            root, rots, valid, floor = transforms.read_window_rows(table, rows, spans["length"], self.window,
+                                                                   self.skeleton.num_joints, speed)
+            lowest = floor if self.floor_from_span else None
+        else:
+            root, rots, valid = transforms.read_window(spans["root_position"], spans["rotations"],
+                                                       spans["length"], self.window, speed)
+            if self.floor_from_span and "lowest" in spans:
+                lowest = transforms.window_floor(spans["lowest"], spans["length"], self.window, speed)
         if self.reverse_prob:
             flip = jax.vmap(jax.random.uniform)(purpose(keys, _REVERSE)) < self.reverse_prob
             root, rots, valid = transforms.reverse_window(root, rots, valid, flip)
@@ -200,12 +237,9 @@ class Augment:
             j = self.skeleton.num_joints
             eps = jax.vmap(lambda k: draw(jax.random.normal, k, (j, 3)))(purpose(keys, _POSE))
             rots = transforms.offset_pose(self.skeleton, rots, eps * self.pose_offset)
-        draws = sample_noise(purpose(keys, _NOISE), self.noise, self.window, self.skeleton)
-        lowest = (transforms.window_floor(spans["lowest"], spans["length"], self.window, speed)
-                  if self.floor_from_span and "lowest" in spans else None)
         out = transforms.make_example(self.skeleton, root, rots, draws, self.mean, self.std,
                                       chunk_size=self.chunk, floor=self.floor, scale=self.scale,
-                                      offsets=spans.get("offsets"), observed=self.observed, lowest=lowest)
+                                      offsets=offsets, observed=self.observed, lowest=lowest)
         del out["mask"]  # for inspection on the host; the step does not read it
         out["valid"] = transforms.chunk(valid[..., None], self.chunk)
         if "segment" in spans:

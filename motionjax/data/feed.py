@@ -56,7 +56,7 @@ def choose_residency(cfg, info) -> tuple[str, str]:
     corpus exceeds ``data.device_share`` of a device's memory."""
     if cfg.residency not in RESIDENCY:
         raise ValueError(f"config.data.residency={cfg.residency!r}; expected one of {RESIDENCY}")
-    need = resident.corpus_nbytes(info)
+    need = resident.corpus_nbytes(info, mirrored=augment.mirrored_rows(cfg, info) is not None)
     have, what = device_memory(jax.local_devices()[0])
     budget = cfg.device_share * have
     size = (f"the training split ({info.split_frames(info.train_split):,} frames, {need / 2**20:,.1f} MB) "
@@ -183,17 +183,21 @@ class Feed(grain.DatasetIterator):
         start = time.perf_counter()
         if self.mode == "device":
             corpus = resident.load_corpus(info, cfg, pipeline.ClipSource(info), shares)
-            self._tables = corpus.arrays(self._replicated)
+            self._tables = corpus.arrays(self._replicated, info.skeleton, self._augment.mirror_rows)
             self.table = priority.ErrorTable(cfg, shares) if self._loss_aware else None
             self._q = None
             self._set_segments(shares)
             span, steps = self._augment.span, corpus.bisect_steps
 
+            rows_keys = [k for k in span_keys if k not in ("root_position", "rotations", "lowest")]
+
             def program(step, tables, seg_cdf):
                 keys_ = augment.example_keys(seed, step, b)
                 starts = augment.purpose(keys_, augment._START)
-                spans = resident.sample_spans(tables, seg_cdf, starts, span, steps)
-                batch = self._augment({k: spans[k] for k in span_keys}, keys_)
+                # The window's frames are gathered from the corpus's rows, not from a span gathered first.
+                drawn = resident.sample_rows(tables, seg_cdf, starts, span, steps)
+                spans = {"table": tables["frames"], "rows": drawn["rows"], **{k: drawn[k] for k in rows_keys}}
+                batch = self._augment(spans, keys_)
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             args = (np.int32(0), self._tables, self._seg_cdf)

@@ -5,8 +5,9 @@ gathered there every step (the purejaxrl / MJX pattern: the host moves no bytes 
 4]``), each segment's clip bones, and the tables of the window distribution the host pipeline draws
 from (:func:`motionjax.data.pipeline.segment_shares` over segments, then
 :func:`motionjax.data.transforms.window_weights` over a segment's windows: uniform/dynamics mixture).
-:func:`sample_spans` draws ``B`` windows from them with one key each and gathers their spans, the input
-of :class:`motionjax.data.augment.Augment`. The segment distribution is an argument, so loss-aware
+:func:`sample_rows` draws ``B`` windows from them with one key each: the rows of their spans, from which
+:class:`motionjax.data.augment.Augment` gathers each window's frames (:func:`sample_spans` gathers the
+spans themselves, the streamed tier's input). The segment distribution is an argument, so loss-aware
 sampling (:mod:`motionjax.data.priority`) changes it without recompiling.
 
 Every device holds the whole corpus (replicated over the mesh): a gather then never crosses devices.
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax.data import records, transforms
+from motionjax.data import pipeline, records, transforms
 from motionjax.data.info import DatasetInfo
 
 
@@ -62,12 +63,29 @@ class Corpus:
         """Bisection steps that find a window among a segment's (:func:`bisect_steps`)."""
         return bisect_steps(self.window_count)
 
-    def arrays(self, sharding) -> dict:
-        """The tables as jax arrays with ``sharding`` (replicated), every process passing its copy."""
+    def arrays(self, sharding, skeleton=None, mirror: transforms.MirrorFrames | None = None) -> dict:
+        """The tables as jax arrays with ``sharding`` (replicated), every process passing its copy.
+        ``mirror`` (the frames of :func:`~motionjax.data.augment.mirrored_rows`, with the corpus's
+        ``skeleton``): ``"frames"`` then holds the frames' mirror image after them, ``[2N, W]``
+        (:func:`~motionjax.data.transforms.mirror`; the floor column as it is: a reflection across a
+        vertical plane moves no height)."""
         from motionjax import parallel
-        names = ("root", "rotations", "lowest", "first", "length", "offsets", "window_first", "window_count",
-                 "window_cdf")
-        return parallel.put({n: getattr(self, n) for n in names}, {n: sharding for n in names})
+        names = ("first", "length", "offsets", "window_first", "window_count", "window_cdf")
+        tables = {n: getattr(self, n) for n in names}
+        # The frames as one table of rows (root, rotations, floor: pipeline.frame_rows), the layout the
+        # window's frames are gathered in (sample_rows, transforms.read_window_rows): one row gather a frame.
+        tables["frames"] = self.frames
+        if mirror is not None:
+            root, rotations = transforms.mirror(skeleton, self.root, self.rotations, mirror)
+            mirrored = pipeline.frame_rows(root, rotations, self.lowest)
+            tables["frames"] = np.concatenate([tables["frames"], mirrored])
+        return parallel.put(tables, {n: sharding for n in tables})
+
+    @property
+    def frames(self) -> np.ndarray:
+        """``[N, 3 + 4J + 1]`` float32: the frames as rows (root, rotations, lowest;
+        :func:`~motionjax.data.pipeline.frame_rows`)."""
+        return pipeline.frame_rows(self.root, self.rotations, self.lowest)
 
 
 def bisect_steps(window_count) -> int:
@@ -76,10 +94,11 @@ def bisect_steps(window_count) -> int:
     return max(1, math.ceil(math.log2(max(int(np.max(window_count)), 1))) + 1)
 
 
-def corpus_nbytes(info: DatasetInfo) -> int:
-    """Bytes :func:`load_corpus` will hold for ``info``'s training split, from the index alone."""
+def corpus_nbytes(info: DatasetInfo, mirrored: bool = False) -> int:
+    """Bytes :func:`load_corpus` will hold for ``info``'s training split, from the index alone; on the
+    devices, with ``mirrored`` (:meth:`Corpus.arrays`' mirror image), its frames twice."""
     segments = info.splits[info.train_split]
-    frames = sum(e - b for _, b, e in segments)
+    frames = sum(e - b for _, b, e in segments) * (2 if mirrored else 1)
     j = info.skeleton.num_joints
     windows = sum(n for n, _ in info.train_windows)
     return frames * (3 + 4 * j + 1) * 4 + len(segments) * (4 * 5 + 12 * j + 8) + windows * 4
@@ -131,15 +150,16 @@ def segment_cdf(probabilities) -> np.ndarray:
     return (c / c[-1]).astype(np.float32)
 
 
-def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, start_key: int = 0) -> dict:
-    """Draw one window per key and gather its span (the input of :class:`~motionjax.data.augment.Augment`).
+def sample_rows(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, start_key: int = 0) -> dict:
+    """Draw one window per key: the table rows of its span, not the span (the program gathers only the
+    rows its window reads, :func:`~motionjax.data.transforms.read_window_rows`).
 
     ``tables``: :meth:`Corpus.arrays`; ``seg_cdf [S]``: :func:`segment_cdf` of the segment distribution;
     ``keys [B]``. A window's segment comes from ``seg_cdf``, its start from the segment's window
     distribution (inverse CDF: ``bisect_steps`` bisection steps inside the segment's rows of
-    ``window_cdf``). Returns ``{"root_position" [B, span, 3], "rotations" [B, span, J, 4], "lowest" [B,
-    span], "length" [B], "offsets" [B, J, 3], "segment" [B]}``: frames past the segment's end repeat its
-    last one (:func:`~motionjax.data.transforms.read_span`)."""
+    ``window_cdf``). Returns ``{"rows" [B, span] int32 (the row of ``tables["frames"]`` of each span
+    frame; frames past the segment's end repeat its last one, :func:`~motionjax.data.transforms.read_span`),
+    "length" [B], "offsets" [B, J, 3], "segment" [B]}``."""
     cdf = tables["window_cdf"]
 
     def one(key):
@@ -159,9 +179,18 @@ def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, star
         lo, _ = jax.lax.fori_loop(0, bisect_steps, bisect, (lo, hi))
         start = lo - tables["window_first"][seg]
         length = tables["length"][seg]
-        idx = tables["first"][seg] + jnp.minimum(start + jnp.arange(span), length - 1)
-        return {"root_position": tables["root"][idx], "rotations": tables["rotations"][idx],
-                "lowest": tables["lowest"][idx],
-                "length": length - start, "offsets": tables["offsets"][seg], "segment": seg.astype(jnp.int32)}
+        rows = tables["first"][seg] + jnp.minimum(start + jnp.arange(span), length - 1)
+        return {"rows": rows.astype(jnp.int32), "length": length - start, "offsets": tables["offsets"][seg],
+                "segment": seg.astype(jnp.int32)}
 
     return jax.vmap(one)(keys)
+
+
+def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, start_key: int = 0) -> dict:
+    """:func:`sample_rows`' windows with their spans gathered: ``{"root_position" [B, span, 3], "rotations"
+    [B, span, J, 4], "lowest" [B, span], "length" [B], "offsets" [B, J, 3], "segment" [B]}`` (the input
+    of :class:`~motionjax.data.augment.Augment` as the streamed tier's spans are)."""
+    drawn = sample_rows(tables, seg_cdf, keys, span, bisect_steps, start_key)
+    frames = tables["frames"]
+    out = pipeline.split_frames(frames[drawn.pop("rows")], (frames.shape[-1] - 4) // 4)
+    return {**out, **drawn}

@@ -214,20 +214,54 @@ def lerp_frames(root_position, rotations, i0, i1, frac):
     a single lerp, which this replaces (docs/input.md). The same numbers bit for bit up to a
     rotation's sign, which no feature sees."""
     xp = rot._xp(root_position, rotations, i0, i1, frac)
-    dtype, (s, j) = root_position.dtype, rotations.shape[-3:-1]
+    s, j = rotations.shape[-3:-1]
     x = xp.concatenate([root_position, rotations.reshape(*rotations.shape[:-3], s, j * 4)], -1)
-    # Each gather once (rot.materialize): fused into the lerp, every component would redo it. The
-    # indices are in bounds by construction: no out-of-bounds select in jax's gather.
+    # The indices are in bounds by construction: no out-of-bounds select in jax's gather.
     bounds = {} if xp is np else {"mode": "promise_in_bounds"}
-    take = lambda i: rot.materialize(xp.take_along_axis(x, i[..., None], axis=-2, **bounds))  # noqa: E731
-    x0, x1 = take(i0), take(i1)  # [..., T, 3 + 4J]
-    q0, q1 = (y[..., 3:].reshape(*y.shape[:-1], j, 4) for y in (x0, x1))
+    x0, x1 = (xp.take_along_axis(x, i[..., None], axis=-2, **bounds) for i in (i0, i1))
+    return lerp_rows(x0, x1, frac, j)
+
+
+def lerp_rows(x0, x1, frac, joints: int):
+    """:func:`lerp_frames` of the frame rows it gathered: ``x0``, ``x1 [..., T, 3 + 4J (+ more)]`` (root,
+    rotations, then columns it does not read), ``frac [..., T]`` -> ``(root [..., T, 3], rotations [...,
+    T, J, 4])``, ``(1 - frac)·x0 + frac·x1``, the rotations nlerped."""
+    xp = rot._xp(x0, x1, frac)
+    dtype, j = x0.dtype, joints
+    # Each gather once (rot.materialize): fused into the lerp, every component would redo it.
+    x0, x1 = rot.materialize(x0), rot.materialize(x1)
+    q0, q1 = (y[..., 3:3 + 4 * j].reshape(*y.shape[:-1], j, 4) for y in (x0, x1))
     frac = xp.asarray(frac).astype(dtype)[..., None]  # [..., T, 1]
     f = frac[..., None]
     w1 = xp.where(rot.component_sum(q0 * q1, keepdims=True) < 0, -f, f)  # [..., T, J, 1]
     # The lerp computed once: the normalization reads it per component.
     q = rot.materialize(q0 * (1 - f) + q1 * w1)
     return x0[..., :3] * (1 - frac) + x1[..., :3] * frac, rot.quat_normalize(q)
+
+
+def read_window_rows(table, rows, length, window: int, joints: int, speed=None):
+    """:func:`read_window` and :func:`window_floor` of the spans ``table[rows]`` without gathering them:
+    ``table [N, 3 + 4J + 1]`` frame rows (root, rotations, each frame's floor: a resident corpus's),
+    ``rows [..., S]`` int the table row of each span frame, ``length [...]`` its real frames. Each
+    window frame's two span frames are gathered from the table directly (two ``[..., T, W]`` row
+    gathers; the span, ``[..., S, W]``, is never made: on XLA:CPU its gather and the concatenation of
+    its columns were ~30% of the resident autoencoder's program, docs/input.md tenth pass). The same
+    numbers as :func:`read_window` and :func:`window_floor` of the gathered span. Returns ``(root [...,
+    T, 3], rotations [..., T, J, 4], valid [..., T] float32, floor [...])``."""
+    xp = rot._xp(table, rows, length, speed)
+    bounds = {} if xp is np else {"mode": "promise_in_bounds"}
+    r = 3 + 4 * joints
+    take = lambda i: xp.take_along_axis(rows, i, axis=-1, **bounds)  # noqa: E731  span frame -> table row
+    if speed is None:  # frame i is span frame min(i, length - 1): the span's own frame i
+        i = xp.asarray(np.arange(window))
+        x = rot.materialize(table[rows[..., :window]])
+        return (x[..., :3], x[..., 3:r].reshape(*x.shape[:-1], joints, 4),
+                (i <= xp.asarray(length)[..., None] - 1).astype(np.float32), x[..., r].min(-1))
+    i0, i1, frac, valid = _read_frames(xp, length, window, speed, rows.shape[-1])
+    x0, x1 = rot.materialize(table[take(i0)]), rot.materialize(table[take(i1)])  # each gather once
+    root, quats = lerp_rows(x0, x1, frac, joints)
+    f = frac.astype(table.dtype)
+    return root, quats.astype(table.dtype), valid, (x0[..., r] * (1 - f) + x1[..., r] * f).min(-1)
 
 
 def reverse_window(root_position, rotations, valid, flip):
