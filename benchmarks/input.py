@@ -46,8 +46,10 @@ fast accelerator, where an input cost shows first; its figure is ``other``, what
 path costs over the fixed step's (everything but the input's compute).
 ``--check`` exits 1 when a case's figure (the chosen estimator's mean) passes its threshold
 (:data:`CASES`); the row's ``check`` also says whether the interval decided it (``decided``) and the
-null arm's half-width (``resolution``). Writes ``input.json`` and prints the table. Ratios within one
-process are what count on a shared machine.
+null arm's half-width (``resolution``). Writes ``input.json`` (every step's seconds apart, in
+``input_steps.json``), with the host's CPU outside this process during the timed blocks (other
+processes, the VM's steal: :func:`motionjax.timing.host_share`), and prints the table. Ratios within
+one process are what count on a shared machine.
 """
 from __future__ import annotations
 
@@ -204,8 +206,11 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
                           "before": read_late(lambda s: (*step(s, b := next(it)), b)),
                           "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))})
         cpu, threads, per_step = {}, {}, {}
+        host = timing.host_cpu()
         seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu,
                                      threads=threads, steps=per_step, shuffle=0)
+        # Was it quiet? The host's CPU outside this process (other processes; the VM's steal).
+        row["host_share"] = timing.host_share(host, timing.host_cpu())
         row["host_cache"] = it.stats()  # after the timed blocks: their hits
     finally:
         it.close()
@@ -243,7 +248,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
                     "resolution": (null_hi - null_lo) / 2}
     log(f"input: {name}/{tier}: overhead {_pct(row, 'input_overhead')} ({ESTIMATOR}; CPU time "
         f"{_pct(row, 'input_overhead', 'cpu')}), null {_pct(row, 'null')}, fixed step "
-        f"{row['fixed_step_ms']:.1f} ms ({time.perf_counter() - t:.0f} s)")
+        f"{row['fixed_step_ms']:.1f} ms ({time.perf_counter() - t:.0f} s){_host(row)}")
     for arm in ("fixed", "fed_fixed", "fed"):
         if arm in threads:
             log(f"input: {name}/{tier}: {arm}: CPU ms a step by thread " + ", ".join(
@@ -261,6 +266,12 @@ def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input")
             result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps, all_arms)
     result["ok"] = all(r["check"]["ok"] for r in result["rows"].values())
     return result
+
+
+def _host(row: dict) -> str:
+    share = row.get("host_share")
+    return "" if not share else (f"; the host's cores meanwhile: {100 * share['others']:.1f}% other "
+                                 f"processes, {100 * share['steal']:.1f}% stolen by the hypervisor")
 
 
 def _ms(host: dict | None, key: str) -> str:
@@ -299,6 +310,8 @@ def markdown(result: dict) -> str:
                  _pct(r, "before_overhead"), f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
                  _ms(host, "dispatch_ms"), f"{c['figure']} <= {100 * c['threshold']:.0f}%: {verdict}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(f"{key}: timed blocks{_host(r) or ': no /proc/stat'}"
+                    for key, r in result["rows"].items())]
     return "\n".join(lines)
 
 
@@ -321,6 +334,9 @@ def main(argv=None) -> int:
     result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds, steps=args.steps,
                  all_arms=args.all_arms)
     result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
+    # Every step's seconds apart (a few MB at 45 rounds): the summary keeps their spread (timing.spread).
+    steps = {key: row.pop("step_s") for key, row in result["rows"].items()}
+    (out / "input_steps.json").write_text(json.dumps(steps))
     (out / "input.json").write_text(json.dumps(result, indent=2))
     print(markdown(result), flush=True)
     return 0 if result["ok"] or not args.check else 1
