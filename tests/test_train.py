@@ -6,6 +6,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import jax
@@ -251,6 +252,24 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_every_n_steps_in_a_log():
     progress.close()
     shown = terminal.getvalue()
     assert "\r" in shown and "100/250" in shown and "step 100" not in shown
+
+
+def test_the_summary_says_where_the_hosts_cpu_went_and_the_speed_line_prints_it():
+    """A run's wall time is its config's only on a quiet host: the summary carries the host's CPU
+    outside the run (other processes, steal) from the run's start, and the speed line prints it."""
+    chrono = logs.Chrono(frames_per_step=10)
+    chrono.steps = 4
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # this process's own CPU is not "others"
+        pass
+    summary = chrono.summary()
+    share = summary["host_share"]
+    if share is None:
+        pytest.skip("no /proc/stat here")
+    assert share["this"] > 0 and share["this"] + share["others"] + share["steal"] <= 1 + 1e-9
+    assert share["seconds"] >= 0.25
+    line = loop.speed_line(dict(summary, host_share=dict(share, others=0.25, steal=0.03)))
+    assert line.endswith("; the host meanwhile: 25% other processes, 3% steal"), line
 
 
 def test_a_metric_with_nothing_to_score_is_not_a_diverged_model():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from motionjax import timing
 from motionjax.train.faults import StorageError
 
 
@@ -33,6 +34,7 @@ class Chrono:
         self.steps = 0
         self.host_wait_s = self.paused_s = self.eval_s = self.checkpoint_s = 0.0
         self._t0 = time.perf_counter()
+        self._host = timing.host_cpu()  # whether the host was quiet meanwhile: summary()'s "host_share"
         self._last: float | None = None  # the previous dispatch's start (None after a pause)
         self.periods: collections.deque = collections.deque(maxlen=keep)   # s, dispatch to dispatch
         self.dispatches: collections.deque = collections.deque(maxlen=keep)  # s, the step's call itself
@@ -98,12 +100,15 @@ class Chrono:
         return out
 
     def summary(self) -> dict:
-        """The run's timings and rates (``summary.json``)."""
+        """The run's timings and rates (``summary.json``); ``host_share``: where the host's CPU went
+        from this run's start, other processes and the VM's steal beside this one
+        (:func:`motionjax.timing.host_share`): a wall time is this config's only where both are small."""
         elapsed = self.train_s()
         return {"compile_s": self.compile_s, "train_s": elapsed, "steps_per_s": self.steps / elapsed,
                 "frames_per_s": self.steps * self.frames_per_step / elapsed,
                 "host_wait_fraction": self.host_wait_s / elapsed, "eval_s": self.eval_s,
-                "checkpoint_s": self.checkpoint_s, "host_wait_s": self.host_wait_s, "host": self.host()}
+                "checkpoint_s": self.checkpoint_s, "host_wait_s": self.host_wait_s, "host": self.host(),
+                "host_share": timing.host_share(self._host, timing.host_cpu())}
 
 
 class MetricLog:

@@ -361,7 +361,8 @@ def input_check(run: _Run, steps: int) -> dict:
 
 def speed_line(summary: dict) -> str:
     """``speed: 6.21 steps/s, 12,718 frames/s, input overhead 0.4% [-1.2, 2.0] (fed vs fixed batch), host
-    wait 0.0%, host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms`` (what is known of it)."""
+    wait 0.0%, host 161.0 ms/step (p99 170.2), step dispatch 0.31 ms; the host meanwhile: 1% other processes,
+    0% steal`` (what is known of it)."""
     line = f"speed: {summary['steps_per_s']:.2f} steps/s, {summary['frames_per_s']:,.0f} frames/s"
     if summary.get("input_overhead") is not None:
         lo, hi = (summary.get("input_check") or {}).get("interval") or (None, None)
@@ -372,6 +373,10 @@ def speed_line(summary: dict) -> str:
     if host:
         line += (f", host {host['host_ms_p50']:.1f} ms/step (p99 {host['host_ms_p99']:.1f}), step dispatch "
                  f"{host['dispatch_ms_p50']:.2f} ms")
+    share = summary.get("host_share")
+    if share:  # a loaded host's wall time is not this config's
+        line += (f"; the host meanwhile: {100 * share['others']:.0f}% other processes, "
+                 f"{100 * share['steal']:.0f}% steal")
     return line
 
 
