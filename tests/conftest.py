@@ -56,6 +56,16 @@ def env():
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
+@pytest.fixture(scope="session")
+def user_env(env):
+    """:func:`env` with one CPU device, what ``motionjax`` sees on a user's CPU host
+    (``runs.one_device``; the notebooks run so too): for the commands run as a user runs them, whose
+    proof is not a mesh. A runlocal ``motionjax train`` costs ~25% less CPU on one device than on eight
+    (cold compilation cache 29 vs 41 CPU s, warm 16 vs 21; docs/history.md, "suite10")."""
+    from runs import one_device
+    return one_device(env)
+
+
 # The costliest files first. `make test` hands whole files to two workers (xdist --dist loadfile) in
 # collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of tests, which
 # put the few-test, minutes-long files such as the notebooks and the cluster runs last, the run's tail).

@@ -92,6 +92,14 @@ def communicate_or_dump(proc: subprocess.Popen, timeout: float, logs=lambda: "")
 NOTEBOOK_DIR = REPO / "notebooks"
 
 
+def one_device(env: dict) -> dict:
+    """``env`` with one CPU device, what a user's CPU host gives jax: the suite's forced device count
+    (conftest.py's ``--xla_force_host_platform_device_count``) removed, its other XLA flags kept."""
+    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
+    return dict(env, XLA_FLAGS=flags)
+
+
 def run_notebook(path: Path, env: dict, min_images: int = 4, timeout_s: int = 400):
     """Runs notebook ``path`` top to bottom in a fresh ``python3`` kernel (jupyter_client starts it with
     this interpreter) from notebooks/, as Jupyter would, with the suite's environment ``env``
@@ -103,12 +111,10 @@ def run_notebook(path: Path, env: dict, min_images: int = 4, timeout_s: int = 40
     import nbformat
     from nbclient import NotebookClient
 
-    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    client.execute(env=dict(env, XLA_FLAGS=flags))
+    client.execute(env=one_device(env))
     errors = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
               if o.output_type == "error"]
     assert not errors

@@ -49,13 +49,15 @@ def test_a_part_past_its_limit_is_stopped_and_recorded(tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic_dir, env):
-    """The check end to end with --cpu: tiny sizes, DeepMimic, every part ok or skipped with a reason."""
+def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic_dir, user_env):
+    """The check end to end with --cpu: tiny sizes, DeepMimic, every part ok or skipped with a reason. On
+    one CPU device (``user_env``), as the check runs on a one-GPU host: less CPU than on the suite's
+    eight, whose meshes other tests prove."""
     out = tmp_path / "gc"
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--out", str(out),
                            "--corpus", "deepmimic", "--data-dir", str(deepmimic_dir), "--wheels",
-                           str(tmp_path / "no_wheels")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+                           str(tmp_path / "no_wheels")], cwd=ROOT, env=user_env, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "gpu_check.json").read_text())
     parts = results["parts"]

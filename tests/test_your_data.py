@@ -1,7 +1,8 @@
 """docs/your_data.md end to end: a folder of BVH files -> a trained autoencoder, evaluated on every
 file, applied and rendered, through the ``motionjax`` command as a user runs it (the ``runlocal`` size
-of the ``folder`` variant). The forecaster's folder variant trains in-process in tests/test_predict.py
-(test_someone_elses_bvh_folder_...): a fifth subprocess here cost ~2 minutes of the suite."""
+of the ``folder`` variant, on the one CPU device a user's host gives it: ``user_env``). The forecaster's
+folder variant trains in-process in tests/test_predict.py (test_someone_elses_bvh_folder_...): a fifth
+subprocess here cost ~2 minutes of the suite."""
 import subprocess
 import sys
 
@@ -15,15 +16,15 @@ from runs import REPO
 
 
 @pytest.mark.slow  # four motionjax subprocesses
-def test_a_bvh_folder_becomes_a_trained_evaluated_and_rendered_autoencoder(tmp_path, env):
+def test_a_bvh_folder_becomes_a_trained_evaluated_and_rendered_autoencoder(tmp_path, user_env):
     folder = tmp_path / "my_bvh"
     folder.mkdir()
     for m in synthetic.synthetic_motions(12, frames=100, seed=3, skeleton=smpl_like()):  # 3.3 s each
         write_bvh(folder / f"{m.name[-2:]}.bvh", m, scale=0.01)  # centimetres, as capture exporters write
 
     def motionjax(*args):
-        proc = subprocess.run([sys.executable, "-m", "motionjax", *map(str, args)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-m", "motionjax", *map(str, args)], cwd=tmp_path,
+                              env=user_env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         return proc.stdout
 
