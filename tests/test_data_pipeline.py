@@ -43,7 +43,7 @@ def test_spans_have_the_contract_layout_and_depend_only_on_the_seed(cfg, info):
         "offsets": ((8, j, 3), np.float32)}
     # The frame rows (one copy a row, what the wire carries) hold the span's leaves, which view them.
     frames = a[0]["frames"]
-    for k, v in pipeline.split_frames(frames, j).items():
+    for k, v in transforms.split_frames(frames, j).items():
         assert np.shares_memory(a[0][k], frames)
         np.testing.assert_array_equal(a[0][k], v)
     np.testing.assert_array_equal(frames[..., :3], a[0]["root_position"])

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from motionjax import parallel
-from motionjax.data import augment, pipeline, priority, resident
+from motionjax.data import augment, pipeline, priority, resident, transforms
 
 RESIDENCY = ("auto", "device", "stream")
 
@@ -211,7 +211,7 @@ class Feed(grain.DatasetIterator):
                 self._cfg = cfg
             where = dict(process_index=process_index, process_count=process_count)
             j, s = info.skeleton.num_joints, self._augment.span
-            width = 3 + 4 * j + ("lowest" in span_keys)  # the frame rows (pipeline.frame_rows)
+            width = 3 + 4 * j + ("lowest" in span_keys)  # the frame rows (transforms.frame_rows)
             shapes = {"frames": ((s, width), np.float32), "length": ((), np.int32),
                       "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
             wire = ["frames"] + [k for k in span_keys if k in shapes]
@@ -225,7 +225,7 @@ class Feed(grain.DatasetIterator):
 
             def program(step, spans):
                 spans = packed.unpack(spans["packed"])
-                spans.update(pipeline.split_frames(spans.pop("frames"), j))
+                spans.update(transforms.split_frames(spans.pop("frames"), j))
                 batch = self._augment(spans, augment.example_keys(seed, step, b))
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 

@@ -28,7 +28,7 @@ The draws come from Grain's per-batch generator of the global batch, so spans de
 are Grain's own ``ThreadPrefetchIterDataset``: their state counts the batches the consumer took, not
 those waiting in the buffers.
 
-Spans: ``{"frames" [B, S, W] float32 (the rows of :func:`frame_rows`, which the next three view),
+Spans: ``{"frames" [B, S, W] float32 (the rows of :func:`transforms.frame_rows`, which the next three view),
 "root_position" [B, S, 3], "rotations" [B, S, J, 4] float32, "length" [B] int32}``, with
 ``data.bones = "clip"`` also ``"offsets" [B, J, 3]`` (each window's clip's rest offsets: its
 performer's bones), with loss-aware sampling ``"segment" [B]``, and when windows take their floor
@@ -263,30 +263,6 @@ class SegmentCache:
                 "evictions": self.evictions, "cached_mb": self.bytes / 2**20, "segments": len(self._items)}
 
 
-def frame_rows(root_position, rotations, lowest=None) -> np.ndarray:
-    """A segment's frames as rows: ``root_position [N, 3]``, ``rotations [N, J, 4]`` and optionally
-    each frame's floor ``lowest [N]`` -> ``[N, 3 + 4J (+ 1)]`` float32, in that order. The streamed
-    tier's spans travel in this layout (:meth:`SampleWindow.gather`): a span is one slice of its
-    segment's rows, and on the device the root and rotations are adjacent columns of one array, which
-    :func:`transforms.lerp_frames` gathers as whole rows with no concatenation (a pass over the span
-    of its own, ~0.3 ms of the headline autoencoder's ~2.5 ms streamed program on XLA:CPU)."""
-    parts = [root_position, rotations.reshape(len(rotations), -1)]
-    parts += [lowest[:, None]] if lowest is not None else []
-    return np.concatenate(parts, axis=1).astype(np.float32)
-
-
-def split_frames(frames, joints: int) -> dict:
-    """Frame rows ``[..., S, W]`` (:func:`frame_rows`) -> ``{"root_position" [..., S, 3], "rotations"
-    [..., S, J, 4]}``, with ``"lowest" [..., S]`` when ``W = 3 + 4J + 1``: views (numpy), or slices that
-    XLA fuses into their readers (jax)."""
-    r = 3 + 4 * joints
-    out = {"root_position": frames[..., :3],
-           "rotations": frames[..., 3:r].reshape(*frames.shape[:-1], joints, 4)}
-    if frames.shape[-1] > r:
-        out["lowest"] = frames[..., r]
-    return out
-
-
 class SampleWindow:
     """``(slot, rng) -> span`` (or None for a bad record), one training draw.
 
@@ -330,7 +306,7 @@ class SampleWindow:
             if self.floor:  # once a segment, on the bones its windows move on (as the resident corpus)
                 lowest = transforms.stored_floor(self.skeleton, root, rotations,
                                                  segment.get("offsets", self.skeleton.offsets))
-            segment["frames"] = frame_rows(root, rotations, lowest)
+            segment["frames"] = transforms.frame_rows(root, rotations, lowest)
             nbytes = sum(v.nbytes for v in segment.values())
             self.cache.put(key, segment, nbytes, float(scores.max()) if scores.size else 0.0)
         return segment
@@ -364,12 +340,12 @@ class SampleWindow:
     def gather(self, found, slots, into: dict | None = None) -> dict:
         """The spans of ``found`` (:meth:`locate`'s ``(segment, start)`` of each row) and ``slots [b,
         4]`` (their first column names the segment, with ``name_segment``), stacked: each row's frames
-        are copied once, as one slice of its segment's frame rows (:func:`frame_rows`) straight into
-        the batch's ``"frames" [b, S, W]`` (the frames past the segment's end repeat its last, as
-        :func:`transforms.read_rows`); ``root_position``, ``rotations`` and ``lowest`` are views of it
-        (:func:`split_frames`). ``into``: arrays to write the leaves in (:meth:`Packed.empty`'s views
-        of a wire: the batch is then packed as it is gathered, no copy of its own), returned with
-        the views."""
+        are copied once, as one slice of its segment's frame rows (:func:`transforms.frame_rows`)
+        straight into the batch's ``"frames" [b, S, W]`` (the frames past the segment's end repeat its
+        last, as :func:`transforms.read_rows`); ``root_position``, ``rotations`` and ``lowest`` are views
+        of it (:func:`transforms.split_frames`). ``into``: arrays to write the leaves in
+        (:meth:`Packed.empty`'s views of a wire: the batch is then packed as it is gathered, no copy
+        of its own), returned with the views."""
         n, s = len(found), self.span
         into = {} if into is None else into
         frames = into.get("frames")
@@ -384,7 +360,8 @@ class SampleWindow:
             if real < s:
                 frames[r, real:] = rows[end - 1]
             length[r] = end - start
-        out = {**into, "frames": frames, **split_frames(frames, self.skeleton.num_joints), "length": length}
+        out = {**into, "frames": frames, **transforms.split_frames(frames, self.skeleton.num_joints),
+               "length": length}
         if self.bones is not None:
             offsets = into["offsets"] if "offsets" in into else np.empty((n, *self.bones.shape), np.float32)
             for r, (segment, _) in enumerate(found):

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from motionjax.data import pipeline, records, transforms
+from motionjax.data import records, transforms
 from motionjax.data.info import DatasetInfo
 
 
@@ -72,20 +72,20 @@ class Corpus:
         from motionjax import parallel
         names = ("first", "length", "offsets", "window_first", "window_count", "window_cdf")
         tables = {n: getattr(self, n) for n in names}
-        # The frames as one table of rows (root, rotations, floor: pipeline.frame_rows), the layout the
+        # The frames as one table of rows (root, rotations, floor: transforms.frame_rows), the layout the
         # window's frames are gathered in (sample_rows, transforms.read_window_rows): one row gather a frame.
         tables["frames"] = self.frames
         if mirror is not None:
             root, rotations = transforms.mirror(skeleton, self.root, self.rotations, mirror)
-            mirrored = pipeline.frame_rows(root, rotations, self.lowest)
+            mirrored = transforms.frame_rows(root, rotations, self.lowest)
             tables["frames"] = np.concatenate([tables["frames"], mirrored])
         return parallel.put(tables, {n: sharding for n in tables})
 
     @property
     def frames(self) -> np.ndarray:
         """``[N, 3 + 4J + 1]`` float32: the frames as rows (root, rotations, lowest;
-        :func:`~motionjax.data.pipeline.frame_rows`)."""
-        return pipeline.frame_rows(self.root, self.rotations, self.lowest)
+        :func:`~motionjax.data.transforms.frame_rows`)."""
+        return transforms.frame_rows(self.root, self.rotations, self.lowest)
 
 
 def bisect_steps(window_count) -> int:
@@ -192,5 +192,5 @@ def sample_spans(tables: dict, seg_cdf, keys, span: int, bisect_steps: int, star
     of :class:`~motionjax.data.augment.Augment` as the streamed tier's spans are)."""
     drawn = sample_rows(tables, seg_cdf, keys, span, bisect_steps, start_key)
     frames = tables["frames"]
-    out = pipeline.split_frames(frames[drawn.pop("rows")], (frames.shape[-1] - 4) // 4)
+    out = transforms.split_frames(frames[drawn.pop("rows")], (frames.shape[-1] - 4) // 4)
     return {**out, **drawn}

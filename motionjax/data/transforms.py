@@ -124,6 +124,31 @@ def span_frames(window: int, speed_range: float = 1.0) -> int:
     return window if speed_range == 1.0 else int(np.ceil((window - 1) * speed_range)) + 2
 
 
+def frame_rows(root_position, rotations, lowest=None) -> np.ndarray:
+    """A segment's frames as rows: ``root_position [N, 3]``, ``rotations [N, J, 4]`` and optionally
+    each frame's floor ``lowest [N]`` -> ``[N, 3 + 4J (+ 1)]`` float32, in that order. The streamed
+    tier's spans travel in this layout (``pipeline.SampleWindow.gather``) and the resident corpus's
+    table holds it (``resident.Corpus.arrays``): a span is one slice of its segment's rows, and on
+    the device the root and rotations are adjacent columns of one array, which :func:`lerp_frames`
+    gathers as whole rows with no concatenation (a pass over the span of its own, ~0.3 ms of the
+    headline autoencoder's ~2.5 ms streamed program on XLA:CPU)."""
+    parts = [root_position, rotations.reshape(len(rotations), -1)]
+    parts += [lowest[:, None]] if lowest is not None else []
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def split_frames(frames, joints: int) -> dict:
+    """Frame rows ``[..., S, W]`` (:func:`frame_rows`) -> ``{"root_position" [..., S, 3], "rotations"
+    [..., S, J, 4]}``, with ``"lowest" [..., S]`` when ``W = 3 + 4J + 1``: views (numpy), or slices that
+    XLA fuses into their readers (jax)."""
+    r = 3 + 4 * joints
+    out = {"root_position": frames[..., :3],
+           "rotations": frames[..., 3:r].reshape(*frames.shape[:-1], joints, 4)}
+    if frames.shape[-1] > r:
+        out["lowest"] = frames[..., r]
+    return out
+
+
 def read_rows(rows, start, end, frames: int, out=None):
     """``frames`` rows of ``rows [T, ...]`` from ``start``, the rows past the segment ``end`` (exclusive)
     repeating row ``end - 1``: ``[frames, ...]``, written into ``out`` when given (e.g. a batch's row:
