@@ -352,14 +352,10 @@ class SampleWindow:
         if frames is None:
             frames = np.empty((n, s, found[0][0]["frames"].shape[1]), np.float32)
         length = into["length"] if "length" in into else np.empty(n, np.int32)
-        for r, (segment, start) in enumerate(found):  # transforms.read_rows, inlined: ~2x cheaper a row
+        for r, (segment, start) in enumerate(found):
             rows = segment["frames"]
-            end = rows.shape[0]
-            real = max(0, min(s, end - start))  # frames inside the segment; the rest repeat its last
-            frames[r, :real] = rows[start:start + real]
-            if real < s:
-                frames[r, real:] = rows[end - 1]
-            length[r] = end - start
+            transforms.read_rows(rows, start, rows.shape[0], s, out=frames[r])
+            length[r] = rows.shape[0] - start
         out = {**into, "frames": frames, **transforms.split_frames(frames, self.skeleton.num_joints),
                "length": length}
         if self.bones is not None:
