@@ -230,9 +230,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     flags = train_flags(workdir, deepmimic_dir, *runs.TWO_PROCESS_RUN)  # 80 steps, a checkpoint every 20
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "2", *flags]
     # One CPU device per process (launch_local.sh gives 2 by default): the stop is the processes' decision.
-    launch_env = dict(env, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()),
-                      CPU_DEVICES_PER_PROCESS="1",
-                      XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
+    launch_env = dict(runs.one_device(env), PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"),
+                      PORT=str(_free_port()), CPU_DEVICES_PER_PROCESS="1")
 
     def logs():
         return "\n".join(f"--- {p.name} ---\n" + p.read_text()[-2000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import REPO, TWO_PROCESS_RUN, committed, dump_stacks, train_flags
+from runs import REPO, TWO_PROCESS_RUN, committed, dump_stacks, one_device, train_flags
 
 pytestmark = pytest.mark.slow  # scheduler daemons and trainer processes
 
@@ -180,9 +180,8 @@ def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes
     # cache's key: in their place (MOTIONJAX_XLA_GPU_FLAGS) the device count, which the key leaves out,
     # makes the jobs' programs the SIGTERM test's. test_the_job_scripts_gpu_flags_are_known_to_this_xla
     # checks the GPU flags themselves.
-    job_env = dict(env, PYTHON=sys.executable,
-                   MOTIONJAX_XLA_GPU_FLAGS="--xla_force_host_platform_device_count=1",
-                   XLA_FLAGS=" ".join(f for f in env["XLA_FLAGS"].split() if "device_count" not in f))
+    job_env = dict(one_device(env), PYTHON=sys.executable,
+                   MOTIONJAX_XLA_GPU_FLAGS="--xla_force_host_platform_device_count=1")
     resources = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0",
                  "--time=00:15:00", "scripts/slurm/train.sbatch"]
     # Both jobs run one command, the SIGTERM test's (tests/test_multiprocess.py, runs.TWO_PROCESS_RUN: 80
