@@ -2,15 +2,19 @@
 
     python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
                                [--rounds 20] [--out results/input] [--check] [--all-arms]
+                               [--design auto|blocks|interleaved]
 
 For each case and residency tier, in one process:
 
 1. a short run of the real trainer (:func:`motionjax.train.train_and_evaluate`): its steps/s and the
    host's milliseconds per step, p50 / p99, from one step's dispatch to the next (``host_ms``) and
    the call of the step itself (``dispatch_ms``);
-2. the train step fed several ways, in blocks of steps timed round-robin, each round in its own random
-   order (:func:`motionjax.timing.time_blocks`, ``--rounds`` blocks each; each figure from the mean
-   over rounds with its 95% interval over rounds, :func:`motionjax.timing.overhead`):
+2. the train step fed several ways, ``--rounds`` rounds (each figure from the mean over rounds with its
+   95% interval over rounds, :func:`motionjax.timing.overhead`): on the resident tier each round
+   interleaves the ways step by step, one step of each a cycle in a random order
+   (:func:`motionjax.timing.time_interleaved`); on the streamed tier (a Grain thread would prefetch
+   during the other ways' steps) each round is a block of steps of each way, in a random order
+   (:func:`motionjax.timing.time_blocks`); ``--design`` overrides:
    ``fixed``, one batch again and again (no input program runs); ``fed``, the trainer's way now,
    the feed's input program inside the step (one program a step); ``fixed_again``, the ``fixed`` call
    timed as its own arm: its figure against ``fixed``, ``null``, is 0 but for the measurement's
@@ -169,14 +173,21 @@ FIGURES = {"input_overhead": ("fed", "fixed"), "null": ("fixed_again", "fixed"),
 # sync) costs wall time and no CPU. So the check reads wall time; both figures are in the row, and each
 # arm's CPU seconds per wall second (``utilization``) says whether the fed step idles the cores more.
 ESTIMATOR = "wall"
+# How each tier's arms are timed ("auto"). The resident tier's input runs inside the step (no thread off
+# the main one): its arms are interleaved step by step (timing.time_interleaved), every arm's steps of a
+# round sharing that round's load moment by moment; in blocks, the load's drift between blocks made most
+# of the spread (docs/input.md: the resident row's null spanned 6.8 points in the tenth pass's quiet run).
+# The streamed tier's Grain thread would prefetch during the other arms' steps if interleaved, hiding
+# its cost: blocks of each arm.
+DESIGNS = {"device": "interleaved", "stream": "blocks"}
 
 
 def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
-            steps: int | None = None, all_arms: bool = False) -> dict:
+            steps: int | None = None, all_arms: bool = False, design: str = "auto") -> dict:
     """Case ``name`` on ``tier``: a trainer run, then the arms its check needs (``fixed``, its null
     ``fixed_again``, ``fed``; ``fed_fixed`` for the stand-in's ``other``), the input program alone,
     and with ``all_arms`` the diagnostic ones (``fed_fixed``, ``separate``, ``before``), round-robin
-    in a random order each round."""
+    in a random order each round (``design``: :data:`DESIGNS`)."""
     spec, trainer_steps, block, figure, threshold = CASES[name]
     config = case_config(name, steps or trainer_steps, tier)
     t = time.perf_counter()
@@ -206,9 +217,18 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
                           "before": read_late(lambda s: (*step(s, b := next(it)), b)),
                           "before_fixed": read_late(lambda s: (*step(s, fixed_batch), None))})
         cpu, threads, per_step = {}, {}, {}
+        design = design if design != "auto" else DESIGNS[tier]
         host = timing.host_cpu()
-        seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu,
-                                     threads=threads, steps=per_step, shuffle=0)
+        if design == "interleaved":  # no CPU by thread: a thread's ticks cannot be split between steps
+            steps_only = {k: v for k, v in calls.items() if k != "input"}
+            seconds = timing.time_interleaved(steps_only, jax.tree.map(jnp.copy, state), block, rounds,
+                                              cpu=cpu, steps=per_step, shuffle=0)
+            # The input program alone does not take the state: between steps it could run beside the step
+            # before it, so its time is not one step's mark to the next. Timed in blocks of its own.
+            seconds.update(timing.time_blocks({"input": calls["input"]}, state, block, rounds, cpu=cpu))
+        else:
+            seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu,
+                                         threads=threads, steps=per_step, shuffle=0)
         # Was it quiet? The host's CPU outside this process (other processes; the VM's steal).
         row["host_share"] = timing.host_share(host, timing.host_cpu())
         row["host_cache"] = it.stats()  # after the timed blocks: their hits
@@ -218,8 +238,10 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
     row["input_ms"] = 1e3 / rate.pop("input")
     row.update({f"{k}_steps_per_s": v for k, v in rate.items()}, block=block, seconds=seconds, cpu_s=cpu,
                step_s={k: v for k, v in per_step.items() if k != "input"})
-    row["design"] = {"arms": list(calls), "order": "random each round (seed 0)", "estimator": ESTIMATOR,
-                     "block": block, "rounds": rounds, "read_lag": 2}
+    timed = ({"cycles": block, "order": "each cycle one step of each arm, in a random order (seed 0)"}
+             if design == "interleaved" else {"block": block, "order": "random each round (seed 0)"})
+    row["design"] = {"design": design, "arms": list(calls), "estimator": ESTIMATOR, "rounds": rounds,
+                     "read_lag": 2, **timed}
     row["cpu_ms"] = {k: 1e3 * statistics.mean(v) for k, v in cpu.items()}
     row["utilization"] = {k: sum(cpu[k]) / sum(v) for k, v in seconds.items()}
     # Whose CPU that is, per step (XLA's compute threads, the main thread's dispatch, the stream
@@ -257,13 +279,13 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
 
 
 def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = ROUNDS,
-        log=print, steps: int | None = None, all_arms: bool = False) -> dict:
+        log=print, steps: int | None = None, all_arms: bool = False, design: str = "auto") -> dict:
     """Every case x tier (:func:`compare`; ``steps``: the trainer runs', default each case's own)."""
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": jax.default_backend(),
               "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "estimator": ESTIMATOR, "rows": {}}
     for name in cases:
         for tier in tiers:
-            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps, all_arms)
+            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps, all_arms, design)
     result["ok"] = all(r["check"]["ok"] for r in result["rows"].values())
     return result
 
@@ -287,11 +309,18 @@ def _pct(row: dict, key: str, kind: str | None = None) -> str:
     return f"{100 * value:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def _design(row: dict) -> str:
+    d = row.get("design", {})
+    if d.get("design") == "interleaved":
+        return f"each round {d['cycles']} cycles of one step of each arm in a random order (interleaved)"
+    return f"each round a block of {d.get('block', row.get('block'))} steps of each arm in a random order"
+
+
 def markdown(result: dict) -> str:
     kind = result.get("estimator", ESTIMATOR)
     other = "cpu" if kind == "wall" else "wall"
-    lines = [f"Input overhead: fed vs fixed batch, {result['rounds']} blocks each in a random order each "
-             f"round, in one process; {kind} time per step, mean over rounds [95% interval over rounds]; "
+    lines = [f"Input overhead: fed vs fixed batch, {result['rounds']} rounds in one process (each row's "
+             f"design below); {kind} time per step, mean over rounds [95% interval over rounds]; "
              f"null: the fixed step timed again as its own arm, the run's resolution ({result['backend']}, "
              f"{result['cores']} cores, {result['date']})", "",
              f"| case / tier | fixed step ms | **input overhead** ({kind}) | null ({kind}) | input overhead "
@@ -310,7 +339,7 @@ def markdown(result: dict) -> str:
                  _pct(r, "before_overhead"), f"{r['trainer']['steps_per_s']:.2f}", _ms(host, "host_ms"),
                  _ms(host, "dispatch_ms"), f"{c['figure']} <= {100 * c['threshold']:.0f}%: {verdict}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *(f"{key}: timed blocks{_host(r) or ': no /proc/stat'}"
+    lines += ["", *(f"{key}: {_design(r)}{_host(r) or '; no /proc/stat'}"
                     for key, r in result["rows"].items())]
     return "\n".join(lines)
 
@@ -328,11 +357,14 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
     p.add_argument("--all-arms", action="store_true",
                    help="also time the diagnostic arms (fed_fixed, separate, before): fewer rounds a minute")
+    p.add_argument("--design", default="auto", choices=("auto", "blocks", "interleaved"),
+                   help="how the arms are timed (auto: interleaved step by step on the resident tier, "
+                        "blocks on the streamed one)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds, steps=args.steps,
-                 all_arms=args.all_arms)
+                 all_arms=args.all_arms, design=args.design)
     result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
     # Every step's seconds apart (a few MB at 45 rounds): the summary keeps their spread (timing.spread).
     steps = {key: row.pop("step_s") for key, row in result["rows"].items()}

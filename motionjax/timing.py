@@ -59,25 +59,14 @@ def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = 
     mark to the next's (the first from the block's start).
     ``shuffle``: a seed; each round then runs the calls in its own random order (no call always
     follows the same one), else in ``calls``' order."""
-    for call in calls.values():
-        state = jax.block_until_ready(call(state)[0])
+    state = _warm(calls, state)
     seconds, cpu = {name: [] for name in calls}, {} if cpu is None else cpu
     rng = None if shuffle is None else np.random.default_rng(shuffle)
     for _ in range(rounds):
         for name in list(calls) if rng is None else [str(n) for n in rng.permutation(list(calls))]:
-            call = calls[name]
             before = thread_cpu() if threads is not None else None
-            keep, marks, t, c = [], [], time.perf_counter(), time.process_time()
-            for i in range(block):
-                state, *rest = call(state)
-                keep.append(rest)  # every input lives until its step has run (XLA:CPU)
-                if i >= lag:
-                    jax.block_until_ready(keep[i - lag])
-                    marks.append(time.perf_counter())
-            for rest in keep[len(marks):]:
-                jax.block_until_ready(rest)
-                marks.append(time.perf_counter())
-            jax.block_until_ready((state, keep))
+            t, c = time.perf_counter(), time.process_time()
+            state, marks, _ = _run(state, [calls[name]] * block, lag)
             seconds[name].append((time.perf_counter() - t) / block)
             cpu.setdefault(name, []).append((time.process_time() - c) / block)
             if steps is not None:
@@ -88,6 +77,66 @@ def time_blocks(calls: dict, state, block: int, rounds: int, cpu: dict | None = 
                     spent = used - before.get(tid, (kind, 0.0))[1]
                     kinds[kind] = kinds.get(kind, 0.0) + spent / block / rounds
     return seconds
+
+
+def time_interleaved(calls: dict, state, cycles: int, rounds: int, cpu: dict | None = None,
+                     steps: dict | None = None, shuffle: int = 0, lag: int = 2) -> dict:
+    """Seconds per step of each of ``calls`` (as :func:`time_blocks`), the calls interleaved step by
+    step: a round is ``cycles`` cycles, each one step of every call in its own random order, run as one
+    queue (``lag`` steps deep); a step's time is from the mark of the step before it to its own (the
+    wait for its outputs to be done), so it is that step's device time while the device is never idle,
+    and the host's when the host is the slower. ``{name: [mean seconds of its steps in each round]}``:
+    every call's steps of a round share that round's load, step by step, which blocks of one call
+    each cannot (on a shared VM the load drifts between blocks: :func:`spread`). Each round starts
+    with one more step, not counted (timed from an idle device).
+    For calls that run all their work in the step's programs; a call with work off the main thread (an
+    input pipeline's thread) would overlap its work with the other calls' steps here: time it in
+    blocks. ``cpu``: this process's CPU seconds between the same marks, put on the step that ended
+    there (approximate: the main thread is then dispatching a later step). ``steps``: ``{name:
+    [[seconds of each of its steps] of each round]}``."""
+    state = _warm(calls, state)
+    names = list(calls)
+    seconds, cpu = {name: [] for name in names}, {} if cpu is None else cpu
+    rng = np.random.default_rng(shuffle)
+    for _ in range(rounds):
+        order = [names[i] for _ in range(cycles) for i in rng.permutation(len(names))]
+        # A lead-in step first (the round's first call once more), timed from an idle device: not counted.
+        state, marks, cpu_marks = _run(state, [calls[n] for n in order[:1] + order], lag)
+        wall, used = np.diff(marks), np.diff(cpu_marks)  # [i]: the step of order[i]
+        for name in names:
+            mine = [i for i, n in enumerate(order) if n == name]
+            seconds[name].append(float(wall[mine].mean()))
+            cpu.setdefault(name, []).append(float(used[mine].mean()))
+            if steps is not None:
+                steps.setdefault(name, []).append(wall[mine].tolist())
+    return seconds
+
+
+def _warm(calls: dict, state):
+    """Each call run once and waited for (its compile and first run out of the timing)."""
+    for call in calls.values():
+        state = jax.block_until_ready(call(state)[0])
+    return state
+
+
+def _run(state, sequence: list, lag: int):
+    """``state`` through each call of ``sequence`` in turn, each step's outputs waited for ``lag`` steps
+    after its dispatch; returns ``(state, wall marks, CPU marks)``, one mark a step, when it was seen
+    done (``time.perf_counter``, ``time.process_time``)."""
+    keep, marks, cpu_marks = [], [], []
+    for i, call in enumerate(sequence):
+        state, *rest = call(state)
+        keep.append(rest)  # every input lives until its step has run (XLA:CPU)
+        if i >= lag:
+            jax.block_until_ready(keep[i - lag])
+            marks.append(time.perf_counter())
+            cpu_marks.append(time.process_time())
+    for rest in keep[len(marks):]:
+        jax.block_until_ready(rest)
+        marks.append(time.perf_counter())
+        cpu_marks.append(time.process_time())
+    jax.block_until_ready((state, keep))
+    return state, marks, cpu_marks
 
 
 def thread_cpu() -> dict:

@@ -187,6 +187,48 @@ def test_time_blocks_shuffles_the_order_each_round_and_records_each_step():
     assert ran[3:] == ["a", "a", "b", "b", "c", "c"] * 3
 
 
+def test_time_interleaved_runs_one_step_of_each_call_a_cycle_and_sees_through_drift():
+    """Every cycle runs each call once (in its own order), a round is ``cycles`` cycles, and each call's
+    steps are timed apart. The reference: sleepers (they finish before they return, so with ``lag=0``
+    a step's time is its own) whose known ratio (b sleeps 1.25x a) rides on a load that drifts 2.5x
+    from round to round: the interleaved rounds recover the ratio with a narrow interval, while blocks
+    of one call each, whose load changes from one block to the next, cannot."""
+    import time
+
+    ran, rounds, cycles = [], 8, 4
+    period = [3 * cycles + 1]  # calls between two changes of the load: here a round (its lead-in step too)
+
+    def sleeper(name, seconds):
+        def call(state):
+            ran.append(name)
+            timed = len(ran) - 4  # this call's index after the warm-up call of each
+            load = 1.0 + 1.5 * ((max(timed, 0) // period[0]) % 2)  # every other period 2.5x slower
+            time.sleep(seconds * load)
+            return (state + 1, name)
+        return call
+
+    calls = {"a": sleeper("a", 0.004), "b": sleeper("b", 0.005), "c": sleeper("c", 0.004)}
+    steps = {}
+    seconds = timing.time_interleaved(calls, 0, cycles, rounds, steps=steps, shuffle=1, lag=0)
+    timed = [ran[3 + r * (3 * cycles + 1) + 1:3 + (r + 1) * (3 * cycles + 1)] for r in range(rounds)]
+    assert len(ran) == 3 + rounds * (3 * cycles + 1)  # each round: a lead-in step, then its cycles
+    for r in timed:
+        for i in range(0, len(r), 3):
+            assert sorted(r[i:i + 3]) == ["a", "b", "c"]  # one step of each a cycle
+    assert len({tuple(r[i:i + 3]) for r in timed for i in range(0, len(r), 3)}) > 1  # in more than one order
+    for name in calls:
+        assert len(seconds[name]) == rounds and all(len(r) == cycles for r in steps[name])
+    cost = timing.overhead(seconds, "b", "a")
+    assert 0.12 < cost["value"] < 0.28  # 1 - 1 / 1.25 = 0.2
+    assert cost["hi"] - cost["lo"] < 0.1
+    ran.clear()
+    period[0] = cycles  # blocks of one call each: the load changes between blocks
+    blocks = timing.time_blocks(calls, 0, cycles, rounds, lag=0)
+    assert np.ptp(np.array(blocks["b"]) / np.array(blocks["a"])) > 1.0  # 1.25 x 2.5 or / 2.5
+    wide = timing.overhead(blocks, "b", "a")
+    assert wide["hi"] - wide["lo"] > 2 * (cost["hi"] - cost["lo"])
+
+
 def test_host_share_counts_this_process_and_sees_a_busy_neighbour():
     """Against the process's own clock and a child that spins: the shares add up, this process's share
     is its CPU over the cores' time, and a spinning child (another process) lands in ``others``."""
