@@ -4,9 +4,10 @@ The package's own measurements use it (the batch finder's ``throughput`` mode, t
 scorecard's latency, the trainer's input check), and so does the checkout's benchmark code
 (``benchmarks/measure.py``, ``benchmarks/input.py``).
 :func:`time_call` takes a median, not a mean: on a shared machine a few calls take the hit of another
-process. :func:`overhead` compares two ways of running a step from blocks timed round-robin
-(:func:`time_blocks`): the mean over rounds, with an interval over rounds, since there every round's
-pair of blocks shares that round's load.
+process. :func:`overhead` compares two ways of running a step from rounds of them, timed in blocks
+round-robin (:func:`time_blocks`) or interleaved step by step (:func:`time_interleaved`, where each
+way's work is all in the step's programs): the mean over rounds, with an interval over rounds, since
+there every round's ways share that round's load.
 """
 from __future__ import annotations
 
