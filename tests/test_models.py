@@ -223,7 +223,9 @@ def test_position_head_output_reaches_the_corrected_positions():
     kin = models.SkeletonLayer(sk, mean, std, position_head=True)
     hint, true = (rot.quat_normalize(rng.normal(size=(5, sk.num_joints, 4))).astype(np.float32)
                   for _ in range(2))
-    fk = lambda q: np.asarray(forward_kinematics(sk, jnp.asarray(q), jnp.zeros((5, 3)))[0])
+    # Jitted: op by op, FK dispatched (and compiled) dozens of small programs.
+    jit_fk = jax.jit(lambda q: forward_kinematics(sk, q, jnp.zeros((5, 3)))[0])
+    fk = lambda q: np.asarray(jit_fk(jnp.asarray(q, jnp.float32)))
     x = feat.standardize(feat.pack(sk, np.zeros((5, 3), np.float32), hint), mean, std)[:, 3:]
     project = jax.jit(kin.project)
     for want in (true, hint):
