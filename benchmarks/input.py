@@ -3,6 +3,7 @@
     python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
                                [--rounds 20] [--out results/input] [--check] [--all-arms]
                                [--design auto|blocks|interleaved]
+    python benchmarks/input.py --pool RUN1/input.json RUN2/input.json ...   (figures of runs pooled)
 
 For each case and residency tier, in one process:
 
@@ -344,6 +345,38 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def pool(paths) -> dict:
+    """Each row's figures with the rounds of several runs' ``input.json`` pooled (a round of each run as
+    one round of the pool: :func:`motionjax.timing.overhead` over them all), beside each run's own:
+    ``{row: {figure: {"pooled": cost, "runs": [cost of each run]}}}``. Rounds share a run's process
+    and its compiled programs; a run's own effect (memory placement, the VM's state that hour) is
+    not in the pooled interval: the runs' spread beside it shows whether there is one."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    out = {}
+    for key in sorted(set.intersection(*(set(r["rows"]) for r in runs))):
+        rows = [r["rows"][key] for r in runs]
+        figures = out.setdefault(key, {})
+        for figure, (arm, base) in FIGURES.items():
+            if all(arm in r["seconds"] and base in r["seconds"] for r in rows):
+                both = {k: [x for r in rows for x in r["seconds"][k]] for k in (arm, base)}
+                figures[figure] = {"pooled": timing.overhead(both, arm, base),
+                                   "runs": [timing.overhead(r["seconds"], arm, base) for r in rows],
+                                   "designs": [r.get("design", {}).get("design", "blocks") for r in rows]}
+    return out
+
+
+def _pool_table(pooled: dict, paths) -> str:
+    lines = [f"Pooled over {len(paths)} runs ({', '.join(map(str, paths))}); wall time, mean over rounds "
+             "[95% interval over rounds]", "", "| row | figure | pooled | each run |", "|---|---|---|---|"]
+    span = lambda c: f"{100 * c['value']:.1f}% [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"  # noqa: E731
+    for key, figures in pooled.items():
+        for figure, cost in figures.items():
+            runs = "; ".join(f"{span(c)} ({c['rounds']} rounds)" for c in cost["runs"])
+            both = cost["pooled"]
+            lines.append(f"| {key} | {figure} | **{span(both)}** ({both['rounds']} rounds) | {runs} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from motionjax import malloc
 
@@ -360,7 +393,12 @@ def main(argv=None) -> int:
     p.add_argument("--design", default="auto", choices=("auto", "blocks", "interleaved"),
                    help="how the arms are timed (auto: interleaved step by step on the resident tier, "
                         "blocks on the streamed one)")
+    p.add_argument("--pool", nargs="+", metavar="INPUT_JSON",
+                   help="measure nothing: print each row's figures with these runs' rounds pooled")
     args = p.parse_args(argv)
+    if args.pool:
+        print(_pool_table(pool(args.pool), args.pool))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds, steps=args.steps,

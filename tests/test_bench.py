@@ -227,3 +227,33 @@ def test_bench_table_states_the_grid_targets_on_the_joints_measured():
     assert "4,096 frames (worst of J = 24) | 2.40× | ≥ 1.5× | yes |" in table
     assert "| the same at 256 frames (worst of J = 24) | 1.70× | ≥ 1× | yes |" in table
     assert "Not run (grid budget of 180 s spent): J = 52 × 4096 (float32)." in table
+
+
+def test_input_pool_reads_the_rounds_of_every_run_as_one_set(tmp_path):
+    """benchmarks/input.py --pool: a figure pooled over runs is timing.overhead over their rounds
+    concatenated; each run's own figure is beside it; a row missing from one run is left out."""
+    from benchmarks import input as inp
+    from motionjax import timing
+
+    rng = np.random.default_rng(0)
+    runs = []
+    for r, cost in enumerate((1.02, 1.04)):  # fed 2% / 4% slower than fixed in each run
+        fixed = rng.uniform(0.2, 0.3, 10 + 5 * r)
+        seconds = {"fixed": fixed.tolist(), "fixed_again": (fixed * 1.001).tolist(),
+                   "fed": (fixed * cost).tolist()}
+        rows = {"autoencoder/device": {"seconds": seconds, "design": {"design": "interleaved"}}}
+        if r == 0:
+            rows["denoiser/device"] = {"seconds": seconds}
+        path = tmp_path / f"run{r}.json"
+        path.write_text(json.dumps({"rows": rows}))
+        runs.append((path, seconds))
+    pooled = inp.pool([p for p, _ in runs])
+    assert set(pooled) == {"autoencoder/device"}
+    fig = pooled["autoencoder/device"]["input_overhead"]
+    both = {k: runs[0][1][k] + runs[1][1][k] for k in ("fed", "fixed")}
+    assert fig["pooled"] == timing.overhead(both, "fed")
+    assert fig["pooled"]["rounds"] == 25 and [c["rounds"] for c in fig["runs"]] == [10, 15]
+    assert [round(c["value"], 4) for c in fig["runs"]] == [round(1 - 1 / 1.02, 4), round(1 - 1 / 1.04, 4)]
+    assert fig["runs"][0]["value"] < fig["pooled"]["value"] < fig["runs"][1]["value"]
+    assert "null" in pooled["autoencoder/device"] and "other" not in pooled["autoencoder/device"]
+    assert "**" in inp._pool_table(pooled, [p for p, _ in runs])
