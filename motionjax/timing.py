@@ -90,9 +90,10 @@ def time_interleaved(calls: dict, state, cycles: int, rounds: int, cpu: dict | N
     every call's steps of a round share that round's load, step by step, which blocks of one call
     each cannot (on a shared VM the load drifts between blocks: :func:`spread`). Each round starts
     with one more step, not counted (timed from an idle device).
-    For calls that run all their work in the step's programs; a call with work off the main thread (an
-    input pipeline's thread) would overlap its work with the other calls' steps here: time it in
-    blocks. ``cpu``: this process's CPU seconds between the same marks, put on the step that ended
+    For calls that run all their work in the step's programs and take the state on (each step then
+    waits for the one before it); a call with work off the main thread (an input pipeline's thread), or
+    one whose program does not take the state (it may run beside the step before it), would overlap
+    the other calls' steps here: time it in blocks. ``cpu``: this process's CPU seconds between the same marks, put on the step that ended
     there (approximate: the main thread is then dispatching a later step). ``steps``: ``{name:
     [[seconds of each of its steps] of each round]}``."""
     state = _warm(calls, state)
