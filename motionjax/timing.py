@@ -93,9 +93,9 @@ def time_interleaved(calls: dict, state, cycles: int, rounds: int, cpu: dict | N
     For calls that run all their work in the step's programs and take the state on (each step then
     waits for the one before it); a call with work off the main thread (an input pipeline's thread), or
     one whose program does not take the state (it may run beside the step before it), would overlap
-    the other calls' steps here: time it in blocks. ``cpu``: this process's CPU seconds between the same marks, put on the step that ended
-    there (approximate: the main thread is then dispatching a later step). ``steps``: ``{name:
-    [[seconds of each of its steps] of each round]}``."""
+    the other calls' steps here: time it in blocks. ``cpu``: this process's CPU seconds between the
+    same marks, put on the step that ended there (approximate: the main thread is then dispatching a
+    later step). ``steps``: ``{name: [[seconds of each of its steps] of each round]}``."""
     state = _warm(calls, state)
     names = list(calls)
     seconds, cpu = {name: [] for name in names}, {} if cpu is None else cpu
