@@ -307,6 +307,10 @@ def _pct(row: dict, key: str, kind: str | None = None) -> str:
         return "-"
     value, (lo, hi) = ((row[key], row[f"{key}_interval"]) if kind is None
                        else (row[f"{key}_{kind}"]["value"], row[f"{key}_{kind}"]["interval"]))
+    return _span(value, lo, hi)
+
+
+def _span(value: float, lo: float, hi: float) -> str:
     return f"{100 * value:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
@@ -368,12 +372,13 @@ def pool(paths) -> dict:
 def _pool_table(pooled: dict, paths) -> str:
     lines = [f"Pooled over {len(paths)} runs ({', '.join(map(str, paths))}); wall time, mean over rounds "
              "[95% interval over rounds]", "", "| row | figure | pooled | each run |", "|---|---|---|---|"]
-    span = lambda c: f"{100 * c['value']:.1f}% [{100 * c['lo']:.1f}, {100 * c['hi']:.1f}]"  # noqa: E731
     for key, figures in pooled.items():
         for figure, cost in figures.items():
-            runs = "; ".join(f"{span(c)} ({c['rounds']} rounds)" for c in cost["runs"])
+            runs = "; ".join(f"{_span(c['value'], c['lo'], c['hi'])} ({c['rounds']} rounds, {design})"
+                             for c, design in zip(cost["runs"], cost["designs"], strict=True))
             both = cost["pooled"]
-            lines.append(f"| {key} | {figure} | **{span(both)}** ({both['rounds']} rounds) | {runs} |")
+            lines.append(f"| {key} | {figure} | **{_span(both['value'], both['lo'], both['hi'])}** "
+                         f"({both['rounds']} rounds) | {runs} |")
     return "\n".join(lines)
 
 

@@ -256,4 +256,5 @@ def test_input_pool_reads_the_rounds_of_every_run_as_one_set(tmp_path):
     assert [round(c["value"], 4) for c in fig["runs"]] == [round(1 - 1 / 1.02, 4), round(1 - 1 / 1.04, 4)]
     assert fig["runs"][0]["value"] < fig["pooled"]["value"] < fig["runs"][1]["value"]
     assert "null" in pooled["autoencoder/device"] and "other" not in pooled["autoencoder/device"]
-    assert "**" in inp._pool_table(pooled, [p for p, _ in runs])
+    table = inp._pool_table(pooled, [p for p, _ in runs])
+    assert "**" in table and "(10 rounds, interleaved)" in table  # each run's design beside its figure
