@@ -2,7 +2,7 @@
 
     python benchmarks/input.py [--cases autoencoder,denoiser,standin] [--tiers device,stream]
                                [--rounds 20] [--out results/input] [--check] [--all-arms]
-                               [--design auto|blocks|interleaved]
+                               [--design auto|blocks|interleaved] [--split]
     python benchmarks/input.py --pool RUN1/input.json RUN2/input.json ...   (figures of runs pooled)
 
 For each case and residency tier, in one process:
@@ -30,11 +30,12 @@ For each case and residency tier, in one process:
    ``spread``: each arm's per-step times taken apart (:func:`motionjax.timing.spread`: per-step
    jitter against drift between blocks); ``cpu_ms_by_thread``: CPU per step by thread kind (XLA's
    compute threads ``tf_XLAEigen``, the ``main`` thread's dispatch, the stream tier's Grain threads);
-3. for the stand-in (and with ``--all-arms``), the overhead split in two: ``other``, everything but the
-   input's compute (host work, dispatch, syncs), is ``fed_fixed`` (the trainer's fed step, its host
-   path and its program's arguments all as ``fed``'s, but the program takes the fixed batch instead of
-   drawing one) against ``fixed``; ``input_in_step``, the input's compute as it runs inside the step,
-   is ``fed`` against ``fed_fixed``; ``other_by_subtraction = input_overhead - input_share``.
+3. for the stand-in (and with ``--split`` or ``--all-arms``, for every case), the overhead split in
+   two: ``other``, everything but the input's compute (host work, dispatch, syncs), is ``fed_fixed``
+   (the trainer's fed step, its host path and its program's arguments all as ``fed``'s, but the
+   program takes the fixed batch instead of drawing one) against ``fixed``; ``input_in_step``, the
+   input's compute as it runs inside the step, is ``fed`` against ``fed_fixed``;
+   ``other_by_subtraction = input_overhead - input_share``.
    ``--all-arms`` also times ``separate`` (the input as its own program before each step,
    ``separate_overhead``) and ``before`` / ``before_fixed`` (the trainer of before #61: its own program
    and each step's metrics read one step late, ``before_overhead``): each arm more is fewer rounds of
@@ -184,9 +185,11 @@ DESIGNS = {"device": "interleaved", "stream": "blocks"}
 
 
 def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
-            steps: int | None = None, all_arms: bool = False, design: str = "auto") -> dict:
+            steps: int | None = None, all_arms: bool = False, design: str = "auto",
+            split: bool = False) -> dict:
     """Case ``name`` on ``tier``: a trainer run, then the arms its check needs (``fixed``, its null
-    ``fixed_again``, ``fed``; ``fed_fixed`` for the stand-in's ``other``), the input program alone,
+    ``fixed_again``, ``fed``; ``fed_fixed`` for the stand-in's ``other``, and with ``split``), the input
+    program alone,
     and with ``all_arms`` the diagnostic ones (``fed_fixed``, ``separate``, ``before``), round-robin
     in a random order each round (``design``: :data:`DESIGNS`)."""
     spec, trainer_steps, block, figure, threshold = CASES[name]
@@ -209,7 +212,7 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
         calls = {"fixed": lambda s: (*step(s, fixed_batch), None),
                  "fixed_again": lambda s: (*step(s, fixed_batch), None), "fed": step.fed(it),
                  "input": lambda s: (s, next(it))}
-        if all_arms or figure == "other":
+        if all_arms or split or figure == "other":
             calls["fed_fixed"] = step.fed(FixedDraw(it, fixed_batch))
         if all_arms:
             calls.update({"separate": lambda s: (*step(s, b := next(it)), b),
@@ -280,13 +283,15 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
 
 
 def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = ROUNDS,
-        log=print, steps: int | None = None, all_arms: bool = False, design: str = "auto") -> dict:
+        log=print, steps: int | None = None, all_arms: bool = False, design: str = "auto",
+        split: bool = False) -> dict:
     """Every case x tier (:func:`compare`; ``steps``: the trainer runs', default each case's own)."""
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": jax.default_backend(),
               "cores": len(os.sched_getaffinity(0)), "rounds": rounds, "estimator": ESTIMATOR, "rows": {}}
     for name in cases:
         for tier in tiers:
-            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps, all_arms, design)
+            result["rows"][f"{name}/{tier}"] = compare(name, tier, out, rounds, log, steps, all_arms, design,
+                                                       split)
     result["ok"] = all(r["check"]["ok"] for r in result["rows"].values())
     return result
 
@@ -395,6 +400,9 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a case passes its threshold")
     p.add_argument("--all-arms", action="store_true",
                    help="also time the diagnostic arms (fed_fixed, separate, before): fewer rounds a minute")
+    p.add_argument("--split", action="store_true",
+                   help="also time fed_fixed for every case: the overhead split into the input's compute "
+                        "in the step and everything else (one arm more a cycle)")
     p.add_argument("--design", default="auto", choices=("auto", "blocks", "interleaved"),
                    help="how the arms are timed (auto: interleaved step by step on the resident tier, "
                         "blocks on the streamed one)")
@@ -407,7 +415,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(args.cases.split(","), args.tiers.split(","), out, args.rounds, steps=args.steps,
-                 all_arms=args.all_arms, design=args.design)
+                 all_arms=args.all_arms, design=args.design, split=args.split)
     result["command"] = " ".join(["python", "benchmarks/input.py", *(sys.argv[1:] if argv is None else argv)])
     # Every step's seconds apart (a few MB at 45 rounds): the summary keeps their spread (timing.spread).
     steps = {key: row.pop("step_s") for key, row in result["rows"].items()}
