@@ -1,5 +1,6 @@
 """The trainer: sharded == unsharded steps, the non-finite guard, exact resume after kill -9,
-SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices)."""
+SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices; the resume's trainer
+processes 2, as the uninterrupted run they must end at, conftest.py's ``uninterrupted_run``)."""
 import contextlib
 import io
 import json
