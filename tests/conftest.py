@@ -57,6 +57,36 @@ def env():
 
 
 @pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory, deepmimic_dir, env) -> Path:
+    """The workdir of ``motionjax train`` on the runlocal config with ``runs.TWO_PROCESS_RUN``'s schedule
+    (80 steps), uninterrupted, saving only at the end (a save does not change the training), in one
+    process on 2 CPU devices: the parameters and losses that test_train.py's kill -9 resume (one process,
+    2 devices) and test_multiprocess.py's SIGTERM resume (two processes, a device each) must each end at,
+    bit for bit. Trained once per session: under xdist the first worker to ask trains it in the session's
+    shared directory and the others wait on its lock, then read it (the clips are prepared in each worker
+    alike)."""
+    import fcntl
+    import subprocess
+
+    from runs import REPO, TWO_PROCESS_RUN, cpu_devices, pool_of, train_cmd
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above every worker's own
+    workdir = root / "uninterrupted_run"
+    with open(root / "uninterrupted_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this worker dies
+        if not (workdir / "summary.json").exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # a run a failed worker left half done
+            flags = [f if "checkpoint_every" not in f else "--config.train.checkpoint_every=80"
+                     for f in TWO_PROCESS_RUN]
+            done = subprocess.run(train_cmd(workdir, deepmimic_dir, *flags), cwd=REPO, capture_output=True,
+                                  env=pool_of(cpu_devices(env, 2), 2), text=True)
+            assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+@pytest.fixture(scope="session")
 def user_env(env):
     """:func:`env` with one CPU device, what ``motionjax`` sees on a user's CPU host
     (``runs.one_device``; the notebooks run so too): for the commands run as a user runs them, whose

@@ -23,10 +23,32 @@ def runlocal_config(data_dir, mesh_shape=(("data", -1), ("time", 1))):
 # jax.distributed: test_multiprocess.py's SIGTERM launch, test_slurm.py's jobs) take one schedule, so
 # the programs the first of them compiles are read from the session's compilation cache by the others
 # (the schedule's length is a constant of the train step; the other settings are the host's). 80 steps:
-# a run outlasts a signal sent after its first checkpoint, even on a loaded host.
+# a run outlasts a signal sent after its first checkpoint, even on a loaded host. test_train.py's kill -9
+# resume trains it too, in one process on 2 devices: conftest.py's ``uninterrupted_run`` is the run both
+# resumes must end at, bit for bit (two processes of one device each equal one process of two: the
+# all-reduce of two numbers is one addition, in either order).
 TWO_PROCESS_RUN = ("--config.train.steps=80", "--config.train.eval_every=80",
                    "--config.train.checkpoint_every=20", "--config.train.log_every=10",
                    "--config.evals.final.splits=('validation',)")
+
+
+def checkpoint_params(workdir, step: int) -> dict:
+    """The parameters of ``workdir``'s checkpoint ``step`` as numpy arrays keyed by path, restored onto one
+    device of this process whatever process and device layout saved them (orbax asks for a target
+    then: the saved shapes and dtypes, on this process's first device)."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    path = (Path(workdir) / "checkpoints" / str(step) / "state").absolute()
+    assert path.parent.is_dir(), (step, committed(workdir))
+    checkpointer = ocp.StandardCheckpointer()
+    saved = checkpointer.metadata(path)
+    saved = getattr(saved, "item_metadata", saved)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
+    params = checkpointer.restore(path, target)["params"]
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def train_flags(workdir, data_dir, *overrides) -> list[str]:
@@ -98,6 +120,20 @@ def one_device(env: dict) -> dict:
     flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                      if not f.startswith("--xla_force_host_platform_device_count"))
     return dict(env, XLA_FLAGS=flags)
+
+
+def cpu_devices(env: dict, n: int) -> dict:
+    """``env`` with ``n`` CPU devices (:func:`one_device`'s flags, and the forced count ``n``)."""
+    flags = one_device(env)["XLA_FLAGS"]
+    return dict(env, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
+
+
+def pool_of(env: dict, devices: int) -> dict:
+    """``env`` with XLA:CPU's compute pool of a process of ``devices`` devices on this host (``NPROC``):
+    XLA sizes it max(cores, devices in the process), and a matmul's last bits depend on how its work is
+    split over it, so the runs that must equal each other bit for bit across process layouts (two
+    processes of one device, one of two) get one pool, on any host."""
+    return dict(env, NPROC=str(max(len(os.sched_getaffinity(0)), devices)))
 
 
 def run_notebook(path: Path, env: dict, min_images: int = 4, timeout_s: int = 400):

@@ -1,16 +1,17 @@
-"""Multi-controller training: 2 local CPU processes x 2 devices vs 1 process x 4 devices.
+"""Multi-controller training: 2 local CPU processes vs 1 process.
 
-The test starts this file twice as a worker (``python tests/test_multiprocess.py WORKDIR``) joined by
-``jax.distributed`` (gloo collectives). In one launch the two workers train both cases, one after the
-other, each into its own subdirectory: ``"two"`` (a data 2 x time 2 mesh whose 'data' axis spans the
-processes, XLA's all-reduce, the corpus resident on the devices) and ``"int8"`` (data 4, int8 with
-error feedback over two levels: inside each process, then across the two; the corpus streamed, each
-process reading only its own share). Each takes its batches from the training feed
-(:mod:`motionjax.data.feed`), trains a few steps of the real train step, blocks on every step, and
-checkpoints from both processes. The tests then check, in their own process: both processes hold
-identical parameters; the losses equal a single-process run of its own feed (a batch is a function
-of the seed and the step: the same windows, noise and augmentation); and the 2-process checkpoint
-restores onto the 1-process mesh.
+The SIGTERM test runs the trainer itself, ``scripts/launch_local.sh 2`` (two processes of one CPU device
+each, joined by ``jax.distributed``): stopped by a signal to one process and resumed, the run ends bit for
+bit at the uninterrupted one-process run on 2 devices (conftest.py's ``uninterrupted_run``).
+
+The int8 test starts this file twice as a worker (``python tests/test_multiprocess.py WORKDIR``) joined by
+``jax.distributed`` (gloo collectives), 2 devices a process: data 4, int8 with error feedback over two
+levels (inside each process, then across the two), the corpus streamed, each process reading only its own
+share. It takes its batches from the training feed (:mod:`motionjax.data.feed`), trains a few steps of the
+real train step, blocks on every step, and checkpoints from both processes. The test then checks, in its
+own process: both processes hold identical parameters; the losses and parameters equal a single-process
+run of its own feed (a batch is a function of the seed and the step: the same windows, noise and
+augmentation); and the 2-process checkpoint restores onto the 1-process mesh.
 """
 from __future__ import annotations
 
@@ -31,34 +32,26 @@ from motionjax import parallel, train
 from motionjax.configs import base
 from motionjax.data import feed, pipeline
 
-STEPS = 10
-INT8_STEPS = 5
-CASES = ("two", "int8")
+STEPS = 5
 WORKER_TIMEOUT_S = 420  # a hung collective dumps every thread's stack and exits instead of hanging CI
 
 
-def _config(case: str = "two"):
-    """``"two"``: data 2 x time 2 over 2 processes x 2 devices, XLA's all-reduce, 10 steps. ``"int8"``:
-    data 4, int8 two-level (inside a process, then across), the corpus streamed, 5 steps."""
+def _config():
+    """Data 4 over 2 processes x 2 devices, int8 two-level (inside a process, then across), the corpus
+    streamed, 5 steps."""
     config = base.get_config()
-    config.mesh.shape = (("data", -1), ("time", 2))
-    config.data.update(source="synthetic", synthetic_clips=16, synthetic_frames=64, batch_size=4, window=32,
-                       chunk=8, prefetch=0, residency="device", speed_range=1.25)
-    if case == "int8":
-        config.mesh.shape = (("data", -1), ("time", 1))
-        config.data.update(batch_size=8, residency="stream")
-        config.train.update(grad_reduce="int8", grad_reduce_levels=2, grad_reduce_host_size=2,
-                            grad_bucket_mb=0.01)
-    # A float32 temporal conv net (its kernel-3 halo still crosses the 'time' shards): this test is about
-    # processes, and it compiles ~40% faster than a bfloat16 transformer (18.2 -> 10.3 CPU s for "two");
-    # test_parallel.py checks the transformer on data x time meshes.
+    config.mesh.shape = (("data", -1), ("time", 1))
+    config.data.update(source="synthetic", synthetic_clips=16, synthetic_frames=64, batch_size=8, window=32,
+                       chunk=8, prefetch=0, residency="stream", speed_range=1.25)
+    config.train.update(grad_reduce="int8", grad_reduce_levels=2, grad_reduce_host_size=2,
+                        grad_bucket_mb=0.01)
+    # A float32 temporal conv net: this test is about processes, and it compiles ~40% faster than a
+    # bfloat16 transformer; test_parallel.py checks the transformer on data x time meshes.
     config.model.update(name="tconv", dim=32, depth=1, kernel=3, latent_dim=8, stride=2, dtype="float32")
     config.train.update(steps=STEPS, warmup_steps=2)
     # This test is about processes, not losses: without the dynamics term each compile takes ~40% less
     # (test_parallel.py compiles the full step on a data x time mesh).
     config.loss.dynamics_weight = 0.0
-    if case == "int8":
-        config.train.steps = INT8_STEPS
     return config
 
 
@@ -75,20 +68,15 @@ def _local_params(state) -> dict:
     return {jax.tree_util.keystr(path): np.asarray(x.addressable_data(0)) for path, x in leaves}
 
 
-def worker(workdir: Path, *cases: str) -> None:
-    """Trains each of ``cases`` in turn into ``workdir / case`` (one ``jax.distributed`` session)."""
+def worker(workdir: Path) -> None:
+    """Trains :func:`_config` into ``workdir`` (one ``jax.distributed`` session)."""
     faulthandler.dump_traceback_later(WORKER_TIMEOUT_S, exit=True)
     parallel.initialize()  # from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
     assert jax.process_count() == 2 and jax.local_device_count() == 2, jax.devices()
-    for case in cases:
-        _train_case(workdir / case, case)
-
-
-def _train_case(workdir: Path, case: str) -> None:
-    config = _config(case)
+    config = _config()
     mesh = parallel.make_mesh(config.mesh)
-    # The hybrid mesh: process i's devices are consecutive along 'data' (row i of data 2 x time 2;
-    # devices 2i, 2i + 1 of data 4), so 'time' and the inside-host level stay inside a process.
+    # The hybrid mesh: process i's devices are consecutive along 'data' (devices 2i, 2i + 1 of data 4),
+    # so the inside-host level stays inside a process.
     rows = mesh.devices.reshape(jax.process_count(), -1)
     assert [{d.process_index for d in row} for row in rows] == [{0}, {1}], mesh.devices
     info, state, step, window = _setup(config, mesh)
@@ -113,8 +101,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, n: int, *cases: str):
-    """``n`` worker processes x 2 CPU devices training ``cases``: (exit codes, the tails of their logs)."""
+def _launch(tmp_path, n: int):
+    """``n`` worker processes x 2 CPU devices training into ``tmp_path``: (exit codes, the tails of their
+    logs)."""
     port = _free_port()
     # 2 devices per process; conftest's other XLA flags kept.
     flags = ["--xla_force_host_platform_device_count=2",
@@ -126,9 +115,7 @@ def _launch(tmp_path, n: int, *cases: str):
                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
                PYTHONPATH=str(Path(__file__).parents[1]))
     logs = [tmp_path / f"worker_{i}.log" for i in range(n)]
-    for case in cases:
-        (tmp_path / case).mkdir()
-    command = [sys.executable, __file__, str(tmp_path), *cases]
+    command = [sys.executable, __file__, str(tmp_path)]
     procs = [subprocess.Popen(command, env=dict(env, JAX_PROCESS_ID=str(i)), stdout=log.open("w"),
                               stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
     try:
@@ -163,16 +150,6 @@ def _assert_one_process_matches(tmp_path, config, devices: int, steps: int, para
     return state
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """One launch of two workers that train both cases (:data:`CASES`): the directory, each case's
-    results in its subdirectory. A worker pays its imports and the distributed setup once."""
-    root = tmp_path_factory.mktemp("workers")
-    codes, tails = _launch(root, 2, *CASES)
-    assert codes == [0, 0], tails
-    return root
-
-
 def _same_in_both_processes(workdir) -> dict:
     """The two processes' parameters, equal bit for bit: process 0's."""
     p0, p1 = (dict(np.load(workdir / f"params_{i}.npz")) for i in range(2))
@@ -184,16 +161,23 @@ def _same_in_both_processes(workdir) -> dict:
 
 @pytest.mark.slow  # two worker subprocesses
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)  # the workers, then the 1-process reference
-def test_two_processes_match_one(launched):
-    workdir = launched / "two"
-    p0 = _same_in_both_processes(workdir)
-
-    # One process, 4 devices, the same mesh shape, its own feed (the corpus resident on its devices).
+def test_two_processes_int8_two_level_match_one(tmp_path):
+    """2 processes x 2 CPU devices, int8 with error feedback, two levels (an fp32 reduce-scatter inside
+    each process, int8 across the 2 over gloo, an all-gather inside): both processes end with the same
+    parameters and residual-fed losses, equal bit for bit to one process on 4 devices with the same
+    settings (every sum of the gradient is taken by its owner in device order: only the transport
+    differs), which reads its own data stream: the Grain pipeline gives the processes the blocks of
+    its global batches, and the device draws every example's augmentation by its global index. The
+    2-process checkpoint restores onto the 1-process mesh."""
+    codes, tails = _launch(tmp_path, 2)
+    assert codes == [0, 0], tails
+    p0 = _same_in_both_processes(tmp_path)
     config = _config()
-    state = _assert_one_process_matches(workdir, config, 4, STEPS, p0, mesh_shape={"data": 2, "time": 2})
+    state = _assert_one_process_matches(tmp_path, config, 4, STEPS, p0, mesh_shape={"data": 4, "time": 1},
+                                        exact=True)
 
     # The 2-process checkpoint restores onto this 1-process mesh.
-    mngr = train.make_checkpoint_manager(workdir, config.train)
+    mngr = train.make_checkpoint_manager(tmp_path, config.train)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     restored = mngr.restore(STEPS, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
     mngr.close()
@@ -201,28 +185,17 @@ def test_two_processes_match_one(launched):
         np.testing.assert_array_equal(v, p0[k], err_msg=k)
 
 
-@pytest.mark.slow  # the two worker subprocesses
-@pytest.mark.timeout(WORKER_TIMEOUT_S + 300)
-def test_two_processes_int8_two_level_match_one(launched):
-    """2 processes x 2 CPU devices, int8 with error feedback, two levels (an fp32 reduce-scatter inside
-    each process, int8 across the 2 over gloo, an all-gather inside): both processes end with the same
-    parameters and residual-fed losses, equal bit for bit to one process on 4 devices with the same
-    settings (every sum of the gradient is taken by its owner in device order: only the transport
-    differs), which reads its own data stream: the Grain pipeline gives the processes the blocks of
-    its global batches, and the device draws every example's augmentation by its global index."""
-    workdir = launched / "int8"
-    p0 = _same_in_both_processes(workdir)
-    _assert_one_process_matches(workdir, _config("int8"), 4, INT8_STEPS, p0,
-                                mesh_shape={"data": 4, "time": 1}, exact=True)
-
-
 @pytest.mark.slow  # scripts/launch_local.sh: two trainer processes, twice
 @pytest.mark.timeout(WORKER_TIMEOUT_S + 300)
-def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_path, deepmimic_dir, env):
-    """``scripts/launch_local.sh 2`` on the runlocal trainer (80 steps): SIGTERM to process 1 alone (not
-    the one that prints) makes both processes stop at one step, save that checkpoint together and exit 0;
-    the same command resumes it to the end. (Two processes prove what four did: the signal reaches the
-    others only through the processes' shared stop decision.)"""
+def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes_to_the_one_process_run(
+        tmp_path, deepmimic_dir, env, uninterrupted_run):
+    """``scripts/launch_local.sh 2`` on the runlocal trainer (80 steps, one CPU device a process): SIGTERM
+    to process 1 alone (not the one that prints) makes both processes stop at one step, save that
+    checkpoint together and exit 0; the same command resumes it to the end, where its logged losses and
+    parameters equal, bit for bit, those of one process on 2 devices that trained the same run
+    uninterrupted (conftest.py's ``uninterrupted_run``): two processes train what one does, and their
+    resume loses nothing. (Two processes prove what four did: the signal reaches the others only through
+    the processes' shared stop decision.)"""
     import runs
     from runs import REPO, children, committed, communicate_or_dump, train_flags, wait_for_checkpoint
 
@@ -230,8 +203,9 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
     flags = train_flags(workdir, deepmimic_dir, *runs.TWO_PROCESS_RUN)  # 80 steps, a checkpoint every 20
     command = ["bash", str(REPO / "scripts" / "launch_local.sh"), "2", *flags]
     # One CPU device per process (launch_local.sh gives 2 by default): the stop is the processes' decision.
-    launch_env = dict(runs.one_device(env), PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"),
-                      PORT=str(_free_port()), CPU_DEVICES_PER_PROCESS="1")
+    # The compute pool of the one-process run on 2 devices (runs.pool_of), for its bits.
+    launch_env = dict(runs.pool_of(runs.one_device(env), 2), PYTHON=sys.executable,
+                      LOG_DIR=str(tmp_path / "logs"), PORT=str(_free_port()), CPU_DEVICES_PER_PROCESS="1")
 
     def logs():
         return "\n".join(f"--- {p.name} ---\n" + p.read_text()[-2000:]
@@ -259,12 +233,20 @@ def test_sigterm_to_one_of_two_processes_stops_both_and_the_command_resumes(tmp_
                             stderr=subprocess.STDOUT, start_new_session=True)
     out = communicate_or_dump(proc, 300, logs)  # a hang fails with the trainers' stacks
     assert proc.returncode == 0, out[-3000:] + logs()
+    assert "over data (2 devices)" in out, out[-3000:]  # one mesh of the two processes' devices
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["steps"] == 80
     # The loss curve went on from the checkpoint: every logged step once, none repeated.
     logged = [s for s, _ in summary["history"]["train/loss"]]
     assert logged == sorted(set(logged)) and logged[-1] == 80 and stopped + 10 in logged
+    # ... and it is the one-process run's, as are the final parameters.
+    reference = json.loads((uninterrupted_run / "summary.json").read_text())
+    assert summary["history"]["train/loss"] == reference["history"]["train/loss"]
+    two, one = runs.checkpoint_params(workdir, 80), runs.checkpoint_params(uninterrupted_run, 80)
+    assert two.keys() == one.keys()
+    for k in two:
+        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
 
 
 if __name__ == "__main__":
-    worker(Path(sys.argv[1]), *sys.argv[2:])
+    worker(Path(sys.argv[1]))

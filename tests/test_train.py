@@ -1,5 +1,6 @@
 """The trainer: sharded == unsharded steps, the non-finite guard, exact resume after kill -9,
-SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices)."""
+SIGTERM checkpoints, config overrides (tiny ``runlocal`` config, 8 CPU devices; the resume's trainer
+processes 2, as the uninterrupted run they must end at, conftest.py's ``uninterrupted_run``)."""
 import contextlib
 import io
 import json
@@ -16,6 +17,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
+import runs
 from benchmarks.input import FixedDraw
 from motionjax import parallel, train
 from motionjax.data import feed, pipeline
@@ -335,49 +337,37 @@ def test_no_dynamics_reference_is_trained_without_it_and_merged(tmp_path, monkey
 _train_cmd, _wait_for_checkpoint = train_cmd, wait_for_checkpoint
 
 
-# Long enough to interrupt mid-run; no dynamics loss (tested above) keeps compilation short; the
-# parameters are compared, so the final evaluation looks at one split only.
-RUN_SETTINGS = {"train.steps": 40, "train.checkpoint_every": 4, "train.eval_every": 1000,
-                "loss.dynamics_weight": 0.0, "evals.final.splits": ("validation",)}
-RUN = tuple(f"--config.{key}={value!r}" for key, value in RUN_SETTINGS.items())  # the trainer's flags
+# The schedule of the two-process runs (runs.TWO_PROCESS_RUN: 80 steps, a checkpoint every 20, the final
+# evaluation on one split), on 2 CPU devices: the uninterrupted run (conftest.py) is shared with
+# test_multiprocess.py's SIGTERM resume, and the runs here read its programs from the compilation cache.
+RUN = runs.TWO_PROCESS_RUN
 
 
-def _final_params(workdir, step):
-    mngr = ocp.CheckpointManager((Path(workdir) / "checkpoints").absolute())
-    assert step in mngr.all_steps(), (step, mngr.all_steps())
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    return jax.tree.map(np.asarray, restored["state"]["params"])
-
-
-@pytest.mark.slow  # four trainer subprocesses
-def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env):
+@pytest.mark.slow  # three trainer subprocesses (and the session's uninterrupted run)
+def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env, uninterrupted_run):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
-    checkpoint; the resumed run ends with exactly the parameters of an uninterrupted run (the corpus
-    resident on the device: its windows and augmentation drawn there from the saved step on)."""
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    # The reference: the same run through the library in this process, saving only at the end (a
-    # save does not change the training: the interrupted run's frequent checkpoints must not either).
-    config = runlocal_config(data_dir)
-    config.update_from_flattened_dict({**RUN_SETTINGS, "train.checkpoint_every": 40})
-    assert train.run_experiment(config, reference)["status"] == "done"
-
-    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
+    checkpoint; the resumed run ends with exactly the parameters and logged losses of an uninterrupted
+    run that saved only at the end (the corpus resident on the device: its windows and augmentation
+    drawn there from the saved step on). One process on 2 CPU devices, as the uninterrupted run."""
+    interrupted = tmp_path / "interrupted"
+    two = runs.pool_of(runs.cpu_devices(env, 2), 2)
+    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=two, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_checkpoint(proc, interrupted, after=0)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-2000:]
     summary = json.loads((interrupted / "summary.json").read_text())
-    assert summary["status"] == "stopped by SIGTERM" and 0 < summary["steps"] < 40
+    assert summary["status"] == "stopped by SIGTERM" and 0 < summary["steps"] < 80
     stopped = summary["steps"]
     # One line says where the checkpoint is (SIGINT takes the same path; the old trainer said nothing).
     where = (interrupted / "checkpoints").absolute() / str(stopped)
     line = (f"stopped by SIGTERM at step {stopped}; its checkpoint is {where}; "
             "the same command resumes from it")
     assert line in out.decode().splitlines(), out.decode()[-2000:]
-    assert stopped in ocp.CheckpointManager((interrupted / "checkpoints").absolute()).all_steps()
+    assert stopped in runs.committed(interrupted)
 
-    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=env, cwd=REPO,
+    proc = subprocess.Popen(train_cmd(interrupted, data_dir, *RUN), env=two, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_checkpoint(proc, interrupted, after=stopped)
     proc.kill()  # SIGKILL: no handler, no final save
@@ -386,15 +376,20 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
 
     # (The input check after training, fed vs fixed batch, compiles a second step: the GPU check's dry
     # run measures it with this trainer, tests/test_gpu_check.py.)
-    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=env, check=True, capture_output=True,
+    done = subprocess.run(train_cmd(interrupted, data_dir, *RUN), env=two, check=True, capture_output=True,
                           cwd=REPO, text=True)
     # No terminal: plain progress lines (train.progress_every, and the last step), no tqdm bar.
-    assert "\r" not in done.stderr and re.search(r"^interrupted: step 40/40  loss \S+  [\d.]+ steps/s  "
+    assert "\r" not in done.stderr and re.search(r"^interrupted: step 80/80  loss \S+  [\d.]+ steps/s  "
                                                  r"host wait \d+%  ETA \S+$", done.stderr, re.M), done.stderr
     final = json.loads((interrupted / "summary.json").read_text())
     assert final["status"] == "done" and final["input"]["residency"] == "device"  # the corpus on the device
-    assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 40  # override applied
-    jax.tree.map(np.testing.assert_array_equal, _final_params(interrupted, 40), _final_params(reference, 40))
+    assert json.loads((interrupted / "config.json").read_text())["train"]["steps"] == 80  # override applied
+    reference = json.loads((uninterrupted_run / "summary.json").read_text())
+    assert final["history"]["train/loss"] == reference["history"]["train/loss"]  # every logged step, once
+    resumed, uninterrupted = (runs.checkpoint_params(w, 80) for w in (interrupted, uninterrupted_run))
+    assert resumed.keys() == uninterrupted.keys()
+    for k in resumed:
+        np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
 
 
 def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(guarded_auto_batch_run):
