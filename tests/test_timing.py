@@ -207,7 +207,9 @@ def test_time_interleaved_runs_one_step_of_each_call_a_cycle_and_sees_through_dr
             return (state + 1, name)
         return call
 
-    calls = {"a": sleeper("a", 0.004), "b": sleeper("b", 0.005), "c": sleeper("c", 0.004)}
+    # 8-10 ms sleeps: a loaded host's scheduling jitter (~0.5 ms a wake-up) widened the interval of
+    # 4-5 ms sleepers to 0.1005 once (the fresh clone of fdafef2, 2 pytest workers on 2 cores).
+    calls = {"a": sleeper("a", 0.008), "b": sleeper("b", 0.010), "c": sleeper("c", 0.008)}
     steps = {}
     seconds = timing.time_interleaved(calls, 0, cycles, rounds, steps=steps, shuffle=1, lag=0)
     timed = [ran[3 + r * (3 * cycles + 1) + 1:3 + (r + 1) * (3 * cycles + 1)] for r in range(rounds)]
