@@ -84,9 +84,11 @@ def test_data_time_mesh_matches_one_device(data_dir, batches, single_device_step
 def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
     """The feed's input program traced into the train step (one program a step, the step counter on
     the device) trains on the batches the feed gives alone, step for step (float32 rounding aside);
-    set back to an earlier step, as a restore does, it draws that step's batch again. On the runlocal
-    loss (no dynamics term, as the trainer's default experiment): what is fed does not depend on the
-    loss, and each fed program with the dynamics term compiled ~2x longer."""
+    set back to an earlier step, as a restore does, it draws that step's batch again. The resident
+    feed's program is the pipelined one (each step draws the next step's batch beside its own; the
+    first from the feed's own program), the fixed-batch feed's the one that draws its own. On the
+    runlocal loss (no dynamics term, as the trainer's default experiment): what is fed does not depend
+    on the loss, and each fed program with the dynamics term compiled ~2x longer."""
     step, fresh = _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir, dynamics_weight=0.0)
     config = runlocal_config(data_dir)
     info = pipeline.dataset_info(config.data)
@@ -98,6 +100,7 @@ def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
         state, metrics = step(state, batch)
         plain.append(float(metrics["loss"]))
     fed, state, got = step.fed(inside), fresh(), []
+    assert inside.mode == "device" and fed.lookahead
     for _ in range(3):
         state, metrics, _ = fed(state)
         got.append(float(metrics["loss"]))
@@ -109,7 +112,9 @@ def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
     np.testing.assert_allclose(float(metrics["loss"]), float(want["loss"]), rtol=1e-5)
     # The input benchmark's fed step on a fixed batch (its "other": the fed host path without the
     # input's compute) trains on that batch, whatever the feed would draw, and moves the feed as fed does.
-    _, metrics, _ = step.fed(FixedDraw(inside, batches[0]))(fresh())
+    fixed = step.fed(FixedDraw(inside, batches[0]))
+    assert not fixed.lookahead
+    _, metrics, _ = fixed(fresh())
     np.testing.assert_allclose(float(metrics["loss"]), plain[0], rtol=1e-5)
     assert inside.served == 3
     alone.close()

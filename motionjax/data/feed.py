@@ -239,11 +239,27 @@ class Feed(grain.DatasetIterator):
 
     # -- what the loop calls ----------------------------------------------------------------------
     def __next__(self) -> dict:
-        if self._program is None:  # compiled at the first next(): a fed train step traces draw in instead
+        return self._compiled()(np.int32(self.served), *self.inputs())
+
+    @property
+    def lookahead(self) -> bool:
+        """Whether the batch of a later step can be drawn now: :meth:`inputs` is the same for every
+        step (a resident corpus, no loss-aware sampling), so a fed step may draw the next step's batch
+        beside its own (:class:`motionjax.train.step.FedStep`)."""
+        return self.mode == "device" and self.table is None
+
+    def batch_at(self, step: int) -> dict:
+        """Step ``step``'s batch (:meth:`lookahead` feeds only), the feed left where it is: what
+        ``next()`` returns when ``served == step``."""
+        assert self.lookahead, "batch_at needs a resident feed without loss-aware sampling"
+        return self._compiled()(np.int32(step), self._tables, self._seg_cdf)
+
+    def _compiled(self):
+        if self._program is None:  # compiled at first use: a fed train step traces draw in instead
             start = time.perf_counter()
             self._program = self._jitted.lower(*self._args).compile()
             self.compile_s = time.perf_counter() - start
-        return self._program(np.int32(self.served), *self.inputs())
+        return self._program
 
     def inputs(self) -> tuple:
         """The arguments of :attr:`draw` after the step for the next batch (counted served): the

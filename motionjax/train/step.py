@@ -295,11 +295,19 @@ class FedStep:
     counter the batch is drawn for lives on the device (donated, returned plus one); the host only
     mirrors it (``feed.served``) and puts it there again when the feed moved (a restore). Batches are
     the feed's own (``draw(step, *feed.inputs())``), so resume and process counts behave as the feed's.
-    With loss-aware sampling ``metrics["segment"] [B]`` names each window's segment."""
+    With loss-aware sampling ``metrics["segment"] [B]`` names each window's segment.
+
+    Where the feed can draw ahead (``feed.lookahead``: a resident corpus, no loss-aware sampling) the
+    program is pipelined one batch deep: step ``k`` trains on batch ``k``, which step ``k - 1``'s
+    program drew and left on the device (donated), and draws batch ``k + 1`` beside it. Nothing of
+    step ``k``'s model waits for that draw, so its chain of small ops runs on threads the model leaves
+    idle rather than before the model's first op, with every thread waiting on it. The first step
+    after a start or a restore takes its batch from the feed's own program (:meth:`Feed.batch_at`)."""
 
     def __init__(self, step, shardings, mesh, feed):
-        self.feed, self.counter, self._at = feed, None, None
+        self.feed, self.counter, self._at, self.batch = feed, None, None, None
         self._replicated = parallel.replicated(mesh)
+        self.lookahead = bool(getattr(feed, "lookahead", False))
 
         def fused(state, counter, *inputs):
             batch = feed.draw(counter, *inputs)
@@ -308,13 +316,23 @@ class FedStep:
                 metrics["segment"] = batch["segment"]
             return state, metrics, counter + 1
 
+        def pipelined(state, counter, batch, *inputs):
+            state, metrics = step(state, batch)
+            return state, metrics, counter + 1, feed.draw(counter + 1, *inputs)
+
         # Inputs keep the shardings they were placed with (replicated tables, spans over data).
-        self._jitted = jax.jit(fused, out_shardings=(shardings, None, self._replicated),
-                               donate_argnums=(0, 1))
+        if self.lookahead:
+            self._jitted = jax.jit(pipelined, out_shardings=(shardings, None, self._replicated, None),
+                                   donate_argnums=(0, 1, 2))
+        else:
+            self._jitted = jax.jit(fused, out_shardings=(shardings, None, self._replicated),
+                                   donate_argnums=(0, 1))
 
     def _counter(self):
         if self._at != self.feed.served:  # first call, or the feed was set to another step
             self.counter = parallel.put(np.int32(self.feed.served), self._replicated)
+            if self.lookahead:
+                self.batch = self.feed.batch_at(self.feed.served)
         return self.counter
 
     def __call__(self, state, wait=contextlib.nullcontext):
@@ -324,7 +342,10 @@ class FedStep:
         counter = self._counter()
         with wait():
             inputs = self.feed.inputs()
-        state, metrics, self.counter = self._jitted(state, counter, *inputs)
+        if self.lookahead:
+            state, metrics, self.counter, self.batch = self._jitted(state, counter, self.batch, *inputs)
+        else:
+            state, metrics, self.counter = self._jitted(state, counter, *inputs)
         self._at = self.feed.served
         return state, metrics, inputs
 
