@@ -188,10 +188,9 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
             steps: int | None = None, all_arms: bool = False, design: str = "auto",
             split: bool = False) -> dict:
     """Case ``name`` on ``tier``: a trainer run, then the arms its check needs (``fixed``, its null
-    ``fixed_again``, ``fed``; ``fed_fixed`` for the stand-in's ``other``, and with ``split``), the input
-    program alone,
-    and with ``all_arms`` the diagnostic ones (``fed_fixed``, ``separate``, ``before``), round-robin
-    in a random order each round (``design``: :data:`DESIGNS`)."""
+    ``fixed_again``, ``fed``; ``fed_fixed`` for the stand-in's ``other``, and for every case with
+    ``split``), the input program alone, and with ``all_arms`` the diagnostic ones (``fed_fixed``,
+    ``separate``, ``before``), round-robin in a random order each round (``design``: :data:`DESIGNS`)."""
     spec, trainer_steps, block, figure, threshold = CASES[name]
     config = case_config(name, steps or trainer_steps, tier)
     t = time.perf_counter()

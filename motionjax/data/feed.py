@@ -156,9 +156,9 @@ class Feed(grain.DatasetIterator):
 
     ``record(step, segments, errors)`` takes a step's window errors for loss-aware sampling
     (``data.loss_sampling``). ``setup_s``: seconds setting the feed up (the resident corpus loaded);
-    ``compile_s``: seconds compiling its own program, at the first ``next()`` (None before: the
-    trainer's fed step, :meth:`motionjax.train.step.Step.fed`, traces :attr:`draw` into its program
-    and never compiles this one);
+    ``compile_s``: seconds compiling its own program, at its first use (None before): a ``next()``, or
+    the first batch of a pipelined fed step (:meth:`batch_at`; the trainer's fed step,
+    :meth:`motionjax.train.step.Step.fed`, traces :attr:`draw` into its own program for the rest);
     :meth:`stats`: the host cache's hits (stream, in-process workers only).
     """
 

@@ -329,7 +329,9 @@ class FedStep:
                                    donate_argnums=(0, 1))
 
     def _counter(self):
-        if self._at != self.feed.served:  # first call, or the feed was set to another step
+        # First call, or the feed was set to another step: the counter (and, pipelined, that step's
+        # batch) put on the device again.
+        if self._at != self.feed.served:
             self.counter = parallel.put(np.int32(self.feed.served), self._replicated)
             if self.lookahead:
                 self.batch = self.feed.batch_at(self.feed.served)
