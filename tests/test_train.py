@@ -121,6 +121,41 @@ def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
     inside.close()
 
 
+def test_the_streamed_fed_step_draws_ahead_and_saves_its_own_steps_position(data_dir):
+    """On the streamed tier the pipelined fed step takes Grain's spans one step ahead, yet trains on
+    the batches the feed gives alone, step for step, and its saved data state is its step's: a feed
+    restored from it (as a resumed run's) gives the next two steps' batches, not the ones after. A
+    position saved after the spans taken ahead would skip a batch, and the losses would differ."""
+    step, fresh = _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir, dynamics_weight=0.0)
+    config = runlocal_config(data_dir)
+    config.data.update(residency="stream", worker_count=0)
+    info = pipeline.dataset_info(config.data)
+    make = lambda: feed.Feed(config.data, info, keys=train.batch_keys(config), seed=0)  # noqa: E731
+    alone, inside, resumed = make(), make(), make()
+    batches = [next(alone) for _ in range(4)]
+    state, plain = fresh(), []
+    for batch in batches:
+        state, metrics = step(state, batch)
+        plain.append(float(metrics["loss"]))
+    fed, state, got = step.fed(inside), fresh(), []
+    assert inside.mode == "stream" and fed.lookahead
+    for k in range(4):
+        state, metrics, _ = fed(state)
+        got.append(float(metrics["loss"]))
+        if k == 1:
+            saved = inside.get_state()
+    assert saved["served"] == 2 and len(set(plain)) == 4
+    np.testing.assert_allclose(got, plain, rtol=1e-5)
+    resumed.set_state(saved)
+    fed, state, want = step.fed(resumed), fresh(), fresh()
+    for batch in batches[2:]:
+        state, metrics, _ = fed(state)
+        want, expected = step(want, batch)
+        np.testing.assert_allclose(float(metrics["loss"]), float(expected["loss"]), rtol=1e-5)
+    for it in (alone, inside, resumed):
+        it.close()
+
+
 def test_nonfinite_step_is_skipped_and_counted(single_device_step, batches):
     step, init = single_device_step
     state = init()

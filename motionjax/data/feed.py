@@ -235,6 +235,7 @@ class Feed(grain.DatasetIterator):
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         self._jitted, self._args = jax.jit(program, out_shardings={k: out[k] for k in keys}), args
         self._program, self.compile_s = None, None
+        self._before = None  # Grain's position before spans taken one step ahead (inputs(ahead=True))
         self.setup_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------
@@ -243,16 +244,24 @@ class Feed(grain.DatasetIterator):
 
     @property
     def lookahead(self) -> bool:
-        """Whether the batch of a later step can be drawn now: :meth:`inputs` is the same for every
-        step (a resident corpus, no loss-aware sampling), so a fed step may draw the next step's batch
-        beside its own (:class:`motionjax.train.step.FedStep`)."""
-        return self.mode == "device" and self.table is None
+        """Whether a fed step may draw the next step's batch beside its own
+        (:class:`motionjax.train.step.FedStep`): without loss-aware sampling, whose next batches wait
+        for this step's errors. A resident feed's inputs are the same for every step; a streamed one
+        takes Grain's spans one step ahead (:meth:`inputs` with ``ahead``), saving the position before
+        them."""
+        return not self._loss_aware
 
     def batch_at(self, step: int) -> dict:
-        """Step ``step``'s batch (:meth:`lookahead` feeds only), the feed left where it is: what
-        ``next()`` returns when ``served == step``."""
-        assert self.lookahead, "batch_at needs a resident feed without loss-aware sampling"
-        return self._compiled()(np.int32(step), self._tables, self._seg_cdf)
+        """Step ``step``'s batch (:meth:`lookahead` feeds only), ``served`` left where it is: what
+        ``next()`` returns when ``served == step``. A streamed feed can only draw its next step's
+        (``step == served``): it takes that step's spans from Grain, and :meth:`get_state` still
+        saves the position before them."""
+        assert self.lookahead, "batch_at needs a feed without loss-aware sampling"
+        if self.mode == "device":
+            return self._compiled()(np.int32(step), self._tables, self._seg_cdf)
+        assert step == self.served, f"a streamed feed draws its next step's batch ({self.served}), not {step}"
+        self._before = self._source.get_state()
+        return self._compiled()(np.int32(step), next(self._source))
 
     def _compiled(self):
         if self._program is None:  # compiled at first use: a fed train step traces draw in instead
@@ -261,12 +270,19 @@ class Feed(grain.DatasetIterator):
             self.compile_s = time.perf_counter() - start
         return self._program
 
-    def inputs(self) -> tuple:
+    def inputs(self, ahead: bool = False) -> tuple:
         """The arguments of :attr:`draw` after the step for the next batch (counted served): the
         resident tables and segment distribution (renewed every ``data.loss_block`` steps with
         loss-aware sampling), or the next spans from Grain. ``draw(served before, *inputs())`` is
-        :meth:`__next__`'s batch, whether one program runs it or the train step traces it in."""
+        :meth:`__next__`'s batch, whether one program runs it or the train step traces it in.
+
+        ``ahead`` (:attr:`lookahead` feeds, after :meth:`batch_at`): the inputs of the batch after
+        the one counted, ``draw(served after, *inputs(ahead=True))``, as a pipelined fed step draws
+        it while it trains on the one counted. A streamed feed then saves Grain's position before
+        these spans (:meth:`get_state`): a restore takes them again."""
         if self.mode == "stream":
+            # Grain's state is a small dict of positions: a copy a step costs microseconds.
+            self._before = self._source.get_state() if ahead else None
             out = (next(self._source),)
         else:
             if self.table is not None and self.served % self._cfg.loss_block == 0:
@@ -296,7 +312,7 @@ class Feed(grain.DatasetIterator):
     def get_state(self) -> dict:
         state = {"residency": self.mode, "served": self.served}
         if self.mode == "stream":
-            state["source"] = self._source.get_state()
+            state["source"] = self._source.get_state() if self._before is None else self._before
         elif self.table is not None:
             state.update(q=self._q.tolist(), **self.table.get_state())
         return state
@@ -315,6 +331,7 @@ class Feed(grain.DatasetIterator):
             return
         if self.mode == "stream":
             self._source.set_state(state["source"])
+            self._before = None
         elif self.table is not None:
             self.table.set_state(state)
             self._set_segments(state["q"])

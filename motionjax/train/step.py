@@ -297,7 +297,8 @@ class FedStep:
     the feed's own (``draw(step, *feed.inputs())``), so resume and process counts behave as the feed's.
     With loss-aware sampling ``metrics["segment"] [B]`` names each window's segment.
 
-    Where the feed can draw ahead (``feed.lookahead``: a resident corpus, no loss-aware sampling) the
+    Where the feed can draw ahead (``feed.lookahead``: no loss-aware sampling; Grain's spans taken a
+    step ahead on the streamed tier, its saved position the step's, :meth:`Feed.inputs`) the
     program is pipelined one batch deep: step ``k`` trains on batch ``k``, which step ``k - 1``'s
     program drew and left on the device (donated), and draws batch ``k + 1`` beside it. Nothing of
     step ``k``'s model waits for that draw, so its chain of small ops runs on threads the model leaves
@@ -343,7 +344,7 @@ class FedStep:
         read, to keep until it has run (XLA:CPU blocks the host when an input still in use is freed)."""
         counter = self._counter()
         with wait():
-            inputs = self.feed.inputs()
+            inputs = self.feed.inputs(ahead=True) if self.lookahead else self.feed.inputs()
         if self.lookahead:
             state, metrics, self.counter, self.batch = self._jitted(state, counter, self.batch, *inputs)
         else:
