@@ -349,6 +349,10 @@ RUN = runs.TWO_PROCESS_RUN
 
 
 @pytest.mark.slow  # three trainer subprocesses (and the session's uninterrupted run)
+# e2e: ~80 CPU s with the uninterrupted run. make test: a restore equals uninterrupted steps bit for bit
+# (test_grad_reduce's int8 resume, in-process), the resume past a damaged checkpoint and SIGTERM
+# (test_faults).
+@pytest.mark.e2e
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env, uninterrupted_run):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
     checkpoint; the resumed run ends with exactly the parameters and logged losses of an uninterrupted
