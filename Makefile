@@ -13,7 +13,7 @@ WORKDIR ?=
 # More flags for motionjax train, e.g. ARGS=--config.data.source=DIR
 ARGS ?=
 
-.PHONY: train test bench lint clean
+.PHONY: train test test-all bench lint clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 train: $(VENV)/.installed
 	$(PY) -m motionjax train --config $(CONFIG) $(if $(WORKDIR),--workdir $(WORKDIR)) $(ARGS)
 
+# Whole files per worker, costliest first (tests/conftest.py). make test: the developer's suite, every test
+# but the costliest end-to-end runs (the e2e marker, setup.cfg); make test-all (CI's .ci/run): every test.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)  # whole files per worker, costliest first (tests/conftest.py)
+	$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed
+	$(PYTEST) $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.bench  # benchmarks/ is not installed: run from the checkout's root

@@ -111,13 +111,19 @@ def user_env(env):
 # (docs/history.md, "The subprocess-launching tests and the trainer's fixed cost"): train 240, multiprocess
 # 190 (first all the same, for the SLURM jobs), faults 126, GPU check 92, SLURM 89 alone (less after
 # multiprocess), your_data 74, evaluate 64, package 45: the order holds (SLURM and the GPU check are within
-# the noise of each other).
+# the noise of each other). Measured again 2026-12-07 (docs/history.md, "suite13": per file, the whole suite
+# in two workers): generate 204, train 186, multiprocess 184, dynamics 175, faults 132, notebooks 125, feed
+# 85, GPU check 78, jacobian 69, models 68, efficiency 61, your_data 58, backend_numerics 52, grad_reduce 52,
+# kinematics 49, offsets 46, losses 45, predict 44, parallel 39, evaluate 38; SLURM ~80 s of wall (its jobs
+# run under slurmd). make test leaves out the e2e tests (setup.cfg): there generate, multiprocess,
+# notebooks, the GPU check and your_data shrink to seconds, and dynamics and faults lead.
 COSTLIEST_FIRST = (
     "test_multiprocess.py", "test_train.py", "test_generate.py", "test_dynamics.py", "test_faults.py",
-    "test_notebooks.py", "test_slurm.py", "test_gpu_check.py", "test_your_data.py", "test_efficiency.py",
-    "test_evaluate.py", "test_jacobian.py", "test_models.py", "test_predict.py", "test_time_to_target.py",
-    "test_offsets.py", "test_priority.py", "test_package.py", "test_bench.py", "test_grad_reduce.py",
-    "test_apply.py",
+    "test_notebooks.py", "test_slurm.py", "test_feed.py", "test_gpu_check.py", "test_jacobian.py",
+    "test_models.py", "test_efficiency.py", "test_your_data.py", "test_backend_numerics.py",
+    "test_grad_reduce.py", "test_kinematics.py", "test_offsets.py", "test_losses.py", "test_predict.py",
+    "test_parallel.py", "test_evaluate.py", "test_time_to_target.py", "test_package.py", "test_priority.py",
+    "test_corpus.py", "test_bench.py", "test_eval.py", "test_data_pipeline.py", "test_apply.py",
 )
 
 

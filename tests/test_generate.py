@@ -22,7 +22,10 @@ def config(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(config, tmp_path_factory):
-    """The whole experiment, end to end in this process (what scripts/train.py runs for the config)."""
+    """The whole experiment, end to end in this process (what scripts/train.py runs for the config).
+    ~95 CPU s, and each test that reads it compiles its own sampler programs (~200 in all): they are e2e,
+    in make test-all only; make test keeps the closed-form tests here, test_style_transfer.py and
+    test_physics_guidance.py."""
     from motionjax.generation import run
 
     workdir = tmp_path_factory.mktemp("generate")
@@ -30,6 +33,7 @@ def run(config, tmp_path_factory):
     return workdir, summary
 
 
+@pytest.mark.e2e
 def test_end_to_end_writes_the_table_and_samples(run):
     workdir, summary = run
     assert set(summary["results"]) == {"test", "unseen_pairs"}
@@ -136,6 +140,7 @@ def test_second_order_samplers_integrate_the_flow_ode_against_closed_forms():
         run(Known("t", c), n, "rk4")
 
 
+@pytest.mark.e2e
 def test_evaluator_tells_motion_from_noise_at_the_same_n(setup):
     """FID of decoded noise latents against real windows is far above the real reference at the same
     sample sizes (two halves of the clips, :func:`run.halves`), whose halves share no clip."""
@@ -151,6 +156,7 @@ def test_evaluator_tells_motion_from_noise_at_the_same_n(setup):
     assert generative.fid(noisy, real[b]) > 3 * generative.fid(real[a], real[b])
 
 
+@pytest.mark.e2e
 def test_guidance_scale_zero_ignores_labels(setup, config):
     """With both guidance scales 0 the flow is the unconditional one: the same noise gives the same sample
     whatever the labels; at scale 1 the labels change it (the label tables are perturbed, so they matter)."""
@@ -172,6 +178,7 @@ def test_guidance_scale_zero_ignores_labels(setup, config):
     assert np.abs(on[0] - on[1]).max() > 1e-2
 
 
+@pytest.mark.e2e
 def test_samples_decode_to_valid_motions(setup, run):
     """Samples of the trained generator decode to unit quaternions on the skeleton's bones (FK bone lengths
     equal the rest offsets)."""
@@ -193,6 +200,7 @@ def test_samples_decode_to_valid_motions(setup, run):
     )
 
 
+@pytest.mark.e2e
 def test_plausibility_against_physics(setup):
     """Against independent references: a body held still needs exactly gravity at its root (9.81 N/kg) and
     skates 0; the same pose carried across the floor at 1.5 m/s skates 150 cm/s; a body in free fall (root
@@ -219,6 +227,7 @@ def test_plausibility_against_physics(setup):
     assert held["bone_error"] < 1e-4
 
 
+@pytest.mark.e2e
 def test_dynamics_term_gradient_matches_finite_differences(setup):
     """The dynamics loss on decoded samples (what training with generation.dynamics_weight > 0 adds): its
     gradient through the frozen decoder against a central finite difference, in float32 on a random
@@ -243,6 +252,7 @@ def test_dynamics_term_gradient_matches_finite_differences(setup):
     assert abs(numeric - analytic) <= 0.05 * abs(analytic) + 1e-4, (numeric, analytic)
 
 
+@pytest.mark.e2e
 def test_physics_guidance_lowers_the_physics_cost_of_the_same_noise(setup, run, config):
     """Sampling-time physics guidance (generation.physics_guidance): from the same noise and labels, the
     guided samples' :func:`flow.physics_cost` is lower than the unguided ones'; and the cost equals an
@@ -368,6 +378,7 @@ def test_sample_bvh_has_the_source_clips_units_and_hierarchy(tmp_path):
     assert "joint_Root" not in head(bare)
 
 
+@pytest.mark.e2e
 def test_editing_keeps_what_it_is_given(setup, run, config):
     """The sampler's editing mode (flow.sample with a source): held latent frames come back exactly; at
     strength 0 nothing is generated (the source's own reconstruction); interpolation keeps the given frames
@@ -400,6 +411,7 @@ def test_editing_keeps_what_it_is_given(setup, run, config):
     np.testing.assert_allclose(mid, (root[:, t // 2 - 1] + root[:, t // 2 + 1]) / 2, atol=1e-4)
 
 
+@pytest.mark.e2e
 def test_sample_and_stylize_commands(run, tmp_path):
     """motionjax sample writes --count BVH files of the run's window (unknown labels: exit 2 naming the
     known ones); motionjax stylize renders one of them in another style, the same length."""
@@ -484,6 +496,7 @@ def test_toward_moves_the_result_a_share_of_the_way_and_keeps_what_both_hold():
         edit.toward(made, base, 1.5)
 
 
+@pytest.mark.e2e
 def test_reconstruction_guidance_reproduces_the_given_frames(setup, run, config):
     """Reconstruction guidance (flow.reconstruction_cost through flow.sample's fit): the cost equals a
     numpy reference (weighted mean squared joint distance, cm², from the decoded motion's positions),
@@ -535,6 +548,7 @@ def test_reconstruction_guidance_reproduces_the_given_frames(setup, run, config)
         flow.sample(model, labels, (1.0, 1.0), steps, key, fit=s.fit, fit_steps=1)
 
 
+@pytest.mark.e2e
 def test_trajectory_control_follows_the_given_root_path(setup, run, config):
     """edit.follow_path: from the same noise and labels, the guided windows' root path on the floor is
     closer to the given one (real windows') than the unguided samples', every window (the toy run's
@@ -559,6 +573,7 @@ def test_trajectory_control_follows_the_given_root_path(setup, run, config):
 
 @pytest.mark.slow  # a notebook kernel
 @pytest.mark.timeout(900)
+@pytest.mark.e2e
 def test_the_generation_notebook_runs_on_this_run(run, env):
     """notebooks/05_generate.ipynb top to bottom on this file's run (``MOTIONJAX_GENERATE_RUN``: the
     run the notebook would otherwise train as its toy, the same config, in a kernel of its own on one
@@ -573,6 +588,7 @@ def test_the_generation_notebook_runs_on_this_run(run, env):
     assert (run[0] / "notebook_unseen.bvh").exists()
 
 
+@pytest.mark.e2e
 def test_inbetween_keeps_the_given_frames_and_its_mean_of_samples_is_the_mean_of_draws(setup, run, config):
     """edit.inbetween with join_ends: the given frames come back exactly, the missing ones are generated
     (not the interpolation's); the mean of K samples is the mean of K one-sample results of the keys

@@ -49,6 +49,7 @@ def test_a_part_past_its_limit_is_stopped_and_recorded(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # ~80 CPU s; make test: the check's requirement, install and limit tests above
 def test_dry_run_on_cpu_runs_every_part_and_writes_the_table(tmp_path, deepmimic_dir, user_env):
     """The check end to end with --cpu: tiny sizes, DeepMimic, every part ok or skipped with a reason. On
     one CPU device (``user_env``), as the check runs on a one-GPU host: less CPU than on the suite's

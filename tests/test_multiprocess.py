@@ -32,6 +32,11 @@ from motionjax import parallel, train
 from motionjax.configs import base
 from motionjax.data import feed, pipeline
 
+# make test-all only (~185 CPU s, two launches of two processes). In make test, tests/test_slurm.py's jobs
+# join two processes through jax.distributed, train, checkpoint and resume; test_grad_reduce.py proves the
+# int8 two-level reduction in one process.
+pytestmark = pytest.mark.e2e
+
 STEPS = 5
 WORKER_TIMEOUT_S = 420  # a hung collective dumps every thread's stack and exits instead of hanging CI
 

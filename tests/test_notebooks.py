@@ -34,8 +34,15 @@ def test_committed_clean(path):
                        f"(JupyterLab: Edit > Clear Outputs of All Cells)")
 
 
+# make test runs 01 (the kernel, the session's cache, the data and skeleton cells); the others, 35-40 CPU s
+# each, run in make test-all: the library calls they make are tested on their own (jacobian, dynamics, train,
+# predict).
+QUICK = {"01_data_and_skeleton"}
+
+
 @pytest.mark.slow  # a kernel subprocess per notebook
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in RUN_ELSEWHERE], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=() if p.stem in QUICK else pytest.mark.e2e)
+                                  for p in NOTEBOOKS if p.stem not in RUN_ELSEWHERE], ids=lambda p: p.stem)
 def test_runs(path, env):
     run_notebook(path, env, timeout_s=CELL_TIMEOUT_S)

@@ -142,7 +142,9 @@ def test_the_input_never_sees_the_future():
 
 @pytest.fixture(scope="module")
 def forecaster(deepmimic_dir, tmp_path_factory):
-    """A runlocal forecaster trained beside its siMLPe-style reference (``RUN/simlpe``)."""
+    """A runlocal forecaster trained beside its siMLPe-style reference (``RUN/simlpe``). Its two tests are
+    e2e (~45 CPU s, the experiment end to end in this process): make test keeps the forecaster's own tests
+    above (the observed frames alone, the DCT span, no future in the input)."""
     from motionjax import train
 
     config = configs.load("experiments/predict.py:deepmimic,runlocal")
@@ -151,6 +153,7 @@ def forecaster(deepmimic_dir, tmp_path_factory):
     return workdir, train.run_experiment(config, workdir)
 
 
+@pytest.mark.e2e
 def test_a_runlocal_forecaster_trains_and_prints_its_horizon_table(forecaster, deepmimic_dir):
     workdir, summary = forecaster
     assert summary["status"] == "done" and summary["steps"] == 6
@@ -194,6 +197,7 @@ def _flat(row: dict, prefix: str = "") -> dict:
     return out
 
 
+@pytest.mark.e2e
 def test_someone_elses_bvh_folder_is_scored_whole_and_says_what_each_horizon_averages(forecaster, tmp_path):
     """A folder of BVH files as another lab hands it over: two copies of one take under the same file
     name in two folders, a take shorter than the 32-frame window (26 frames: it reaches the 80 and

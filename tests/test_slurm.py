@@ -186,7 +186,8 @@ def test_the_sbatch_file_trains_on_two_joined_processes_and_resubmitting_resumes
                  "--time=00:15:00", "scripts/slurm/train.sbatch"]
     # Both jobs run one command, the SIGTERM test's (tests/test_multiprocess.py, runs.TWO_PROCESS_RUN: 80
     # steps, a checkpoint every 20) on the same two processes: their programs come from the session's
-    # compilation cache (the second job's from the first's, where this file runs alone).
+    # compilation cache (the second job's from the first's where this file runs alone, or in make test,
+    # which leaves the SIGTERM test out).
     flags = train_flags(workdir, deepmimic_dir, *TWO_PROCESS_RUN)
     state, out = cluster.submit_and_wait([*resources, *flags], job_env, workdir)
     assert "JobState=COMPLETED" in state, state + out[-3000:] + cluster.logs()

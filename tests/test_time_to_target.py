@@ -28,6 +28,7 @@ def _checkpoint_steps(workdir):
         return sorted(mngr.all_steps())
 
 
+@pytest.mark.e2e  # two in-process trainer runs, ~30 CPU s; make test: the harness's bookkeeping below
 def test_stops_at_the_first_evaluation_at_or_below_target(tmp_path, data_dir):
     run = ttt.run_to_target(_config(data_dir), tmp_path / "run", target=1e4)  # any model beats 100 m
     assert run["reached"] and run["status"] == "stopped by on_eval"
@@ -40,6 +41,7 @@ def test_stops_at_the_first_evaluation_at_or_below_target(tmp_path, data_dir):
     assert math.isclose(run["final"]["validation/mpjpe"], run["value"], rel_tol=1e-4)
 
 
+@pytest.mark.e2e
 def test_a_missed_target_is_reported_as_a_miss(tmp_path, data_dir):
     # The same 6-step schedule as above (one compiled step for both; the schedule's length is in the program).
     miss = ttt.run_to_target(_config(data_dir), tmp_path / "miss", target=1e-6)  # 10 nm: impossible

@@ -213,7 +213,10 @@ def guarded_auto_batch_run(tmp_path_factory, data_dir):
     window per device (so the trainer must resolve it to 8), and NaN inputs at steps 3 and 4 with
     ``train.max_nonfinite_steps = 2`` and a checkpoint every 2 steps. (Two runs before, one per test:
     the batch the trainer resolves does not touch the non-finite guard, nor the guard the batch.)
-    Returns ``(workdir, summary, what it printed, config, (the probe, the limit))``."""
+    Returns ``(workdir, summary, what it printed, config, (the probe, the limit))``. Its two tests are e2e
+    (~60 CPU s, the trainer end to end in this process): make test keeps the step's own non-finite skip
+    (``test_nonfinite_step_is_skipped_and_counted``), the guard's restore of an older checkpoint on a bad
+    digest (test_faults.py) and the batch finder under a forced memory limit (test_efficiency.py)."""
     from motionjax.train import batch_finder
 
     workdir = tmp_path_factory.mktemp("guarded") / "run"
@@ -242,6 +245,7 @@ def guarded_auto_batch_run(tmp_path_factory, data_dir):
     return workdir, summary, printed.getvalue(), config, (probe, limit)
 
 
+@pytest.mark.e2e
 def test_nonfinite_steps_in_a_row_restore_the_last_checkpoint(guarded_auto_batch_run):
     """``train.max_nonfinite_steps = 2`` non-finite steps in a row (NaN inputs at steps 3 and 4) bring
     back the model and optimizer of the last checkpoint (step 2); training goes on with the next
@@ -384,6 +388,10 @@ RUN = runs.TWO_PROCESS_RUN
 
 
 @pytest.mark.slow  # three trainer subprocesses (and the session's uninterrupted run)
+# e2e: ~80 CPU s with the uninterrupted run. make test: a restore equals uninterrupted steps bit for bit
+# (test_grad_reduce's int8 resume, in-process), the resume past a damaged checkpoint and SIGTERM
+# (test_faults).
+@pytest.mark.e2e
 def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir, env, uninterrupted_run):
     """SIGTERM saves a checkpoint and exits 0; a kill -9 loses only the steps since the last
     checkpoint; the resumed run ends with exactly the parameters and logged losses of an uninterrupted
@@ -432,6 +440,7 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted(tmp_path, data_dir,
         np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
 
 
+@pytest.mark.e2e
 def test_auto_batch_is_resolved_by_the_trainer_at_every_entry(guarded_auto_batch_run):
     """``data.auto_batch="memory"`` is honoured by the trainer itself (not only scripts/train.py): the
     run trains at the largest global batch whose compiled step fits the per-device memory limit (one

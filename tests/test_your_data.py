@@ -16,6 +16,8 @@ from runs import REPO
 
 
 @pytest.mark.slow  # four motionjax subprocesses
+# e2e: ~60 CPU s. make test: each step on its own (test_corpus, test_faults' trainer runs, test_render).
+@pytest.mark.e2e
 def test_a_bvh_folder_becomes_a_trained_evaluated_and_rendered_autoencoder(tmp_path, user_env):
     folder = tmp_path / "my_bvh"
     folder.mkdir()
