@@ -81,24 +81,32 @@ def test_data_time_mesh_matches_one_device(data_dir, batches, single_device_step
     assert sharded[-1]["loss"] != sharded[0]["loss"]  # the parameters did move
 
 
+def _fed_setup(data_dir, feeds: int, steps: int, **data):
+    """The runlocal step on one device without the dynamics term (what is fed does not depend on the
+    loss, and a fed program with it compiles ~2x longer), ``feeds`` feeds of its config (``data``
+    overrides ``config.data``), the first feed's first ``steps`` batches and the plain step's losses on
+    them from a fresh state: ``(step, fresh, feeds, batches, losses)``."""
+    step, fresh = _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir, dynamics_weight=0.0)
+    config = runlocal_config(data_dir)
+    config.data.update(**data)
+    info = pipeline.dataset_info(config.data)
+    its = [feed.Feed(config.data, info, keys=train.batch_keys(config), seed=0) for _ in range(feeds)]
+    batches = [next(its[0]) for _ in range(steps)]
+    state, plain = fresh(), []
+    for batch in batches:
+        state, metrics = step(state, batch)
+        plain.append(float(metrics["loss"]))
+    return step, fresh, its, batches, plain
+
+
 def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
     """The feed's input program traced into the train step (one program a step, the step counter on
     the device) trains on the batches the feed gives alone, step for step (float32 rounding aside);
     set back to an earlier step, as a restore does, it draws that step's batch again. The resident
     feed's program is the pipelined one (each step draws the next step's batch beside its own; the
     first from the feed's own program), the fixed-batch feed's the one that draws its own. On the
-    runlocal loss (no dynamics term, as the trainer's default experiment): what is fed does not depend
-    on the loss, and each fed program with the dynamics term compiled ~2x longer."""
-    step, fresh = _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir, dynamics_weight=0.0)
-    config = runlocal_config(data_dir)
-    info = pipeline.dataset_info(config.data)
-    make = lambda: feed.Feed(config.data, info, keys=train.batch_keys(config), seed=0)  # noqa: E731
-    alone, inside = make(), make()
-    batches = [next(alone) for _ in range(3)]
-    state, plain = fresh(), []
-    for batch in batches:
-        state, metrics = step(state, batch)
-        plain.append(float(metrics["loss"]))
+    runlocal loss (no dynamics term, as the trainer's default experiment)."""
+    step, fresh, (alone, inside), batches, plain = _fed_setup(data_dir, 2, 3)
     fed, state, got = step.fed(inside), fresh(), []
     assert inside.mode == "device" and fed.lookahead
     for _ in range(3):
@@ -126,17 +134,8 @@ def test_the_streamed_fed_step_draws_ahead_and_saves_its_own_steps_position(data
     the batches the feed gives alone, step for step, and its saved data state is its step's: a feed
     restored from it (as a resumed run's) gives the next two steps' batches, not the ones after. A
     position saved after the spans taken ahead would skip a batch, and the losses would differ."""
-    step, fresh = _steps(jax.devices()[:1], (("data", 1), ("time", 1)), data_dir, dynamics_weight=0.0)
-    config = runlocal_config(data_dir)
-    config.data.update(residency="stream", worker_count=0)
-    info = pipeline.dataset_info(config.data)
-    make = lambda: feed.Feed(config.data, info, keys=train.batch_keys(config), seed=0)  # noqa: E731
-    alone, inside, resumed = make(), make(), make()
-    batches = [next(alone) for _ in range(4)]
-    state, plain = fresh(), []
-    for batch in batches:
-        state, metrics = step(state, batch)
-        plain.append(float(metrics["loss"]))
+    step, fresh, (alone, inside, resumed), batches, plain = _fed_setup(data_dir, 3, 4, residency="stream",
+                                                                      worker_count=0)
     fed, state, got = step.fed(inside), fresh(), []
     assert inside.mode == "stream" and fed.lookahead
     for k in range(4):
