@@ -281,7 +281,7 @@ class Feed(grain.DatasetIterator):
         it while it trains on the one counted. A streamed feed then saves Grain's position before
         these spans (:meth:`get_state`): a restore takes them again."""
         if self.mode == "stream":
-            # Grain's state is a small dict of positions: a copy a step costs microseconds.
+            # Grain's state: a small dict of positions, a new one each call (~0.2 us on Bandai-2).
             self._before = self._source.get_state() if ahead else None
             out = (next(self._source),)
         else:
