@@ -18,10 +18,8 @@ ARGS ?=
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# --no-compile: Python compiles a module's bytecode when a run first imports it; compiling every file of
-	# every package up front cost about half of the install (95 -> 42 s on 2 cores; docs/history.md, "suite14").
-	$(PY) -m pip install -q --no-compile -e '.[data,test]'  # what train, test and bench need; .[dev] adds ruff, tensorboard
-	$(PY) -m pip install -q --no-compile --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
+	$(PY) -m pip install -q -e '.[data,test]'  # what train, test and bench need; .[dev] adds ruff, tensorboard
+	$(PY) -m pip install -q --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
 	touch $@
 
 train: $(VENV)/.installed
