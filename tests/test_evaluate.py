@@ -33,6 +33,7 @@ def _close(a: dict, b: dict, keys=("mpjpe", "pa_mpjpe", "accel")):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.e2e  # the run_dir fixture: a trainer run in this process (~30 CPU s)
 def test_the_trainer_writes_the_heldout_clip_as_a_video(run_dir):
     workdir, _ = run_dir
     info = trained.load(workdir).info
@@ -42,6 +43,7 @@ def test_the_trainer_writes_the_heldout_clip_as_a_video(run_dir):
     assert frames == min(end - begin, 60)                      # video_s = 2 s at 30 fps
 
 
+@pytest.mark.e2e  # the run_dir fixture: a trainer run in this process (~30 CPU s)
 def test_evaluate_gives_back_the_runs_own_numbers_from_its_data_and_from_its_files(run_dir, tmp_path):
     workdir, summary = run_dir
     run = trained.load(workdir, summary["evaluated_step"])       # the state the final evaluation scored
@@ -72,6 +74,7 @@ def _synthetic_corpus(path, skeleton=None, clips=4):
     return prepare.write_dataset(motions, path, window=32, splits=(("test", "rest"),), progress=False)
 
 
+@pytest.mark.e2e  # the run_dir fixture: a trainer run in this process (~30 CPU s)
 def test_a_second_synthetic_corpus_is_scored_with_the_runs_statistics(run_dir, tmp_path):
     workdir, summary = run_dir
     run = trained.load(workdir)
@@ -90,6 +93,7 @@ def test_a_second_synthetic_corpus_is_scored_with_the_runs_statistics(run_dir, t
         runs.corpus_for(run, other.data_dir, "test")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # two script subprocesses
 def test_evaluate_and_apply_scripts(run_dir, tmp_path, env):
     workdir, _ = run_dir
@@ -120,6 +124,7 @@ def test_the_run_directory_is_named_after_the_config():
     assert configs.run_name("/abs/path/to/x.py:runlocal") == "x_runlocal"
 
 
+@pytest.mark.e2e  # the run_dir fixture: a trainer run in this process (~30 CPU s)
 def test_a_run_directory_refuses_another_configs_run_and_resumes_its_own(run_dir, deepmimic_dir):
     workdir, _ = run_dir
     own = runlocal_config(deepmimic_dir)

@@ -105,6 +105,7 @@ def test_draws_follow_the_error_table(cfg, info):
     it.close()
 
 
+@pytest.mark.e2e  # a trainer run with loss-aware sampling (~22 CPU s)
 def test_the_trainer_feeds_each_windows_error_to_the_sampler(tmp_path, deepmimic_dir):
     """A short run with loss-aware sampling: the checkpointed sampler holds, for the segments the run
     drew, errors of the order of the training loss's position term, and a mixture off today's shares;
