@@ -68,20 +68,22 @@ def test_slot_batches_visit_every_slot_once_an_epoch_in_a_new_order():
     np.testing.assert_array_equal(in_order[:, 0], [48, 49, 0, 1, 2, 3, 4, 5])
 
 
-@pytest.mark.parametrize("count", [2, 4])
-def test_process_blocks_are_the_one_process_batches(info, cfg, count):
+@pytest.mark.parametrize("count, block", [(2, 1), (4, 1), (2, 3)])
+def test_process_blocks_are_the_one_process_batches(info, cfg, count, block):
     """Each process's rows of every global batch, concatenated in process order, are the one-process
     run's batch: the same slots and the same start draws (per-batch noise is drawn on the device from
-    global example indices)."""
+    global example indices); with ``block`` batches an element, batch by batch."""
     with pytest.raises(ValueError, match="does not split over 3 processes"):
         pipeline.train_dataset(cfg, info, seed=0, process_index=0, process_count=3)
-    one = pipeline.train_dataset(cfg, info, seed=0)
-    shares = [pipeline.train_dataset(cfg, info, seed=0, process_index=i, process_count=count)
+    one = pipeline.train_dataset(cfg, info, seed=0, block=block)
+    shares = [pipeline.train_dataset(cfg, info, seed=0, process_index=i, process_count=count, block=block)
               for i in range(count)]
+    b = cfg.batch_size // count
     for want, *parts in zip(take(iter(one), 3), *(take(iter(s), 3) for s in shares), strict=True):
-        assert all(p["rotations"].shape[0] == cfg.batch_size // count for p in parts)
+        assert all(p["rotations"].shape[0] == block * b for p in parts)
         for key in want:
-            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key], err_msg=key)
+            got = np.concatenate([p[key][k * b:(k + 1) * b] for k in range(block) for p in parts])
+            np.testing.assert_array_equal(got, want[key], err_msg=key)
 
 
 def test_device_prefetch_builds_global_sharded_batches(cfg, info):

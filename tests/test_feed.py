@@ -300,9 +300,39 @@ def test_resident_draws_follow_the_segment_shares_and_the_dynamics_mixture(cfg, 
     assert expected[1.0] > 1.3 * expected[0.0]
 
 
-@pytest.mark.parametrize("mode", ["device", "stream"])
-def test_resume_is_exact_through_orbax(cfg, info, tmp_path, mode):
-    assert_resumes_exactly(lambda: feed.Feed(cfg, info, seed=3, mode=mode), tmp_path / "ckpt")
+@pytest.mark.parametrize("mode, block", [("device", 1), ("stream", 1), ("stream", 2), ("stream", 3)])
+def test_resume_is_exact_through_orbax(cfg, info, tmp_path, mode, block):
+    """Saved after 3 batches: streamed in blocks of 2, the block held is the one to take again; of 3, the
+    next one (Grain's own position); either way the next batches cross into another block."""
+    c = cfg.copy_and_resolve_references()
+    c.stream_block = block
+    assert_resumes_exactly(lambda: feed.Feed(c, info, seed=3, mode=mode), tmp_path / "ckpt")
+
+
+def test_a_streamed_block_holds_consecutive_steps_and_a_resume_across_block_sizes_warns(cfg, info, caplog):
+    """A block's batches are steps of one stream: the streamed feed's first 4 batches in blocks of 2
+    train on the slots of the per-batch stream's first 4 (SlotBatches: the same global order), each
+    batch its own windows; a state saved in blocks of 1 restored into blocks of 2 says the windows
+    differ, and the feed goes on from the saved step."""
+    c = cfg.copy_and_resolve_references()
+    c.stream_block = 2
+    table = pipeline.train_slots(info, cfg.window, cfg.dynamics_sampling)
+    per_batch = pipeline.SlotBatches(table, cfg.batch_size, seed=0)
+    blocked = pipeline.SlotBatches(table, cfg.batch_size * 2, seed=0)
+    for m in range(3):
+        np.testing.assert_array_equal(blocked[m], np.concatenate([per_batch[2 * m], per_batch[2 * m + 1]]))
+    it = feed.Feed(c, info, seed=0, mode="stream")
+    batches = take(it, 4)
+    assert not equal(batches[:1], batches[1:2]) and not equal(batches[2:3], batches[3:4])
+    c1 = cfg.copy_and_resolve_references()
+    c1.stream_block = 1  # as the feed of before blocks saved it
+    one = feed.Feed(c1, info, seed=0, mode="stream")
+    take(one, 3)
+    it.set_state(one.get_state())
+    assert it.served == 3 and "blocks of 1 batches and resumes with data.stream_block=2" in caplog.text
+    assert next(it)["noisy"].shape == batches[0]["noisy"].shape
+    for i in (it, one):
+        i.close()
 
 
 def test_a_mesh_of_eight_devices_gets_the_one_device_batches(cfg, info):

@@ -130,12 +130,13 @@ def test_the_fed_step_trains_on_the_feeds_own_batches(data_dir):
 
 
 def test_the_streamed_fed_step_draws_ahead_and_saves_its_own_steps_position(data_dir):
-    """On the streamed tier the pipelined fed step takes Grain's spans one step ahead, yet trains on
-    the batches the feed gives alone, step for step, and its saved data state is its step's: a feed
-    restored from it (as a resumed run's) gives the next two steps' batches, not the ones after. A
-    position saved after the spans taken ahead would skip a batch, and the losses would differ."""
+    """On the streamed tier the pipelined fed step takes Grain's spans one step ahead, in blocks of 3
+    steps (``data.stream_block``), yet trains on the batches the feed gives alone, step for step, and
+    its saved data state is its step's: a feed restored from it (as a resumed run's) gives the next two
+    steps' batches, the second from the next block, not the ones after. A position saved after the
+    block taken (Grain's own) would skip a block, and the losses would differ."""
     step, fresh, (alone, inside, resumed), batches, plain = _fed_setup(data_dir, 3, 4, residency="stream",
-                                                                      worker_count=0)
+                                                                      worker_count=0, stream_block=3)
     fed, state, got = step.fed(inside), fresh(), []
     assert inside.mode == "stream" and fed.lookahead
     for k in range(4):

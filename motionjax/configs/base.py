@@ -39,6 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.worker_count = -1
     c.data.worker_buffer = 2           # batches each worker keeps ready
     c.data.prefetch = 2                # batches prefetched by a host thread, then again on device
+    # "stream": batches a Grain element carries (one draw, one transfer; the fed step indexes its batch):
+    # a Python call's fixed cost shared by that many steps (docs/input.md, "Fourteenth pass"). 1 with
+    # loss-aware sampling, whose next windows wait for the last step's errors.
+    c.data.stream_block = 8
     c.data.dynamics_sampling = 0.5     # window sampling: weight of the accel/jerk score vs uniform
     # Loss-aware sampling (motionjax.data.priority): weight of each segment's latest window error in the
     # draw, against the share above; 0 = off. Every segment keeps at least (1 - this) of its share.

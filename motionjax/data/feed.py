@@ -93,11 +93,18 @@ def warm_host_cache(draw, stats, block: int = 50, most: int = 2000) -> int:
     return drawn
 
 
+def stream_block(cfg) -> int:
+    """Batches a Grain element of the stream tier carries: ``data.stream_block``, or 1 with loss-aware
+    sampling (its next windows wait for the last step's errors)."""
+    return 1 if cfg.loss_sampling > 0 else int(cfg.get("stream_block", 1))
+
+
 def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None = None,
                  most: int = 512) -> int:
     """``data.worker_count = -1``: Grain workers for the stream tier, from a measurement: the main
     process warms its host cache (:func:`warm_host_cache`, blocks of ``batches``, at most ``most``
-    batches: the run's steady state, not its first cold batches), then makes ``batches`` span batches,
+    batches: the run's steady state, not its first cold batches), then makes ``batches`` span batches
+    (in blocks of :func:`stream_block`, as the feed draws them),
     and its CPU time per batch (not wall time: other load on the host does not count) decides against
     the budget: a share (:data:`AUTO_WORKER_SHARE`) of the train step's ``step_ms`` when the trainer
     measured it (the prefetch thread must keep ahead of the accelerator's clock, not a fixed one), else
@@ -106,13 +113,14 @@ def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None =
     workers to bring each one's share under it, leaving one core to the main process."""
     c = cfg.copy_and_resolve_references()
     c.update(worker_count=0, prefetch=0)
-    sampler = []
-    it = pipeline.make_train_iterator(c, info, seed=0, sampler=sampler)
-    warm = warm_host_cache(lambda: next(it), sampler[0].cache.stats, batches, most)
+    sampler, block = [], stream_block(cfg)
+    it = pipeline.make_train_iterator(c, info, seed=0, sampler=sampler, block=block)
+    elements = max(2, batches // block)  # Grain elements: blocks of `block` batches
+    warm = block * warm_host_cache(lambda: next(it), sampler[0].cache.stats, elements, max(elements, most // block))
     start = time.process_time()
-    for _ in range(batches):
+    for _ in range(elements):
         next(it)
-    ms = 1e3 * (time.process_time() - start) / batches
+    ms = 1e3 * (time.process_time() - start) / (elements * block)
     it.close()
     cores = len(os.sched_getaffinity(0))
     budget = AUTO_WORKER_SHARE * step_ms if step_ms else AUTO_WORKER_MS
@@ -215,27 +223,33 @@ class Feed(grain.DatasetIterator):
             shapes = {"frames": ((s, width), np.float32), "length": ((), np.int32),
                       "offsets": ((j, 3), np.float32), "segment": ((), np.int32)}
             wire = ["frames"] + [k for k in span_keys if k in shapes]
-            # Every span leaf in one array: one host-to-device transfer a batch.
-            packed = pipeline.Packed({k: shapes[k] for k in wire}, parallel.named_sharding(mesh, "batch"))
+            # Every span leaf in one array, the batches of a block in one more: one host-to-device
+            # transfer (and one Grain call) a block of steps.
+            block = self._block = stream_block(cfg)
+            packed = pipeline.Packed({k: shapes[k] for k in wire}, parallel.named_sharding(mesh, "batch"), block)
             if self._loss_aware:
                 self._source = priority.LossAwareIterator(cfg, info, shardings=packed, seed=seed, **where)
             else:
                 self._source = pipeline.make_train_iterator(cfg, info, shardings=packed, seed=seed,
-                                                            sampler=self.sampler, **where)
+                                                            sampler=self.sampler, block=block, **where)
 
             def program(step, spans):
-                spans = packed.unpack(spans["packed"])
+                wire = spans["packed"]
+                if block > 1:  # the step's batch of its block [K, B, W]: its place from the device's counter
+                    wire = jax.lax.dynamic_index_in_dim(wire, step % block, 0, keepdims=False)
+                spans = packed.unpack(wire)
                 spans.update(transforms.split_frames(spans.pop("frames"), j))
                 batch = self._augment(spans, augment.example_keys(seed, step, b))
                 return {k: parallel.put(batch[k], out[k]) for k in keys}
 
             width = sum(packed.widths.values())
-            args = (np.int32(0),
-                    {"packed": jax.ShapeDtypeStruct((b, width), np.float32, sharding=packed.sharding)})
+            wire_shape = (block, b, width) if block > 1 else (b, width)
+            args = (np.int32(0), {"packed": jax.ShapeDtypeStruct(
+                wire_shape, np.float32, sharding=packed.block_sharding if block > 1 else packed.sharding)})
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         self._jitted, self._args = jax.jit(program, out_shardings={k: out[k] for k in keys}), args
         self._program, self.compile_s = None, None
-        self._before = None  # Grain's position before spans taken one step ahead (inputs(ahead=True))
+        self._held = None  # streamed, no loss-aware sampling: (block index, its spans, Grain's state before it)
         self.setup_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------
@@ -247,21 +261,29 @@ class Feed(grain.DatasetIterator):
         """Whether a fed step may draw the next step's batch beside its own
         (:class:`motionjax.train.step.FedStep`): without loss-aware sampling, whose next batches wait
         for this step's errors. A resident feed's inputs are the same for every step; a streamed one
-        takes Grain's spans one step ahead (:meth:`inputs` with ``ahead``), saving the position before
-        them."""
+        holds a block of steps' spans (``data.stream_block``) and takes the next block from Grain when
+        a step first needs it, keeping Grain's position before it (:meth:`get_state`)."""
         return not self._loss_aware
 
     def batch_at(self, step: int) -> dict:
         """Step ``step``'s batch (:meth:`lookahead` feeds only), ``served`` left where it is: what
         ``next()`` returns when ``served == step``. A streamed feed can only draw its next step's
-        (``step == served``): it takes that step's spans from Grain, and :meth:`get_state` still
-        saves the position before them."""
+        (``step == served``), from the block of spans that holds it."""
         assert self.lookahead, "batch_at needs a feed without loss-aware sampling"
         if self.mode == "device":
             return self._compiled()(np.int32(step), self._tables, self._seg_cdf)
         assert step == self.served, f"a streamed feed draws its next step's batch ({self.served}), not {step}"
-        self._before = self._source.get_state()
-        return self._compiled()(np.int32(step), next(self._source))
+        return self._compiled()(np.int32(step), self._block_of(step))
+
+    def _block_of(self, step: int) -> dict:
+        """The spans of the block that holds step ``step``'s batch (``[K, B, W]`` on the devices): the
+        one held, or the next from Grain (steps come in order), with Grain's state before it kept."""
+        k = step // self._block
+        if self._held is None or self._held[0] != k:
+            # Grain's state: a small dict of positions, a new one each call (~0.2 us on Bandai-2).
+            before = self._source.get_state()
+            self._held = (k, next(self._source), before)
+        return self._held[1]
 
     def _compiled(self):
         if self._program is None:  # compiled at first use: a fed train step traces draw in instead
@@ -273,17 +295,17 @@ class Feed(grain.DatasetIterator):
     def inputs(self, ahead: bool = False) -> tuple:
         """The arguments of :attr:`draw` after the step for the next batch (counted served): the
         resident tables and segment distribution (renewed every ``data.loss_block`` steps with
-        loss-aware sampling), or the next spans from Grain. ``draw(served before, *inputs())`` is
-        :meth:`__next__`'s batch, whether one program runs it or the train step traces it in.
+        loss-aware sampling), or the spans from Grain (the block that holds the batch; with loss-aware
+        sampling, the batch's). ``draw(served before, *inputs())`` is :meth:`__next__`'s batch, whether
+        one program runs it or the train step traces it in.
 
         ``ahead`` (:attr:`lookahead` feeds, after :meth:`batch_at`): the inputs of the batch after
         the one counted, ``draw(served after, *inputs(ahead=True))``, as a pipelined fed step draws
-        it while it trains on the one counted. A streamed feed then saves Grain's position before
-        these spans (:meth:`get_state`): a restore takes them again."""
-        if self.mode == "stream":
-            # Grain's state: a small dict of positions, a new one each call (~0.2 us on Bandai-2).
-            self._before = self._source.get_state() if ahead else None
+        it while it trains on the one counted."""
+        if self.mode == "stream" and self._loss_aware:
             out = (next(self._source),)
+        elif self.mode == "stream":
+            out = (self._block_of(self.served + 1 if ahead else self.served),)
         else:
             if self.table is not None and self.served % self._cfg.loss_block == 0:
                 self.table.apply(upto=self.served - 1)  # steps the loop has surely read (priority's doc)
@@ -311,8 +333,12 @@ class Feed(grain.DatasetIterator):
     # -- Grain's iterator protocol ----------------------------------------------------------------
     def get_state(self) -> dict:
         state = {"residency": self.mode, "served": self.served}
-        if self.mode == "stream":
-            state["source"] = self._source.get_state() if self._before is None else self._before
+        if self.mode == "stream" and not self._loss_aware:
+            # Grain's position before the block of the next batch: a restore takes that block again.
+            held = self._held is not None and self._held[0] == self.served // self._block
+            state.update(block=self._block, source=self._held[2] if held else self._source.get_state())
+        elif self.mode == "stream":
+            state["source"] = self._source.get_state()
         elif self.table is not None:
             state.update(q=self._q.tolist(), **self.table.get_state())
         return state
@@ -329,9 +355,14 @@ class Feed(grain.DatasetIterator):
                             "windows it draws from here differ from the uninterrupted run's",
                             state.get("residency"), self.mode)
             return
+        if self.mode == "stream" and state.get("block", 1) != getattr(self, "_block", 1):
+            logging.warning("this run saved its data stream in blocks of %d batches and resumes with "
+                            "data.stream_block=%d: the windows it draws from here differ from the "
+                            "uninterrupted run's", state.get("block", 1), self._block)
+            return
         if self.mode == "stream":
             self._source.set_state(state["source"])
-            self._before = None
+            self._held = None
         elif self.table is not None:
             self.table.set_state(state)
             self._set_segments(state["q"])

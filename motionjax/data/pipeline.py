@@ -54,6 +54,7 @@ import grain
 import jax
 import numpy as np
 from grain.experimental import ThreadPrefetchIterDataset
+from jax.sharding import NamedSharding, PartitionSpec
 
 from motionjax.data import prepare as prep
 from motionjax.data import records, synthetic, transforms
@@ -377,10 +378,10 @@ class SampleWindow:
 
 
 class SampleBatch:
-    """``(slots [B, 4], rng) -> spans``: rows ``[index·b, (index+1)·b)`` of a global batch of slots
-    (``b = B / count``, process ``index`` of ``count``), each located by :class:`SampleWindow` (its
-    segment and start), then gathered into the batch's arrays at once (``[b, ...]`` leaves,
-    :meth:`SampleWindow.gather`).
+    """``(slots [K·B, 4], rng) -> spans``: of each of the ``K = block`` global batches of slots, rows
+    ``[index·b, (index+1)·b)`` (``b = B / count``, process ``index`` of ``count``), each located by
+    :class:`SampleWindow` (its segment and start), then gathered into the arrays at once (``[K·b, ...]``
+    leaves, batch after batch, :meth:`SampleWindow.gather`).
 
     Every process draws the whole batch's uniforms from the batch's generator and uses its rows', so
     the blocks, concatenated in process order (the mesh's ``data`` axis), are the one-process batch.
@@ -390,29 +391,33 @@ class SampleBatch:
     ATTEMPTS = 100
 
     def __init__(self, sample: SampleWindow, table: np.ndarray, index: int = 0, count: int = 1,
-                 wire: Packed | None = None):
+                 wire: Packed | None = None, block: int = 1):
         self.sample, self.table, self._index, self._count = sample, table, index, count
         self.wire = wire  # gather the spans straight into its layout (Packed.empty)
+        self.block = block
 
     def __call__(self, slots: np.ndarray, rng: np.random.Generator) -> dict:
         u = rng.random(len(slots))
         spare = int(rng.integers(2**62))  # the replacement draws' seed
-        b = len(slots) // self._count
+        size = len(slots) // self.block  # B, a global batch
+        b = size // self._count
         first = self._index * b
-        rows = slots[first:first + b].copy()
-        found = self.sample.locate_rows(rows, u[first:first + b])
-        for i, hit in enumerate(found):
+        # This process's rows of each global batch of the block, batch after batch.
+        local = (np.arange(self.block)[:, None] * size + first + np.arange(b)).ravel()
+        rows = slots[local]
+        found = self.sample.locate_rows(rows, u[local])
+        for r, (i, hit) in enumerate(zip(local.tolist(), found, strict=True)):
             attempt = 0
             while hit is None:  # a bad record: skipped and counted by SampleWindow
                 attempt += 1
                 if attempt > self.ATTEMPTS:
                     raise records.BadRecordError(f"{self.ATTEMPTS} training draws in a row found no readable "
                                                  f"record (see the warnings above)")
-                draw = np.random.default_rng((spare, first + i, attempt))
-                rows[i] = self.table[draw.integers(len(self.table))]
-                hit = self.sample.locate(rows[i], draw.random())
-            found[i] = hit
-        return self.sample.gather(found, rows, None if self.wire is None else self.wire.empty(b))
+                draw = np.random.default_rng((spare, i, attempt))  # i: the row's place in the global block
+                rows[r] = self.table[draw.integers(len(self.table))]
+                hit = self.sample.locate(rows[r], draw.random())
+            found[r] = hit
+        return self.sample.gather(found, rows, None if self.wire is None else self.wire.empty(len(local)))
 
 
 def _window(clip: dict, start: int, end: int, window: int, bones=None, speed: float = 1.0) -> dict:
@@ -485,9 +490,11 @@ def _local_batch_size(batch_size: int, process_count: int) -> int:
 def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | None = None,
                   process_count: int | None = None, rows: np.ndarray | None = None,
                   sampler: list | None = None, cache: SegmentCache | None = None,
-                  wire: Packed | None = None) -> grain.IterDataset:
+                  wire: Packed | None = None, block: int = 1) -> grain.IterDataset:
     """The host-side training stream of this process (numpy span batches of ``batch_size /
-    processes``): over :func:`train_slots` (:class:`SlotBatches`), or over ``rows``
+    processes``; with ``block`` > 1 each element is ``block`` consecutive batches of the global stream,
+    their rows one after the other: one Grain call and one transfer for that many steps, the fixed host
+    cost of an element shared by all of them): over :func:`train_slots` (:class:`SlotBatches`), or over ``rows``
     (:func:`segment_rows`, repeated in order; batches then hold each window's ``"segment" [B]``).
     ``sampler``: a list that gets the :class:`SampleWindow` (its cache statistics, when it runs in
     this process); ``cache``: the :class:`SegmentCache` it reads through (default a new one; worker
@@ -499,12 +506,13 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     pc = jax.process_count() if process_count is None else process_count
     _local_batch_size(cfg.batch_size, pc)
     table = train_slots(info, cfg.window, cfg.dynamics_sampling) if rows is None else np.asarray(rows)
-    ds = SlotBatches(table, cfg.batch_size, seed=seed, shuffle=rows is None)
+    ds = SlotBatches(table, cfg.batch_size * block, seed=seed, shuffle=rows is None)
     sample = SampleWindow(ClipSource(info), info, cfg, name_segment=rows is not None, cache=cache)
     if sampler is not None:
         sampler.append(sample)
     # A batch's generator is a function of its place in the global stream: any process count.
-    ds = ds.random_map(SampleBatch(sample, table, pi, pc, wire if cfg.worker_count <= 0 else None), seed=seed)
+    ds = ds.random_map(SampleBatch(sample, table, pi, pc, wire if cfg.worker_count <= 0 else None, block),
+                       seed=seed)
     # Records are small and local: reader threads only contend for the GIL (and busy-wait).
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if cfg.worker_count > 0:
@@ -543,9 +551,12 @@ class Packed:
     (docs/input.md); only the int leaves (a few numbers a row) are bitcast back. Nothing reads an
     int's bits as a float: they are only copied, which keeps NaN payloads and denormals."""
 
-    def __init__(self, shapes: dict, sharding):
-        self.shapes, self.sharding = dict(shapes), sharding
+    def __init__(self, shapes: dict, sharding, block: int = 1):
+        self.shapes, self.sharding, self.block = dict(shapes), sharding, block
         self.widths = {k: int(np.prod(shape, dtype=np.int64)) for k, (shape, _) in self.shapes.items()}
+        # A block of batches goes as [block, B, K], each batch's rows over data as one batch's.
+        self.block_sharding = (NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec)) if block > 1
+                               else sharding)
 
     def empty(self, b: int) -> dict:
         """A new wire ``{"packed": [b, K]}`` (aligned, uninitialized) and a view of it for each key,
@@ -591,12 +602,15 @@ def to_global(shardings, batch: dict) -> dict:
     """This process's numpy batch -> global jax Arrays of the keys ``shardings`` names (``{key:
     NamedSharding}``, e.g. ``parallel.batch_shardings``), the others left on the host: each process
     holds ``[B / processes, ...]`` of a leaf. Processes split the batch only: the 'time' axis must
-    not span hosts. ``shardings`` a :class:`Packed`: ``{"packed": [B, K]}``, one array."""
+    not span hosts. ``shardings`` a :class:`Packed`: ``{"packed": [B, K]}``, one array (with its
+    ``block`` > 1, ``[block, B, K]``: the element's batches, ``[block · B / processes, ...]`` here)."""
     if isinstance(shardings, Packed):
-        wire = shardings.pack(batch)
+        wire, sharding = shardings.pack(batch), shardings.sharding
+        if shardings.block > 1:
+            wire, sharding = wire.reshape(shardings.block, -1, wire.shape[1]), shardings.block_sharding
         if jax.process_count() == 1:  # the same array, ~50 us less Python a batch
-            return {"packed": jax.device_put(wire, shardings.sharding)}
-        return {"packed": jax.make_array_from_process_local_data(shardings.sharding, wire)}
+            return {"packed": jax.device_put(wire, sharding)}
+        return {"packed": jax.make_array_from_process_local_data(sharding, wire)}
     return {k: jax.make_array_from_process_local_data(shardings[k], batch[k]) for k in shardings}
 
 
@@ -614,14 +628,14 @@ def device_prefetch(ds: grain.IterDataset, shardings: dict | None, depth: int) -
 
 def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None, seed: int = 0,
                         process_index=None, process_count=None, rows=None,
-                        sampler=None, cache=None) -> grain.DatasetIterator:
+                        sampler=None, cache=None, block: int = 1) -> grain.DatasetIterator:
     """The training span iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
-    key. ``rows``, ``sampler``, ``cache``: see :func:`train_dataset`. Call ``.close()`` when done."""
+    key. ``rows``, ``sampler``, ``cache``, ``block``: see :func:`train_dataset`. Call ``.close()`` when done."""
     ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count,
                        rows=rows, sampler=sampler, cache=cache,
-                       wire=shardings if isinstance(shardings, Packed) else None)
+                       wire=shardings if isinstance(shardings, Packed) else None, block=block)
     return iter(device_prefetch(ds, shardings, cfg.prefetch))
 
 

@@ -50,7 +50,8 @@ RESUMABLE = ("train.steps", "train.eval_every", "train.checkpoint_every", "train
              "train.progress_every", "train.input_check_steps", "train.keep_checkpoints",
              "train.stop_timeout_s", "train.compile_cache",
              "train.max_nonfinite_steps", "train.references", "train.reference_models", "data.source",
-             "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.prepare_workers",
+             "data.dir", "data.worker_count", "data.worker_buffer", "data.prefetch", "data.stream_block",
+             "data.prepare_workers",
              "data.residency", "data.device_share", "data.host_cache_mb", "mesh", "evals")
 
 
@@ -137,6 +138,7 @@ _RULES = {
     "data.device_share": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "data.host_cache_mb": (lambda v: _is_number(v) and v >= 0, "a number of MB >= 0"),
     "data.prefetch": _NONNEGATIVE_INT,
+    "data.stream_block": _POSITIVE_INT,
     "data.eval_stride": _POSITIVE_INT,
     "data.std_floor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "data.loader": (lambda v: v in ("grain", "naive"), "'grain' or 'naive'"),
