@@ -116,7 +116,8 @@ def auto_workers(cfg, info, batches: int = 16, log=None, step_ms: float | None =
     sampler, block = [], stream_block(cfg)
     it = pipeline.make_train_iterator(c, info, seed=0, sampler=sampler, block=block)
     elements = max(2, batches // block)  # Grain elements: blocks of `block` batches
-    warm = block * warm_host_cache(lambda: next(it), sampler[0].cache.stats, elements, max(elements, most // block))
+    warm = block * warm_host_cache(lambda: next(it), sampler[0].cache.stats, elements,
+                                   max(elements, most // block))
     start = time.process_time()
     for _ in range(elements):
         next(it)
@@ -226,7 +227,8 @@ class Feed(grain.DatasetIterator):
             # Every span leaf in one array, the batches of a block in one more: one host-to-device
             # transfer (and one Grain call) a block of steps.
             block = self._block = stream_block(cfg)
-            packed = pipeline.Packed({k: shapes[k] for k in wire}, parallel.named_sharding(mesh, "batch"), block)
+            packed = pipeline.Packed({k: shapes[k] for k in wire}, parallel.named_sharding(mesh, "batch"),
+                                     block)
             if self._loss_aware:
                 self._source = priority.LossAwareIterator(cfg, info, shardings=packed, seed=seed, **where)
             else:
@@ -249,7 +251,8 @@ class Feed(grain.DatasetIterator):
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         self._jitted, self._args = jax.jit(program, out_shardings={k: out[k] for k in keys}), args
         self._program, self.compile_s = None, None
-        self._held = None  # streamed, no loss-aware sampling: (block index, its spans, Grain's state before it)
+        # Streamed, no loss-aware sampling: (block index, its spans, Grain's state before it).
+        self._held = None
         self.setup_s = time.perf_counter() - start
 
     # -- what the loop calls ----------------------------------------------------------------------

@@ -494,8 +494,8 @@ def train_dataset(cfg, info: DatasetInfo, *, seed: int, process_index: int | Non
     """The host-side training stream of this process (numpy span batches of ``batch_size /
     processes``; with ``block`` > 1 each element is ``block`` consecutive batches of the global stream,
     their rows one after the other: one Grain call and one transfer for that many steps, the fixed host
-    cost of an element shared by all of them): over :func:`train_slots` (:class:`SlotBatches`), or over ``rows``
-    (:func:`segment_rows`, repeated in order; batches then hold each window's ``"segment" [B]``).
+    cost of an element shared by all of them): over :func:`train_slots` (:class:`SlotBatches`), or over
+    ``rows`` (:func:`segment_rows`, repeated in order; batches then hold each window's ``"segment" [B]``).
     ``sampler``: a list that gets the :class:`SampleWindow` (its cache statistics, when it runs in
     this process); ``cache``: the :class:`SegmentCache` it reads through (default a new one; worker
     processes always start their own); ``wire``: the :class:`Packed` layout the batches go to the
@@ -632,7 +632,8 @@ def make_train_iterator(cfg, info: DatasetInfo, *, shardings: dict | None = None
     """The training span iterator (a Grain ``DatasetIterator``: checkpoint it with
     ``grain.checkpoint.CheckpointSave/CheckpointRestore``). With ``shardings`` (``{key:
     NamedSharding}``), batches are global jax Arrays of those keys; without, numpy dicts of every
-    key. ``rows``, ``sampler``, ``cache``, ``block``: see :func:`train_dataset`. Call ``.close()`` when done."""
+    key. ``rows``, ``sampler``, ``cache``, ``block``: see :func:`train_dataset`. Call ``.close()`` when
+    done."""
     ds = train_dataset(cfg, info, seed=seed, process_index=process_index, process_count=process_count,
                        rows=rows, sampler=sampler, cache=cache,
                        wire=shardings if isinstance(shardings, Packed) else None, block=block)
