@@ -362,6 +362,7 @@ class Feed(grain.DatasetIterator):
             logging.warning("this run saved its data stream in blocks of %d batches and resumes with "
                             "data.stream_block=%d: the windows it draws from here differ from the "
                             "uninterrupted run's", state.get("block", 1), self._block)
+            self._held = None
             return
         if self.mode == "stream":
             self._source.set_state(state["source"])
