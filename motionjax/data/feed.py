@@ -246,8 +246,8 @@ class Feed(grain.DatasetIterator):
 
             width = sum(packed.widths.values())
             wire_shape = (block, b, width) if block > 1 else (b, width)
-            args = (np.int32(0), {"packed": jax.ShapeDtypeStruct(
-                wire_shape, np.float32, sharding=packed.block_sharding if block > 1 else packed.sharding)})
+            args = (np.int32(0), {"packed": jax.ShapeDtypeStruct(wire_shape, np.float32,
+                                                                 sharding=packed.block_sharding)})
         self.draw = program  # (step, *inputs) -> batch: traced inside the train step (train.step.fed)
         self._jitted, self._args = jax.jit(program, out_shardings={k: out[k] for k in keys}), args
         self._program, self.compile_s = None, None
@@ -358,7 +358,7 @@ class Feed(grain.DatasetIterator):
                             "windows it draws from here differ from the uninterrupted run's",
                             state.get("residency"), self.mode)
             return
-        if self.mode == "stream" and state.get("block", 1) != getattr(self, "_block", 1):
+        if self.mode == "stream" and state.get("block", 1) != self._block:
             logging.warning("this run saved its data stream in blocks of %d batches and resumes with "
                             "data.stream_block=%d: the windows it draws from here differ from the "
                             "uninterrupted run's", state.get("block", 1), self._block)

@@ -554,7 +554,8 @@ class Packed:
     def __init__(self, shapes: dict, sharding, block: int = 1):
         self.shapes, self.sharding, self.block = dict(shapes), sharding, block
         self.widths = {k: int(np.prod(shape, dtype=np.int64)) for k, (shape, _) in self.shapes.items()}
-        # A block of batches goes as [block, B, K], each batch's rows over data as one batch's.
+        # A block of batches goes as [block, B, K], each batch's rows over data as one batch's (block 1:
+        # the batch's own [B, K] and sharding).
         self.block_sharding = (NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec)) if block > 1
                                else sharding)
 
