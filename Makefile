@@ -15,11 +15,17 @@ ARGS ?=
 
 .PHONY: train test test-all bench lint clean
 
+# Bytecode is written as modules are first imported, not compiled for all ~10k files at install (~45 of
+# the install's ~95 s; the suite imports ~2k of them): so the recipes below write it even where the
+# environment sets PYTHONDONTWRITEBYTECODE, which without .pyc files would recompile jax's sources in every
+# test process (docs/history.md, suite15).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[data,test]'  # what train, test and bench need; .[dev] adds ruff, tensorboard
-	$(PY) -m pip install -q --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
+	$(PY) -m pip install -q --no-compile -e '.[data,test]'  # what train, test and bench need; .[dev] adds ruff, tensorboard
+	$(PY) -m pip install -q --no-compile --no-deps 'jax2onnx>=0.17,<0.18'  # its orbax pin would downgrade ours (setup.cfg)
 	touch $@
 
 train: $(VENV)/.installed
