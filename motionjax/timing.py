@@ -11,6 +11,7 @@ there every round's ways share that round's load.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
@@ -163,6 +164,35 @@ def thread_cpu() -> dict:
         kind = "main" if tid == main else named.get(tid, stat[stat.index("(") + 1:stat.rindex(")")])
         out[tid] = (kind.split("-")[0].strip() or kind, (int(fields[11]) + int(fields[12])) / tick)
     return out
+
+
+# XLA:CPU's threads that run a program: its compute pool and the executor that drives it (thread_cpu's kinds).
+XLA_COMPUTE = ("tf_XLAEigen", "tf_XLAExecute")
+
+
+def split_cores(device_kinds=XLA_COMPUTE) -> dict | None:
+    """A CPU stand-in for an accelerator host: this process's cores split in two, XLA's threads that
+    run programs (``device_kinds``) on the last core (the "device"), every other thread (the main
+    thread's dispatch, an input pipeline's threads; threads started later inherit their starter's
+    cores) on the others (the "host"). On a GPU host the model's work does not run on the cores
+    that prepare and dispatch its input; on shared CPU cores every millisecond of host work is taken
+    from the step, which an accelerator would not see. Linux only. Returns ``{"device": [cores],
+    "host": [cores], "undo": function that puts every thread back}``, or None where it cannot be done
+    (fewer than 2 cores, no ``/proc``)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or not Path("/proc/self/task").is_dir():
+        return None
+    device, host = {cores[-1]}, set(cores[:-1])
+    for tid, (kind, _) in thread_cpu().items():
+        with contextlib.suppress(OSError):  # the thread ended
+            os.sched_setaffinity(tid, device if kind in device_kinds else host)
+
+    def undo():
+        for tid in thread_cpu():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, set(cores))
+
+    return {"device": sorted(device), "host": sorted(host), "undo": undo}
 
 
 def host_cpu() -> dict | None:

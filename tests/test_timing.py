@@ -67,6 +67,54 @@ def test_thread_cpu_names_the_thread_that_spent_it():
 
 
 
+def test_split_cores_puts_xlas_program_threads_on_a_core_of_their_own_and_undo_puts_them_back():
+    """The stand-in for an accelerator host (benchmarks/input.py): after :func:`timing.split_cores`,
+    XLA's compute and execute threads run on the last core only, the main thread, a Python thread and
+    one started later on the others; a program still runs, its CPU in XLA's threads; ``undo`` gives
+    every thread all the cores again."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if len(cores) < 2 or not os.path.isdir("/proc/self/task"):
+        pytest.skip(f"needs Linux and 2 cores ({len(cores)} here)")
+    x = jnp.ones((256, 256))
+    jax.block_until_ready(x @ x)  # XLA's threads exist once a program ran
+    stop = threading.Event()
+    before = threading.Thread(target=stop.wait, name="early-1")
+    before.start()
+    split = timing.split_cores()
+    after = threading.Thread(target=stop.wait, name="late-1")
+    after.start()
+    try:
+        device, host = set(split["device"]), set(split["host"])
+        assert device == {max(cores)} and host == cores - device
+        kinds = {tid: kind for tid, (kind, _) in timing.thread_cpu().items()}
+        xla = [tid for tid, kind in kinds.items() if kind in timing.XLA_COMPUTE]
+        assert xla and all(os.sched_getaffinity(tid) == device for tid in xla), kinds
+        for thread in (before, after):
+            assert os.sched_getaffinity(thread.native_id) == host
+        assert os.sched_getaffinity(threading.get_native_id()) == host
+        spent = {tid: used for tid, (_, used) in timing.thread_cpu().items()}
+        a = np.random.default_rng(0).normal(size=(512, 512)).astype(np.float32)
+        y = jax.jit(lambda a: jnp.tanh(a @ a / 23))
+        for _ in range(40):
+            out = y(a)
+        np.testing.assert_allclose(np.asarray(out), np.tanh(a @ a / 23), atol=1e-4)
+        grew = {kinds.get(tid, "new") for tid, (_, used) in timing.thread_cpu().items()
+                if used - spent.get(tid, 0.0) > 0}
+        assert grew & set(timing.XLA_COMPUTE), grew
+    finally:
+        split["undo"]()
+        stop.set()
+        before.join()
+        after.join()
+    assert all(os.sched_getaffinity(tid) == cores for tid in xla)
+    assert os.sched_getaffinity(threading.get_native_id()) == cores
+
+
 def test_time_blocks_puts_each_ways_cpu_on_the_thread_that_spent_it():
     """One way hands each step's work to a long-lived named thread (as an input pipeline's prefetch
     thread), the other does it on the main thread: the per-way breakdown shows the helper's CPU on
