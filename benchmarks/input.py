@@ -258,16 +258,8 @@ def _measure(row, name, tier, config, rounds, block, all_arms, design, split, fi
         if cores:  # again: threads the step's first runs started (each inherits its starter's cores)
             timing.split_cores()
         host = timing.host_cpu()
-        if design == "interleaved":  # no CPU by thread: a thread's ticks cannot be split between steps
-            steps_only = {k: v for k, v in calls.items() if k != "input"}
-            seconds = timing.time_interleaved(steps_only, jax.tree.map(jnp.copy, state), block, rounds,
-                                              cpu=cpu, steps=per_step, shuffle=0)
-            # The input program alone does not take the state: between steps it could run beside the step
-            # before it, so its time is not one step's mark to the next. Timed in blocks of its own.
-            seconds.update(timing.time_blocks({"input": calls["input"]}, state, block, rounds, cpu=cpu))
-        else:
-            seconds = timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu,
-                                         threads=threads, steps=per_step, shuffle=0)
+        with timing.gc_frozen():  # as the trainer's loop: no full collection's pause inside a block
+            seconds = _time(calls, state, design, block, rounds, cpu, threads, per_step)
         # Was it quiet? The host's CPU outside this process (other processes; the VM's steal).
         row["host_share"] = timing.host_share(host, timing.host_cpu())
         row["host_cache"] = it.stats()  # after the timed blocks: their hits
@@ -301,6 +293,20 @@ def _measure(row, name, tier, config, rounds, block, all_arms, design, split, fi
     row["fixed_step_ms"] = 1e3 / rate["fixed"]
     row["input_share"] = row["input_ms"] / row["fixed_step_ms"]
     row["other_by_subtraction"] = row["input_overhead"] - row["input_share"]
+
+
+def _time(calls, state, design, block, rounds, cpu, threads, per_step) -> dict:
+    """Seconds per step of each arm (``design``: interleaved step by step, or blocks)."""
+    if design == "interleaved":  # no CPU by thread: a thread's ticks cannot be split between steps
+        steps_only = {k: v for k, v in calls.items() if k != "input"}
+        seconds = timing.time_interleaved(steps_only, jax.tree.map(jnp.copy, state), block, rounds,
+                                          cpu=cpu, steps=per_step, shuffle=0)
+        # The input program alone does not take the state: between steps it could run beside the step
+        # before it, so its time is not one step's mark to the next. Timed in blocks of its own.
+        seconds.update(timing.time_blocks({"input": calls["input"]}, state, block, rounds, cpu=cpu))
+        return seconds
+    return timing.time_blocks(calls, jax.tree.map(jnp.copy, state), block, rounds, cpu=cpu,
+                              threads=threads, steps=per_step, shuffle=0)
 
 
 def run(cases=tuple(CASES), tiers=("device",), out: Path = Path("results/input"), rounds: int = ROUNDS,

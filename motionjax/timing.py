@@ -12,6 +12,7 @@ there every round's ways share that round's load.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import statistics
 import threading
@@ -164,6 +165,21 @@ def thread_cpu() -> dict:
         kind = "main" if tid == main else named.get(tid, stat[stat.index("(") + 1:stat.rindex(")")])
         out[tid] = (kind.split("-")[0].strip() or kind, (int(fields[11]) + int(fields[12])) / tick)
     return out
+
+
+@contextlib.contextmanager
+def gc_frozen():
+    """Python's cyclic garbage collector kept off the objects that exist on entry (``gc.freeze``). A
+    full collection scans every object the process holds: ~375k once a train step is built, 140-230 ms
+    on a 2-core host (2026-12-08), a pause that lands on whichever step is running (on several
+    processes, every process waits for the one that paused). Frozen, a collection scans only the
+    objects made since (~1 ms). Unfrozen on exit, so what became garbage in between is collected."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # XLA:CPU's threads that run a program: its compute pool and the executor that drives it (thread_cpu's kinds).

@@ -303,3 +303,29 @@ def test_host_share_counts_this_process_and_sees_a_busy_neighbour():
     # The child's ~1 CPU s is another process's (os.times' children are not in "process").
     assert spun["others"] * spun["seconds"] * os.cpu_count() > 0.6
     assert timing.host_share(None, before) is None
+
+
+def test_gc_frozen_keeps_a_collection_off_the_objects_made_before_and_frees_later_garbage():
+    """Inside :func:`timing.gc_frozen` a collection scans only what was made since: a cycle made
+    before it and dropped inside outlives a ``gc.collect()`` there, one made and dropped inside does
+    not; after it the first is collected too."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return a
+
+    held = cycle()
+    older = weakref.ref(held)
+    with timing.gc_frozen():
+        del held  # garbage now, but made before the freeze
+        inside = weakref.ref(cycle())
+        gc.collect()
+        assert older() is not None and inside() is None
+    gc.collect()
+    assert older() is None

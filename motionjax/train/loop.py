@@ -75,7 +75,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir, on_eval=None)
     with lock, faults.stop_on_signals(config.train.stop_timeout_s) as stop, contextlib.ExitStack() as cleanup:
         try:
             run = _start(config, workdir, cleanup)
-            done, stopped_early = _train(run, stop, on_eval)
+            with timing.gc_frozen():  # no full collection of the setup's objects in the middle of a step
+                done, stopped_early = _train(run, stop, on_eval)
             summary = _finish(run, done, stop["signal"], stopped_early)
         except Exception as e:
             error = faults.storage_error(e, workdir)
@@ -352,14 +353,15 @@ def input_check(run: _Run, steps: int) -> dict:
     block = max(steps // INPUT_CHECK_ROUNDS, 1)
     rounds = max(steps // block, 1)
     calls = {"fed": fed, "fixed": fixed}
-    if getattr(run.iterator, "mode", None) == "device":
-        # The resident feed's input runs inside the step, no host thread: fed and fixed steps interleaved
-        # one by one share each moment's load, which blocks of each cannot (the load drifts between them).
-        seconds = timing.time_interleaved(calls, state, block, rounds)
-        how = f"{rounds} rounds of {block} fed and {block} fixed steps interleaved in a random order"
-    else:  # a host pipeline's thread would run ahead during the fixed steps: blocks of each
-        seconds = timing.time_blocks(calls, state, block, rounds)
-        how = f"{rounds} alternating rounds of {block} steps each"
+    with timing.gc_frozen():  # as the training loop
+        if getattr(run.iterator, "mode", None) == "device":
+            # The resident feed's input runs inside the step, no host thread: fed and fixed steps
+            # interleaved one by one share each moment's load, which blocks of each cannot (it drifts).
+            seconds = timing.time_interleaved(calls, state, block, rounds)
+            how = f"{rounds} rounds of {block} fed and {block} fixed steps interleaved in a random order"
+        else:  # a host pipeline's thread would run ahead during the fixed steps: blocks of each
+            seconds = timing.time_blocks(calls, state, block, rounds)
+            how = f"{rounds} alternating rounds of {block} steps each"
     cost = timing.overhead(seconds, "fed")
     mean = {k: len(v) / sum(v) for k, v in seconds.items()}
     return {"input_overhead": cost["value"], "interval": [cost["lo"], cost["hi"]], "best_of": cost["best"],
