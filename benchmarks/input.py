@@ -49,7 +49,7 @@ Cases: the headline autoencoder (``experiments/autoencoder.py``, its default cor
 denoiser (``experiments/deepmimic_denoise.py``) and ``standin``, a small denoiser (the ``runlocal``
 variant at width 64, kernel 9, 16 windows) whose step takes ~6-10 ms: a stand-in for a fast
 accelerator, where an input cost shows first; its figure is ``other``, what the fed step's host
-path costs over the fixed step's (everything but the input's compute). Since 2026-12-08 it runs on
+path costs over the fixed step's (everything but the input's compute). Since 2026-12-07 23:30 UTC it runs on
 split cores (:func:`motionjax.timing.split_cores`): XLA's program threads on one core, the host's
 threads (dispatch, Grain) on the others, as a GPU host's model does not run on the cores that feed
 it; on shared cores (``--shared-cores``, the design before) each host millisecond is taken from the
@@ -101,7 +101,7 @@ def case_config(name: str, steps: int, tier: str):
     c.evals = {"heldout": dict(c.evals.heldout, splits=("validation",)),
                "final": dict(c.evals.final, splits=("validation",), references=(), by_label=False,
                              inputs=("clean",))}
-    if name == "standin":  # a small model: a step of 5-10 ms (5.8-6.3 on split cores, 2026-12-08)
+    if name == "standin":  # a small model: a step of 5-10 ms (5.8-6.3 on split cores, 2026-12-07)
         # runlocal's width 16 / kernel 3 stepped in 3.5-5.0 ms on the quiet host, below that range, where
         # the fixed costs per step weigh more than the issue intends; width 64, kernel 9: 1.8-1.9x that
         # (alternating, docs/input.md), ~7 ms quiet.
@@ -435,7 +435,7 @@ def main(argv=None) -> int:
                         "blocks on the streamed one)")
     p.add_argument("--shared-cores", action="store_true",
                    help="run the stand-in on every core, its XLA threads beside the host's (before "
-                        "2026-12-08); by default XLA's program threads get a core of their own")
+                        "2026-12-07 23:30 UTC); by default XLA's program threads get a core of their own")
     p.add_argument("--pool", nargs="+", metavar="INPUT_JSON",
                    help="measure nothing: print each row's figures with these runs' rounds pooled")
     args = p.parse_args(argv)

@@ -171,7 +171,7 @@ def thread_cpu() -> dict:
 def gc_frozen():
     """Python's cyclic garbage collector kept off the objects that exist on entry (``gc.freeze``). A
     full collection scans every object the process holds: ~375k once a train step is built, 140-230 ms
-    on a 2-core host (2026-12-08), a pause that lands on whichever step is running (on several
+    on a 2-core host (2026-12-07), a pause that lands on whichever step is running (on several
     processes, every process waits for the one that paused). Frozen, a collection scans only the
     objects made since (~1 ms). Unfrozen on exit, so what became garbage in between is collected."""
     gc.collect()
