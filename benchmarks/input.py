@@ -200,9 +200,11 @@ def compare(name: str, tier: str, out: Path, rounds: int = ROUNDS, log=print,
     config = case_config(name, steps or trainer_steps, tier)
     t = time.perf_counter()
     # The stand-in for an accelerator host: XLA's program threads on a core of their own, the host's
-    # threads (dispatch, Grain) on the other (timing.split_cores); XLA's threads exist once a program ran.
-    jax.block_until_ready(jnp.ones(2) + 1)
-    cores = timing.split_cores() if name == "standin" and not shared_cores else None
+    # threads (dispatch, Grain) on the other (timing.split_cores).
+    cores = None
+    if name == "standin" and not shared_cores:
+        jax.block_until_ready(jnp.ones(2) + 1)  # XLA's threads exist once a program ran
+        cores = timing.split_cores()
     row = {"config": spec, "data": config.data.dir, "batch": config.data.batch_size,
            "window": config.data.window,
            "cores": {k: cores[k] for k in ("device", "host")} if cores else "shared"}
